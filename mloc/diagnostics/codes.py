@@ -1,0 +1,99 @@
+"""The registry of diagnostic codes, grouped by the stage that reports them.
+
+Codes are stable: tests, docs and users' scripts refer to them. Add new ones at the end of
+their group; never renumber.
+
+    E0xx  syntax                (frontend/parse)
+    E1xx  names and imports     (passes/validate)
+    E2xx  program structure     (passes/validate, passes/structure)
+    E3xx  calls and arguments   (passes/validate)
+    E4xx  hypergradient methods (passes/validate)
+    E5xx  interlocking chains   (passes/structure)
+    E6xx  the train block       (passes/validate)
+    E7xx  dataflow and runtime  (compile/run; need the user's code)
+    W1xx  warnings
+    E900  internal compiler error
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Code:
+    code: str
+    name: str
+    summary: str
+
+    @property
+    def severity(self) -> str:
+        return "warning" if self.code.startswith("W") else "error"
+
+
+_ALL = (
+    Code("E001", "syntax-error", "the text does not follow the grammar"),
+    Code("E002", "unexpected-character", "a character that cannot start any token"),
+    Code("E003", "unterminated-string", "a string literal without its closing quote"),
+    Code("E004", "unexpected-end", "the file ends in the middle of a construct"),
+    Code("E005", "missing-program", "the file has no `program NAME` line, or more than one"),
+    Code("E101", "undefined-name", "a name that is not a problem, an import alias or a built-in"),
+    Code("E102", "duplicate-problem", "two problems with the same name"),
+    Code("E103", "duplicate-field", "a field given twice in one block"),
+    Code("E104", "duplicate-import", "two imports bound to the same alias"),
+    Code("E105", "module-not-found", "an imported module that is neither beside the file nor on sys.path"),
+    Code("E106", "missing-attribute", "a name that the imported module does not define"),
+    Code("E107", "reserved-name", "`batch` used where no batch exists, or a reserved word used as a name"),
+    Code("E108", "problem-not-allowed", "a problem named where only Python objects are allowed"),
+    Code("E201", "missing-field", "a required field is absent"),
+    Code("E202", "unknown-field", "a field that the block does not have"),
+    Code("E203", "hierarchy-cycle", "problems that sit above each other in a cycle"),
+    Code("E204", "self-edge", "a problem declared above itself"),
+    Code("E205", "duplicate-edge", "the same hierarchy edge declared twice"),
+    Code("E206", "orphan-problem", "a problem connected to no other problem"),
+    Code("E207", "disconnected-program", "problems that form a separate program of their own"),
+    Code("E208", "unknown-problem", "a hierarchy edge or chain names a problem that does not exist"),
+    Code("E209", "edge-without-dataflow", "the lower problem never reads the upper one"),
+    Code("E210", "unrelated-problem", "a loss reads a problem that is neither above nor below it"),
+    Code("E211", "upper-reads-no-lower", "an upper problem whose loss reads none of the problems below it"),
+    Code("E212", "nothing-to-train", "a lowest-level problem whose loss never reads its own parameters"),
+    Code("E213", "no-problems", "the program declares no problem"),
+    Code("E214", "unknown-setting", "a program-level setting that does not exist"),
+    Code("E301", "unknown-optimizer", "an optimizer that mloc does not provide"),
+    Code("E302", "unknown-method", "a hypergradient method that mloc does not provide"),
+    Code("E303", "unknown-argument", "a keyword argument that the callee does not take"),
+    Code("E304", "wrong-type", "a value of the wrong type"),
+    Code("E305", "out-of-range", "a value outside its allowed range"),
+    Code("E306", "missing-argument", "a required argument is absent"),
+    Code("E307", "duplicate-argument", "an argument given twice"),
+    Code("E308", "positional-after-keyword", "a positional argument after a keyword argument"),
+    Code("E309", "too-many-arguments", "more positional arguments than the callee takes"),
+    Code("E310", "expected-call", "a field that needs a call, such as `lib.MLP(...)`"),
+    Code("E311", "unknown-builtin", "a schedule or other built-in that mloc does not provide"),
+    Code("E401", "method-not-applicable", "a hypergradient method that cannot differentiate this lower problem"),
+    Code("E402", "unroll-mismatch", "unrolled steps that do not fit the edge's unroll count"),
+    Code("E403", "method-not-applicable-init", "a method that cannot see an upper problem that enters only through `init`"),
+    Code("E501", "chain-too-short", "an interlocking chain with fewer than two stages"),
+    Code("E502", "interlock-out-of-range", "`interlock = n` outside 1..number of stages"),
+    Code("E503", "chain-repeats-stage", "a problem that appears twice in chains"),
+    Code("E504", "chain-in-hierarchy", "two stages of one chain also joined by a hierarchy edge"),
+    Code("E505", "chain-stage-disconnected", "a stage whose loss does not read the stage before it"),
+    Code("E601", "unknown-schedule", "an `every` item other than eval, checkpoint or log"),
+    Code("E602", "duplicate-block", "a second `train` block"),
+    Code("E701", "dataflow-mismatch", "the declared hierarchy and the traced dataflow disagree"),
+    Code("E702", "user-code-error", "the program's Python code raised an error"),
+    Code("E703", "bad-loss", "a loss that is not a differentiable scalar"),
+    Code("W101", "unused-import", "an import that no field uses"),
+    Code("W102", "unused-argument", "an argument that has no effect with the chosen options"),
+    Code("E900", "internal-error", "a bug in mloc"),
+)
+
+CODES: dict[str, Code] = {c.code: c for c in _ALL}
+
+
+def lookup(code: str) -> Code:
+    """The registered code; an unknown code is a bug in mloc, not in the user's program."""
+    try:
+        return CODES[code]
+    except KeyError:
+        raise KeyError(f"unregistered diagnostic code {code!r}") from None

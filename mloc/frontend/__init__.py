@@ -1,0 +1,1 @@
+"""The frontend: grammar loading, parsing into a frozen AST, and AST printing."""

@@ -1,0 +1,197 @@
+"""Text -> frozen AST, with lark's errors turned into located diagnostics.
+
+Parsing stops at the first syntax error: after a malformed token the rest of the file
+cannot be read with confidence, and a cascade of guesses helps nobody. Every later stage
+(names, fields, arguments, structure) reports all of its errors at once.
+"""
+
+from __future__ import annotations
+
+import ast as pyast
+
+import lark
+from lark import Token, Transformer, v_args
+
+from mloc.diagnostics import Diagnostic, DiagnosticError
+from mloc.frontend import ast
+from mloc.frontend.grammar import parser
+from mloc.source import SourceFile, Span
+
+# What the user sees for each terminal lark says it expected.
+_TERMINALS = {
+    "NAME": "a name", "NUMBER": "a number", "STRING": "a string",
+    "LBRACE": "`{`", "RBRACE": "`}`", "LPAR": "`(`", "RPAR": "`)`", "LSQB": "`[`", "RSQB": "`]`",
+    "COMMA": "`,`", "SEMICOLON": "`;`", "EQUAL": "`=`", "DOT": "`.`", "__ANON_0": "`->`",
+    "PROGRAM": "`program`", "IMPORT": "`import`", "AS": "`as`", "PROBLEM": "`problem`",
+    "CHAIN": "`chain`", "TRAIN": "`train`", "EVERY": "`every`",
+}
+_KEYWORDS = {"program", "import", "as", "problem", "chain", "train", "every", "true", "false",
+             "True", "False"}
+
+
+def _describe(term: str) -> str:
+    if term in _TERMINALS:
+        return _TERMINALS[term]
+    if term.startswith("__ANON"):
+        return "`->`"
+    return term.lower()
+
+
+def _expected(names) -> str:
+    items = sorted({_describe(n) for n in names})
+    if len(items) > 6:
+        items = items[:6] + ["..."]
+    return ", ".join(items)
+
+
+def _token_text(tok: Token) -> str:
+    return "end of file" if tok.type == "$END" else f"`{tok}`"
+
+
+def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic:
+    if isinstance(err, lark.exceptions.UnexpectedCharacters):
+        start = err.pos_in_stream
+        ch = src.text[start]
+        if ch in "\"'":
+            return Diagnostic("E003", "this string is never closed", src.span(start, start + 1),
+                              label="string starts here",
+                              help=f"add the closing {ch} on the same line")
+        return Diagnostic("E002", f"unexpected character `{ch}`", src.span(start, start + 1),
+                          help="remove it; names use letters, digits and `_`")
+    if isinstance(err, lark.exceptions.UnexpectedEOF) or (
+            isinstance(err, lark.exceptions.UnexpectedToken) and err.token.type == "$END"):
+        end = len(src.text.rstrip()) or 0
+        span = src.span(max(0, end - 1), max(end, 1))
+        return Diagnostic("E004", "the file ends in the middle of a construct", span,
+                          label=f"expected {_expected(err.expected)} after this",
+                          help="close every `{`, `(` and `[`")
+    tok = err.token
+    span = src.span(tok.start_pos, tok.end_pos)
+    help = None
+    if tok.type == "NAME" and "EQUAL" in err.expected:
+        help = "write fields as `name = value`"
+    elif str(tok) in _KEYWORDS:
+        help = f"`{tok}` is a keyword and cannot be used as a name here"
+    return Diagnostic("E001", f"unexpected {_token_text(tok)}", span,
+                      label=f"expected {_expected(err.expected)}", help=help)
+
+
+def parse(src: SourceFile) -> ast.Module:
+    """Parse one file; raises DiagnosticError with one E0xx diagnostic on a syntax error."""
+    try:
+        tree = parser().parse(src.text)
+    except lark.exceptions.UnexpectedInput as err:
+        raise DiagnosticError([_syntax_error(src, err)]) from None
+    return _ToAst(src).transform(tree)
+
+
+class _ToAst(Transformer):
+    """lark parse tree -> frozen AST nodes (spans from token and meta positions)."""
+
+    def __init__(self, src: SourceFile):
+        super().__init__()
+        self.src = src
+
+    def _span(self, meta) -> Span:
+        return self.src.span(meta.start_pos, meta.end_pos)
+
+    def _tok(self, tok: Token) -> Span:
+        return self.src.span(tok.start_pos, tok.end_pos)
+
+    def _ident(self, tok: Token) -> ast.Ident:
+        return ast.Ident(str(tok), self._tok(tok))
+
+    @v_args(meta=True)
+    def start(self, meta, items):
+        span = self.src.span(0, len(self.src.text))
+        return ast.Module(tuple(items), span)
+
+    @v_args(meta=True)
+    def program_decl(self, meta, c):
+        return ast.ProgramDecl(self._ident(c[0]), self._span(meta))
+
+    @v_args(meta=True)
+    def import_decl(self, meta, c):
+        alias = self._ident(c[1]) if len(c) > 1 and c[1] is not None else None
+        return ast.Import(c[0], alias, self._span(meta))
+
+    @v_args(meta=True)
+    def problem(self, meta, c):
+        return ast.Problem(self._ident(c[0]), c[1], self._span(meta))
+
+    @v_args(meta=True)
+    def edge(self, meta, c):
+        body = c[-1] if isinstance(c[-1], ast.Block) else None
+        names = [x for x in c if isinstance(x, Token)]
+        return ast.Edge(tuple(self._ident(t) for t in names), body, self._span(meta))
+
+    @v_args(meta=True)
+    def chain(self, meta, c):
+        body = c[-1] if isinstance(c[-1], ast.Block) else None
+        names = [x for x in c if isinstance(x, Token)]
+        return ast.Chain(tuple(self._ident(t) for t in names), body, self._span(meta))
+
+    @v_args(meta=True)
+    def train(self, meta, c):
+        return ast.Train(c[0], self._span(meta))
+
+    @v_args(meta=True)
+    def setting(self, meta, c):
+        return ast.Setting(self._ident(c[0]), c[1], self._span(meta))
+
+    @v_args(meta=True)
+    def block(self, meta, c):
+        return ast.Block(tuple(c), self._span(meta))
+
+    @v_args(meta=True)
+    def field(self, meta, c):
+        return ast.Field(self._ident(c[0]), c[1], self._span(meta))
+
+    @v_args(meta=True)
+    def every(self, meta, c):
+        value = c[2] if len(c) > 2 else None
+        return ast.Every(self._ident(c[0]), c[1], value, self._span(meta))
+
+    @v_args(meta=True)
+    def call(self, meta, c):
+        args = tuple(a for a in c[1:] if a is not None)
+        return ast.Call(c[0], args, self._span(meta))
+
+    @v_args(meta=True)
+    def kwarg(self, meta, c):
+        return ast.Arg(self._ident(c[0]), c[1], self._span(meta))
+
+    @v_args(meta=True)
+    def posarg(self, meta, c):
+        return ast.Arg(None, c[0], self._span(meta))
+
+    @v_args(meta=True)
+    def dotted(self, meta, c):
+        return ast.Name(tuple(str(t) for t in c), self._span(meta))
+
+    @v_args(meta=True)
+    def number(self, meta, c):
+        text = str(c[0])
+        plain = text.replace("_", "")
+        is_int = not any(ch in plain for ch in ".eE")
+        return ast.Number(int(plain) if is_int else float(plain), text, self._span(meta))
+
+    @v_args(meta=True)
+    def string(self, meta, c):
+        return ast.String(pyast.literal_eval(str(c[0])), self._span(meta))
+
+    @v_args(meta=True)
+    def true(self, meta, c):
+        return ast.Bool(True, self._span(meta))
+
+    @v_args(meta=True)
+    def false(self, meta, c):
+        return ast.Bool(False, self._span(meta))
+
+    @v_args(meta=True)
+    def list(self, meta, c):
+        return ast.ListValue(tuple(x for x in c if x is not None), self._span(meta))
+
+    @v_args(meta=True)
+    def tuple(self, meta, c):
+        return ast.TupleValue(tuple(c), self._span(meta))

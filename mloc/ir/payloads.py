@@ -1,0 +1,174 @@
+"""The frozen payloads that the program graph's nodes and edges carry.
+
+What the program *says*: every value keeps the span it came from, so any later stage can
+point back at the source. Compiler decisions (plans, schedules) live elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mloc.frontend import ast
+from mloc.source import Span
+
+
+@dataclass(frozen=True)
+class PyCall:
+    """A call into the user's Python module, e.g. `lib.weighted_ce(classifier, net, batch)`.
+
+    `module` is the imported module's dotted path and `attr` the attribute called on it;
+    `reads` lists the problems the call names, in order, with the span of each mention.
+    """
+
+    call: ast.Call
+    module: str
+    attr: str
+    reads: tuple[tuple[str, Span], ...]
+
+    @property
+    def span(self) -> Span:
+        return self.call.span
+
+    @property
+    def text(self) -> str:
+        return self.call.span.text
+
+    def read_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for name, _ in self.reads))
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A checked call of a built-in (optimizer, method, schedule): every parameter bound,
+    defaults filled in, in signature order."""
+
+    name: str
+    args: tuple[tuple[str, object], ...]
+    span: Span
+
+    def get(self, key: str):
+        return dict(self.args)[key]
+
+    def render(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.args if v is not None)
+        return f"{self.name}({inner})"
+
+
+@dataclass(frozen=True)
+class ProblemNode:
+    name: str
+    module: PyCall
+    data: PyCall
+    loss: PyCall
+    optimizer: Builtin
+    span: Span
+    name_span: Span
+    trainable: tuple[str, ...] = ("*",)
+    frozen: tuple[str, ...] = ()
+    meta_trainable: tuple[str, ...] | None = None
+    init: tuple[str, Span] | None = None
+    clip_grad_norm: float | None = None
+    precision: str | None = None
+    schedule: Builtin | None = None
+    order: int = 0              # position in the source, for stable tie-breaking
+
+
+@dataclass(frozen=True)
+class HierarchyEdge:
+    """`upper -> lower`: the lower problem's best response is a function of the upper one."""
+
+    upper: str
+    lower: str
+    method: Builtin
+    unroll: int
+    span: Span
+
+    kind = "hierarchy"
+
+
+@dataclass(frozen=True)
+class DataflowEdge:
+    """`src`'s parameters reach `dst`'s loss (or initialisation).
+
+    kind: "u2l" (src is above dst), "l2u" (src is below dst), or "chain" (src is an earlier
+    stage of the same interlocking chain). via: "loss" or "init".
+    """
+
+    src: str
+    dst: str
+    kind: str
+    via: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    stages: tuple[str, ...]
+    interlock: int
+    span: Span
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    every: int
+    call: PyCall
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    steps: int = 1000
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    memory_budget: int | None = None
+    evals: tuple[EvalSpec, ...] = ()
+    checkpoint_every: int | None = None
+    log_every: int = 10
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class ImportSpec:
+    module: str
+    bound: str
+    path: str | None
+    span: Span
+
+
+@dataclass(frozen=True)
+class ProgramInfo:
+    """Program-level facts that belong to no single node or edge."""
+
+    name: str
+    source_path: str
+    imports: tuple[ImportSpec, ...]
+    semantics: str
+    train: TrainSpec
+    chains: tuple[ChainSpec, ...]
+
+
+@dataclass(frozen=True)
+class Link:
+    """A declared hierarchy edge between two existing problems, valid or not in its options;
+    structure checks (cycles, orphans) use these so one bad option does not hide them."""
+
+    upper: str
+    lower: str
+    span: Span
+
+
+@dataclass(frozen=True)
+class ResolvedProgram:
+    """The resolve pass's output: checked payloads, plus the declared structure."""
+
+    info: ProgramInfo
+    problems: tuple[ProblemNode, ...]
+    edges: tuple[HierarchyEdge, ...]
+    names: tuple[str, ...]                 # every uniquely declared problem, in source order
+    name_spans: tuple[Span, ...]
+    links: tuple[Link, ...]
+
+    @property
+    def broken(self) -> frozenset[str]:
+        """Problems whose fields had errors (absent from the graph)."""
+        return frozenset(self.names) - {p.name for p in self.problems}

@@ -1,0 +1,1 @@
+"""Compiler passes over the program: resolve, lower, hierarchy, dataflow (and later plan)."""

@@ -1,0 +1,98 @@
+"""Bind a call of a built-in (optimizer, method, schedule) to its `Signature`.
+
+Reports unknown names with a did-you-mean, positional-after-keyword, too many or
+duplicate arguments, unknown keywords, missing required ones, and each argument's type
+and range. Returns a `Builtin` with every parameter bound (defaults filled in), or None.
+"""
+
+from __future__ import annotations
+
+from mloc.diagnostics import Diagnostics, did_you_mean
+from mloc.frontend import ast
+from mloc.ir.payloads import Builtin
+from mloc.lang.types import INVALID
+from mloc.lang.vocabulary import REQUIRED, Signature
+
+_UNKNOWN = {"optimizers": ("E301", "optimizer"), "methods": ("E302", "hypergradient method"),
+            "schedules": ("E311", "schedule")}
+
+
+def bind_builtin(value: ast.Value, table: dict[str, Signature], table_name: str,
+                 diags: Diagnostics) -> Builtin | None:
+    code, what = _UNKNOWN[table_name]
+    if isinstance(value, ast.Call):
+        func, args = value.func, value.args
+    elif isinstance(value, ast.Name):
+        func, args = value, ()
+    else:
+        diags.error("E304", f"expected a {what} such as `{next(iter(table))}(...)`, got a literal",
+                    value.span, help="available: " + ", ".join(f"`{n}`" for n in table))
+        return None
+    sig = table.get(func.dotted)
+    if sig is None:
+        hint = did_you_mean(func.dotted, table) or "available: " + ", ".join(f"`{n}`" for n in table)
+        diags.error(code, f"unknown {what} `{func.dotted}`", func.span, label=f"not a {what}", help=hint)
+        return None
+    bound = _bind_args(sig, args, value.span, diags)
+    if bound is None:
+        return None
+    return Builtin(sig.name, tuple((p.name, bound[p.name]) for p in sig.params), value.span)
+
+
+def _bind_args(sig: Signature, args: tuple[ast.Arg, ...], span, diags: Diagnostics) -> dict | None:
+    given: dict[str, ast.Arg] = {}
+    ok = True
+    seen_keyword = False
+    for i, arg in enumerate(args):
+        if arg.keyword is None:
+            if seen_keyword:
+                diags.error("E308", "a positional argument cannot follow keyword arguments", arg.span,
+                            help="name it, e.g. `lr=...`")
+                ok = False
+                continue
+            if i >= len(sig.params):
+                diags.error("E309", f"`{sig.name}` takes at most {len(sig.params)} positional "
+                            f"argument(s), got {len(args)}", arg.span,
+                            help=_signature_text(sig))
+                ok = False
+                continue
+            name = sig.params[i].name
+        else:
+            seen_keyword = True
+            name = arg.keyword.name
+            if sig.param(name) is None:
+                hint = did_you_mean(name, [p.name for p in sig.params]) or _signature_text(sig)
+                diags.error("E303", f"`{sig.name}` has no argument `{name}`", arg.keyword.span,
+                            label="unknown argument", help=hint)
+                ok = False
+                continue
+        if name in given:
+            diags.error("E307", f"argument `{name}` of `{sig.name}` is given twice", arg.span,
+                        help="remove one of them")
+            ok = False
+            continue
+        given[name] = arg
+    values = _check_values(sig, given, span, diags)  # type errors are independent: report them too
+    return values if ok else None
+
+
+def _check_values(sig: Signature, given: dict[str, ast.Arg], span, diags: Diagnostics) -> dict | None:
+    out: dict = {}
+    ok = True
+    for p in sig.params:
+        if p.name in given:
+            v = p.type.check(given[p.name].value, f"`{p.name}` of `{sig.name}`", diags)
+            ok &= v is not INVALID
+            out[p.name] = v
+        elif p.default is REQUIRED:
+            diags.error("E306", f"`{sig.name}` needs the argument `{p.name}`", span,
+                        help=f"add `{p.name}=...`: {p.doc or p.type.expected}")
+            ok = False
+        else:
+            out[p.name] = p.default
+    return out if ok else None
+
+
+def _signature_text(sig: Signature) -> str:
+    parts = [p.name if p.default is REQUIRED else f"{p.name}={p.default!r}" for p in sig.params]
+    return f"`{sig.name}` takes ({', '.join(parts)})" if parts else f"`{sig.name}` takes no arguments"
