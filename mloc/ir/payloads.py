@@ -167,6 +167,7 @@ class ResolvedProgram:
     names: tuple[str, ...]                 # every uniquely declared problem, in source order
     name_spans: tuple[Span, ...]
     links: tuple[Link, ...]
+    program_span: Span | None = None       # the `program NAME` line, for program-wide errors
 
     @property
     def broken(self) -> frozenset[str]:

@@ -31,7 +31,7 @@ def bind_builtin(value: ast.Value, table: dict[str, Signature], table_name: str,
     sig = table.get(func.dotted)
     if sig is None:
         hint = did_you_mean(func.dotted, table) or "available: " + ", ".join(f"`{n}`" for n in table)
-        diags.error(code, f"unknown {what} `{func.dotted}`", func.span, label=f"not a {what}", help=hint)
+        diags.error(code, f"unknown {what} `{func.dotted}`", func.span, label=f"not {'an' if what[0] in 'aeiou' else 'a'} {what}", help=hint)
         return None
     bound = _bind_args(sig, args, value.span, diags)
     if bound is None:

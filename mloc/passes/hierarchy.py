@@ -17,7 +17,7 @@ from mloc.ir.payloads import ResolvedProgram
 
 def check_hierarchy(r: ResolvedProgram, diags: Diagnostics) -> bool:
     if not r.names:
-        diags.error("E213", "the program declares no problem", None,
+        diags.error("E213", "the program declares no problem", r.program_span,
                     help="declare one with `problem NAME { module = ..., data = ..., loss = ..., optimizer = ... }`")
         return False
     h = nx.DiGraph()

@@ -46,12 +46,18 @@ def resolve(module: ast.Module, src: SourceFile, diags: Diagnostics) -> Resolved
                     for i in module.of_type(ast.Import))
     info = ProgramInfo(name, src.path, imports, semantics, train, chains)
     return ResolvedProgram(info, problems, edges, tuple(problem_asts),
-                           tuple(a.name.span for a in problem_asts.values()), links)
+                           tuple(a.name.span for a in problem_asts.values()), links,
+                           _program_span(module, src))
 
 
 def _path(scope: Scope, bound: str) -> str | None:
     info = scope.imports.get(bound)
     return str(info.path) if info and info.path else None
+
+
+def _program_span(module: ast.Module, src: SourceFile):
+    decls = module.of_type(ast.ProgramDecl)
+    return decls[0].span if decls else src.span(0, 0)
 
 
 def _program_name(module: ast.Module, src: SourceFile, diags: Diagnostics) -> str:

@@ -1,0 +1,34 @@
+"""Best-response vector-Jacobian products (BR-VJPs): one small factory per method.
+
+For a lower problem ``θ*(x) = argmin_θ L(θ, x)`` and an adjoint ``v = ∂F/∂θ``, a BR-VJP
+returns ``(dθ*/dx)ᵀ v = -J_xᵀ H⁻¹ v`` (``H = ∇²_θθ L``, ``J_x = ∇²_θx L``) for every upper
+``x`` the loss reads, never building a Jacobian. Methods differ only in how
+``q ≈ H⁻¹v`` is formed (see ``shared/reference/hypergradients.md``).
+
+Every method object has
+
+- ``prepare(op) -> point``: where the uppers evaluate this lower. The live parameters,
+  except for ``itd``, which unrolls its steps here and returns ``θ_K`` as a fresh leaf.
+- ``vjp(op, v, create_graph=False) -> (outputs, cotangents) | None``: a VJP *spec*. The
+  contribution to an upper's parameters ``x`` is ``autograd.grad(outputs, x, cotangents)``;
+  the composer folds the specs of an upper's own edges into one final ``backward``.
+  ``None`` means "no indirect term" (``first_order``).
+
+Methods are frozen dataclasses (their fields are the options of the language) and are
+linear in ``v``: adjoints can be summed before a single application.
+"""
+
+from mloc.runtime.methods.finite import finite_diff, first_order, sama
+from mloc.runtime.methods.implicit import cg, neumann
+from mloc.runtime.methods.unrolled import itd
+
+METHODS = {
+    "itd": itd,
+    "cg": cg,
+    "neumann": neumann,
+    "finite_diff": finite_diff,
+    "sama": sama,
+    "first_order": first_order,
+}
+
+__all__ = ["METHODS", "cg", "finite_diff", "first_order", "itd", "neumann", "sama"]

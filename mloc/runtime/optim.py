@@ -1,0 +1,204 @@
+"""Functional, differentiable optimizers in the style of optax, for PyTorch.
+
+An optimizer is a pure pair ``init(params) -> state`` and
+``update(grads, state, params) -> (updates, state)``; the new parameters are
+``params + updates`` (:func:`apply_updates`). Nothing is mutated, so an unrolled
+loop (``itd``) differentiates through ``update`` with respect to the parameters, the
+gradients, and any hyperparameter given as a tensor (e.g. a learnable learning rate).
+
+Each optimizer also exposes ``diag(grads, state, params)``: the diagonal of
+``-∂update/∂grad`` of the *next* update taken from ``state`` at ``grads``, the
+preconditioner ``s`` of SAMA (Choe et al., "Making Scalable Meta Learning Practical",
+NeurIPS 2023). It is returned per parameter tensor, as a tensor or a number that
+broadcasts. ``diag_uses_grad`` says whether it reads ``grads`` (SGD's does not), so SAMA
+skips a gradient evaluation when it can.
+
+States are small NamedTuples: a Python ``count`` of steps taken (no host sync to read it)
+and tuples of tensors. :func:`state_tensors` / :func:`with_state_tensors` flatten them for
+unrolled differentiation. The numerics follow ``torch.optim`` (single-tensor path)
+operation for operation, so a functional run matches the stateful one to rounding.
+
+A later optimizer (Shampoo: matrix statistics, a non-differentiable root every k steps)
+fits the same interface: its state holds the statistics, and ``update`` may be run under
+``torch.no_grad`` by the caller; register it in :data:`OPTIMIZERS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import torch
+from torch import Tensor
+
+from mloc.runtime.tree import Params
+
+
+class Optimizer(NamedTuple):
+    """A functional optimizer: pure ``init``/``update`` plus SAMA's ``diag``."""
+
+    init: Callable[[Params], Any]
+    update: Callable[[Params, Any, Params], tuple[Params, Any]]
+    diag: Callable[[Params | None, Any, Params], tuple]
+    diag_uses_grad: bool
+    hyper: dict
+
+
+class SGDState(NamedTuple):
+    count: int
+    momentum: Params
+
+
+class AdamState(NamedTuple):
+    count: int
+    mu: Params
+    nu: Params
+
+
+def _is_zero(x) -> bool:
+    return not isinstance(x, Tensor) and x == 0
+
+
+def apply_updates(params: Params, updates: Params) -> Params:
+    """``params + updates`` (differentiable, out of place)."""
+    return tuple(p + u for p, u in zip(params, updates))
+
+
+def sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0) -> Optimizer:
+    r"""Stochastic gradient descent with heavy-ball or Nesterov momentum (torch.optim.SGD).
+
+    .. math::
+        g' = g + \text{wd}\,\theta,\quad
+        b_t = \mu b_{t-1} + (1-\tau) g' \ (b_1 = g'),\quad
+        \Delta\theta = -\eta\,(g' + \mu b_t \text{ if nesterov else } b_t)
+
+    Polyak (1964); Sutskever et al., "On the importance of initialization and momentum in
+    deep learning", ICML 2013. ``diag`` is ``η`` times ``1`` (no momentum),
+    ``(1-τ)`` after the first step (``1`` on it), plus ``μ`` times that for Nesterov:
+    the learning rate is always kept (Betty drops it for SGD, which changes the meta
+    step scale whenever the base optimizer changes).
+    """
+    has_momentum = not _is_zero(momentum)
+    if nesterov and (not has_momentum or not _is_zero(dampening)):
+        raise ValueError("nesterov momentum requires momentum > 0 and dampening = 0")
+
+    def init(params):
+        buf = tuple(torch.zeros_like(p) for p in params) if has_momentum else ()
+        return SGDState(0, buf)
+
+    def update(grads, state, params):
+        if not _is_zero(weight_decay):
+            grads = tuple(g + weight_decay * p for g, p in zip(grads, params))
+        if not has_momentum:
+            return tuple(-lr * g for g in grads), SGDState(state.count + 1, ())
+        if state.count == 0:
+            buf = grads
+        else:
+            buf = tuple(momentum * b + (1 - dampening) * g for b, g in zip(state.momentum, grads))
+        direction = tuple(g + momentum * b for g, b in zip(grads, buf)) if nesterov else buf
+        return tuple(-lr * d for d in direction), SGDState(state.count + 1, buf)
+
+    def diag(grads, state, params):
+        c = 1.0
+        if has_momentum:
+            c = 1.0 if state.count == 0 else 1 - dampening
+            c = 1 + momentum * c if nesterov else c
+        return (lr * c,) * len(params)
+
+    hyper = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                 dampening=dampening)
+    return Optimizer(init, update, diag, False, hyper)
+
+
+def _adam(lr, betas, eps, weight_decay, decoupled: bool) -> Optimizer:
+    b1, b2 = betas
+
+    def init(params):
+        zeros = lambda: tuple(torch.zeros_like(p) for p in params)  # noqa: E731
+        return AdamState(0, zeros(), zeros())
+
+    def moments(grads, state, params):
+        if not decoupled and not _is_zero(weight_decay):
+            grads = tuple(g + weight_decay * p for g, p in zip(grads, params))
+        mu = tuple(m + (1 - b1) * (g - m) for m, g in zip(state.mu, grads))
+        nu = tuple(b2 * v + (1 - b2) * g * g for v, g in zip(state.nu, grads))
+        t = state.count + 1
+        return grads, mu, nu, 1 - b1**t, 1 - b2**t
+
+    def update(grads, state, params):
+        _, mu, nu, c1, c2 = moments(grads, state, params)
+        step, root_c2 = lr / c1, c2**0.5
+        upd = tuple(-step * m / (torch.sqrt(v) / root_c2 + eps) for m, v in zip(mu, nu))
+        if decoupled and not _is_zero(weight_decay):
+            upd = tuple(u - lr * weight_decay * p for u, p in zip(upd, params))
+        return upd, AdamState(state.count + 1, mu, nu)
+
+    def diag(grads, state, params):
+        # d/dg of  lr/c1 · m / (sqrt(v/c2) + eps), with m, v the moments after g:
+        #   lr/c1 · [ (1-b1)/D  -  m (1-b2) g / (c2 sqrt(v/c2) D²) ],  D = sqrt(v/c2) + eps.
+        # Bias correction is kept: s is the exact derivative of the step actually taken.
+        g, mu, nu, c1, c2 = moments(grads, state, params)
+        out = []
+        for gi, m, v in zip(g, mu, nu):
+            root = torch.sqrt(v / c2)
+            d = root + eps
+            curv = torch.where(root > 0, m * (1 - b2) * gi / (c2 * root * d * d), 0.0)
+            out.append(lr / c1 * ((1 - b1) / d - curv))
+        return tuple(out)
+
+    hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    return Optimizer(init, update, diag, True, hyper)
+
+
+def adam(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0) -> Optimizer:
+    r"""Adam with L2 weight decay added to the gradient (torch.optim.Adam).
+
+    .. math::
+        m_t = \beta_1 m_{t-1} + (1-\beta_1) g,\ v_t = \beta_2 v_{t-1} + (1-\beta_2) g^2,\
+        \Delta\theta = -\frac{\eta}{1-\beta_1^t}\,\frac{m_t}{\sqrt{v_t/(1-\beta_2^t)} + \epsilon}
+
+    Kingma & Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015. ``diag`` is the
+    exact elementwise derivative of that step with respect to ``g`` (bias correction and
+    ``ε`` included); with ``ε = 0`` it is SAMA's
+    ``η√c₂/c₁ · [(1-β₁)β₂ v_{t-1} - β₁(1-β₂) g m_{t-1}] / v_t^{3/2}``.
+    """
+    return _adam(lr, betas, eps, weight_decay, decoupled=False)
+
+
+def adamw(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2) -> Optimizer:
+    r"""AdamW: Adam with decoupled weight decay ``Δθ -= η·wd·θ`` (torch.optim.AdamW).
+
+    Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019. The decay
+    does not read ``g``, so ``diag`` is Adam's.
+    """
+    return _adam(lr, betas, eps, weight_decay, decoupled=True)
+
+
+OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {"sgd": sgd, "adam": adam, "adamw": adamw}
+
+
+def state_tensors(state) -> Params:
+    """The tensors of an optimizer state, flattened in field order (``count`` skipped)."""
+    return tuple(t for field in state[1:] for t in field)
+
+
+def with_state_tensors(state, tensors: Params):
+    """``state`` with its tensors replaced by ``tensors`` (the inverse of the above)."""
+    fields, i = [state[0]], 0
+    for field in state[1:]:
+        fields.append(tuple(tensors[i : i + len(field)]))
+        i += len(field)
+    return type(state)(*fields)
+
+
+@torch.no_grad()
+def step(opt: Optimizer, params: Params, state, grads: Params | None = None):
+    """One in-place training step from ``.grad`` (or ``grads``); returns the new state.
+
+    Generated loops call this to commit a step; nothing here is differentiated.
+    """
+    if grads is None:
+        grads = tuple(p.grad for p in params)
+    updates, state = opt.update(grads, state, params)
+    for p, u in zip(params, updates):
+        p.add_(u)
+    return state
