@@ -60,7 +60,7 @@ def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic
                           help="remove it; names use letters, digits and `_`")
     if isinstance(err, lark.exceptions.UnexpectedEOF) or (
             isinstance(err, lark.exceptions.UnexpectedToken) and err.token.type == "$END"):
-        end = len(src.text.rstrip()) or 0
+        end = _last_code_offset(src.text)
         span = src.span(max(0, end - 1), max(end, 1))
         return Diagnostic("E004", "the file ends in the middle of a construct", span,
                           label=f"expected {_expected(err.expected)} after this",
@@ -74,6 +74,17 @@ def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic
         help = f"`{tok}` is a keyword and cannot be used as a name here"
     return Diagnostic("E001", f"unexpected {_token_text(tok)}", span,
                       label=f"expected {_expected(err.expected)}", help=help)
+
+
+def _last_code_offset(text: str) -> int:
+    """Offset just past the last character that is neither blank nor in a comment."""
+    offset = len(text)
+    for line in reversed(text.splitlines(keepends=True)):
+        offset -= len(line)
+        code = line.split("#", 1)[0].rstrip()
+        if code:
+            return offset + len(code)
+    return 0
 
 
 def parse(src: SourceFile) -> ast.Module:

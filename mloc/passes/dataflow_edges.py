@@ -15,13 +15,18 @@ import networkx as nx
 
 from mloc.diagnostics import Diagnostics
 from mloc.ir.graph import ProgramGraph
-from mloc.ir.payloads import DataflowEdge, ProblemNode
+from mloc.ir.payloads import DataflowEdge, ProblemNode, ResolvedProgram
 
 INIT_METHODS = frozenset({"itd", "first_order", "auto"})
 
 
-def infer_dataflow(g: ProgramGraph, declared: tuple[str, ...], diags: Diagnostics) -> None:
-    h = g.hierarchy()
+def infer_dataflow(g: ProgramGraph, r: ResolvedProgram, diags: Diagnostics) -> None:
+    """`r` supplies the declared hierarchy, so a problem whose own fields had errors (absent
+    from `g`) still counts as above or below the others: no cascade of follow-on errors."""
+    h = nx.DiGraph()
+    h.add_nodes_from(r.names)
+    h.add_edges_from((link.upper, link.lower) for link in r.links)
+    declared = set(r.names)
     chain_pos = {s: (i, c) for c in g.info.chains for i, s in enumerate(c.stages)}
     for p in g.problems():
         for q, span, via in _reads(p):
@@ -45,9 +50,9 @@ def _reads(p: ProblemNode):
 
 
 def _kind(h: nx.DiGraph, chain_pos: dict, q: str, p: str, via: str) -> str | None:
-    if q in h and p in h and nx.has_path(h, q, p):
+    if nx.has_path(h, q, p):
         return "u2l"
-    if via == "loss" and q in h and p in h and nx.has_path(h, p, q):
+    if via == "loss" and nx.has_path(h, p, q):
         return "l2u"
     if via == "loss" and q in chain_pos and p in chain_pos:
         (iq, cq), (ip, cp) = chain_pos[q], chain_pos[p]

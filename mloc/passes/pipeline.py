@@ -118,7 +118,7 @@ class Dataflow(Pass):
         return unit.graph is not None and unit.acyclic
 
     def run(self, unit, diags):
-        infer_dataflow(unit.graph, unit.resolved.names, diags)
+        infer_dataflow(unit.graph, unit.resolved, diags)
         return unit
 
 

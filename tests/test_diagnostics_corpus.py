@@ -1,0 +1,53 @@
+"""Every bad program in tests/diagnostics/ states the diagnostics it must produce.
+
+An annotation `#! CODE@COL [CODE@COL ...]` at the end of a line says that line must get a
+diagnostic with that code starting at that column. The set of (code, line, column) that
+mloc reports must equal the annotated set exactly: nothing missing, nothing extra.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from mloc.diagnostics import CODES
+from mloc.passes.pipeline import compile_file
+
+CORPUS = Path(__file__).parent / "diagnostics"
+CASES = sorted(CORPUS.glob("*.mlo"))
+_ANNOTATION = re.compile(r"#!\s*(.*)$")
+_ITEM = re.compile(r"^([EW]\d{3})@(\d+)$")
+
+
+def expected(path: Path) -> list[tuple[str, int, int]]:
+    out = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        m = _ANNOTATION.search(line)
+        if not m:
+            continue
+        for item in m.group(1).split():
+            parsed = _ITEM.match(item)
+            assert parsed, f"{path.name}:{lineno}: malformed annotation {item!r} (want CODE@COL)"
+            out.append((parsed.group(1), lineno, int(parsed.group(2))))
+    return sorted(out)
+
+
+def reported(path: Path) -> list[tuple[str, int, int]]:
+    unit = compile_file(str(path))
+    return sorted((d.code, d.span.line, d.span.col) for d in unit.diagnostics)
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_case_reports_exactly_its_annotations(path):
+    want = expected(path)
+    assert want, f"{path.name} has no `#!` annotation"
+    assert reported(path) == want
+
+
+def test_corpus_is_large_and_covers_every_static_code():
+    assert len(CASES) >= 30
+    seen = {code for p in CASES for code, _, _ in expected(p)}
+    static = {c for c in CODES if c[1] in "0123456" or c.startswith("W")}
+    assert static - seen == set(), f"codes with no bad program: {sorted(static - seen)}"
