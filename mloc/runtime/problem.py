@@ -86,7 +86,7 @@ class LowerOp:
         return torch.autograd.grad(self.grad(), self.theta, p, retain_graph=True,
                                    create_graph=create_graph)
 
-    def mixed(self, q: Params):
+    def mixed(self, q: Params, create_graph: bool = False):
         """The BR-VJP of solution ``q = H⁻¹v``: ``-J_xᵀ q = -∂/∂x ⟨∇_θ L, q⟩``.
 
         Returned as a VJP spec ``(outputs, cotangents)``: the contribution to an upper's

@@ -21,7 +21,7 @@ class _Implicit:
         return op.theta
 
     def vjp(self, op, v, create_graph: bool = False):
-        return op.mixed(self.solve(op, v, create_graph))
+        return op.mixed(self.solve(op, v, create_graph), create_graph)
 
 
 @dataclass(frozen=True)

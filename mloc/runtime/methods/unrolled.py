@@ -57,6 +57,7 @@ class itd:
     steps: int
     truncate: int | None = None
     mode: str = "reverse"
+    unrolls = True  # its point is θ_K, not the live parameters (a class attribute)
 
     def __post_init__(self):
         if self.mode not in _MODES:

@@ -1,0 +1,1 @@
+"""Code generation and loading: turning the checked program into running Python."""

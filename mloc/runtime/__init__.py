@@ -1,0 +1,20 @@
+"""The hypergradient runtime: what generated training loops call.
+
+- :mod:`mloc.runtime.optim`: functional, differentiable optimizers (``OPTIMIZERS``).
+- :mod:`mloc.runtime.methods`: best-response VJPs, one factory per method (``METHODS``).
+- :mod:`mloc.runtime.problem`: the problem abstraction (``Problem``).
+- :mod:`mloc.runtime.compose`: adjoint accumulation over the DAG (``Hierarchy``, ``Edge``).
+
+This package imports torch; ``mloc/__init__.py`` never imports it.
+"""
+
+from mloc.runtime.compose import SEMANTICS, Edge, Hierarchy
+from mloc.runtime.methods import METHODS, cg, finite_diff, first_order, itd, neumann, sama
+from mloc.runtime.optim import OPTIMIZERS, Optimizer, adam, adamw, apply_updates, sgd
+from mloc.runtime.problem import LowerOp, Problem
+
+__all__ = [
+    "METHODS", "OPTIMIZERS", "SEMANTICS", "Edge", "Hierarchy", "LowerOp", "Optimizer",
+    "Problem", "adam", "adamw", "apply_updates", "cg", "finite_diff", "first_order", "itd",
+    "neumann", "sama", "sgd",
+]
