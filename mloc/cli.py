@@ -7,10 +7,6 @@ Exit codes: 0 ok (warnings allowed), 1 the program has errors, 2 usage or I/O er
 from __future__ import annotations
 
 import argparse
-import json
-import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -167,6 +163,9 @@ def _write(target: Path, text: str) -> None:
 
 
 def _render_image(dot_text: str, target: Path, fmt: str) -> None:
+    import shutil
+    import subprocess
+
     dot = shutil.which("dot")
     if dot is None:
         raise UsageError(f"rendering {target.name} needs Graphviz's `dot` program, which is not installed",

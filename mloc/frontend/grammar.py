@@ -27,6 +27,14 @@ def grammar_path() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def parser() -> lark.Lark:
-    """The LALR parser with positions; built once per process."""
-    return lark.Lark(grammar_path().read_text(encoding="utf-8"), parser="lalr",
-                     propagate_positions=True, maybe_placeholders=True)
+    """The LALR parser with positions; built once per process.
+
+    lark caches the built tables in the temporary directory, keyed by a hash of the grammar
+    and options, which takes ~30 ms off every cold `mloc check`; an unwritable cache falls
+    back to building the tables."""
+    text = grammar_path().read_text(encoding="utf-8")
+    options = dict(parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    try:
+        return lark.Lark(text, cache=True, **options)
+    except OSError:
+        return lark.Lark(text, **options)
