@@ -1,13 +1,16 @@
 """Text -> frozen AST, with lark's errors turned into located diagnostics.
 
-Parsing stops at the first syntax error: after a malformed token the rest of the file
-cannot be read with confidence, and a cascade of guesses helps nobody. Every later stage
-(names, fields, arguments, structure) reports all of its errors at once.
+Recovery: after a syntax error, the top-level item that holds it (from its first line to
+the start of the next item: a line beginning with `problem`, `train`, `A -> B`, ...) is
+blanked out, keeping every offset, and the file is parsed again, so each broken item gets
+its own diagnostic in one run. When any item is broken, the later stages do not run: a
+half-read program would only produce follow-on noise.
 """
 
 from __future__ import annotations
 
 import ast as pyast
+import re
 
 import lark
 from lark import Token, Transformer, v_args
@@ -56,8 +59,10 @@ def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic
             return Diagnostic("E003", "this string is never closed", src.span(start, start + 1),
                               label="string starts here",
                               help=f"add the closing {ch} on the same line")
-        return Diagnostic("E002", f"unexpected character `{ch}`", src.span(start, start + 1),
-                          help="remove it; names use letters, digits and `_`")
+        help = "remove it; names use letters, digits and `_`"
+        if ch == ">" and src.text[start - 1:start] == "=":
+            help = "hierarchy edges are written `upper -> lower`"
+        return Diagnostic("E002", f"unexpected character `{ch}`", src.span(start, start + 1), help=help)
     if isinstance(err, lark.exceptions.UnexpectedEOF) or (
             isinstance(err, lark.exceptions.UnexpectedToken) and err.token.type == "$END"):
         end = _last_code_offset(src.text)
@@ -87,13 +92,71 @@ def _last_code_offset(text: str) -> int:
     return 0
 
 
+_ITEM_START = re.compile(r"^(?:program|import|problem|chain|train)\b|^[A-Za-z_]\w*[ \t]*(?:->|=)", re.M)
+MAX_SYNTAX_ERRORS = 20
+
+
+def _error_offset(src: SourceFile, err: lark.exceptions.UnexpectedInput) -> int:
+    if isinstance(err, lark.exceptions.UnexpectedCharacters):
+        return err.pos_in_stream
+    tok = getattr(err, "token", None)
+    if tok is None or tok.type == "$END":
+        return len(src.text)
+    return tok.start_pos
+
+
+def _blank_item(text: str, offset: int) -> str:
+    """Replace the top-level item holding `offset` by spaces, keeping newlines."""
+    starts = [m.start() for m in _ITEM_START.finditer(text)]
+    begin = max((s for s in starts if s < offset), default=0)
+    end = min((s for s in starts if s >= offset and s > begin), default=len(text))
+    return text[:begin] + re.sub(r"[^\n]", " ", text[begin:end]) + text[end:]
+
+
+# Characters that text pasted from papers and chat brings along, with what was meant.
+_CONFUSABLES = {"\u2212": "-", "\u2013": "-", "\u2014": "-", "\u2192": "->", "\u21d2": "->",
+                "\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'", "\u00a0": "a plain space",
+                "\u00d7": "*", "\uff1d": "="}
+_STRING_OR_COMMENT = re.compile(r'"([^"\\\n]|\\.)*"|\'([^\'\\\n]|\\.)*\'|#[^\n]*')
+
+
+def _foreign_characters(src: SourceFile) -> list[Diagnostic]:
+    """Non-ASCII characters outside strings and comments: each is an error on its own."""
+    out, pos = [], 0
+    for m in [*_STRING_OR_COMMENT.finditer(src.text), None]:
+        end = m.start() if m else len(src.text)
+        for i in range(pos, end):
+            ch = src.text[i]
+            if ord(ch) > 127:
+                meant = _CONFUSABLES.get(ch)
+                out.append(Diagnostic("E002", f"unexpected character `{ch}` (U+{ord(ch):04X})",
+                                      src.span(i, i + 1),
+                                      help=f"did you mean {meant if ' ' in meant else f'`{meant}`'}?"
+                                      if meant else "mloc programs are ASCII outside strings and comments"))
+        pos = m.end() if m else end
+    return out
+
+
 def parse(src: SourceFile) -> ast.Module:
-    """Parse one file; raises DiagnosticError with one E0xx diagnostic on a syntax error."""
-    try:
-        tree = parser().parse(src.text)
-    except lark.exceptions.UnexpectedInput as err:
-        raise DiagnosticError([_syntax_error(src, err)]) from None
-    return _ToAst(src).transform(tree)
+    """Parse one file; raises DiagnosticError with every syntax error found (see recovery)."""
+    foreign = _foreign_characters(src)
+    if foreign:
+        raise DiagnosticError(foreign)
+    text, errors = src.text, []
+    while len(errors) < MAX_SYNTAX_ERRORS:
+        try:
+            tree = parser().parse(text)
+        except lark.exceptions.UnexpectedInput as err:
+            errors.append(_syntax_error(src, err))
+            blanked = _blank_item(text, _error_offset(src, err))
+            if blanked == text:
+                break
+            text = blanked
+            continue
+        if not errors:
+            return _ToAst(src).transform(tree)
+        break
+    raise DiagnosticError(errors)
 
 
 class _ToAst(Transformer):

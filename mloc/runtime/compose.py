@@ -64,12 +64,12 @@ class _Plan:
     nested: dict  # exact semantics: middle -> (its `up` steps, problems below it)
 
 
-def _topo(nodes: Iterable[str], preds: dict[str, set[str]]) -> tuple[str, ...]:
+def _topo(nodes: Iterable[str], preds: dict[str, set[str]], hint: str = "") -> tuple[str, ...]:
     try:
         sorter = graphlib.TopologicalSorter({n: sorted(preds.get(n, ())) for n in sorted(nodes)})
         return tuple(sorter.static_order())
     except graphlib.CycleError as err:
-        raise ValueError(f"cycle among problems: {' -> '.join(err.args[1])}") from None
+        raise ValueError(f"cycle among problems: {' -> '.join(err.args[1])}{hint}") from None
 
 
 def _flat(points, names):
@@ -206,11 +206,9 @@ class Hierarchy:
     def _targets(self, node, scope, below):
         """Where ``node``'s BR-VJP sends adjoints (``exact`` adds its lowers' uppers)."""
         targets = set(self.uppers[node])
-        if self.semantics == "exact":
-            for b in below[node]:
-                targets |= self.uppers[b]
-            targets -= below[node] | {node}
-        return targets & scope
+        for b in below[node]:  # empty unless `exact` and a lower feeds back into node
+            targets |= self.uppers[b]
+        return (targets - below[node] - {node}) & scope
 
     def plan(self, top: str) -> _Plan:
         if top in self._plans:
@@ -218,18 +216,22 @@ class Hierarchy:
         inside = self._below(top)
         scope = inside | {top}
         below = {n: self._below(n) & inside for n in inside}
+        if self.semantics == "per_edge":
+            below = {n: set() for n in inside}
+        else:  # only a lower that feeds back into a middle's loss changes its objective
+            below = {n: b if b & set(self.problems[n].reads) else set() for n, b in below.items()}
         targets = {n: self._targets(n, scope, below) for n in inside}
         down = tuple(n for n in _topo(scope, self.uppers) if n != top)
-        order = _topo(inside, {n: {b for b in inside if n in targets[b]} for n in inside})
+        order = _topo(inside, {n: {b for b in inside if n in targets[b]} for n in inside},
+                      " (under `exact` semantics, two problems that feed back through a shared"
+                      " lower form a simultaneous game; use `per_edge`)")
         steps = lambda nodes: tuple(  # noqa: E731
             (n, tuple(sorted(targets[n] & nodes)), bool(targets[n] - nodes))
             for n in order if n in nodes and targets[n])
         nested = {}
-        if self.semantics == "exact":
-            for m in inside:
-                if below[m]:
-                    self._check_differentiable(m, below[m])
-                    nested[m] = (steps(below[m]), tuple(sorted(below[m])))
+        for m in sorted(n for n in inside if below[n]):
+            self._check_differentiable(m, below[m])
+            nested[m] = (steps(below[m]), tuple(sorted(below[m])))
         seeds = tuple(r for r in self.problems[top].reads if r in scope)
         plan = _Plan(top, down, steps(inside), seeds, nested)
         self._plans[top] = plan

@@ -55,12 +55,12 @@ class cg(_Implicit):
             hp = op.hvp(p, create_graph)
             if self.damping:
                 hp = tree.axpy(self.damping, p, hp)
-            active = rr > floor
-            alpha = torch.where(active, rr / tree.dot(p, hp), 0.0)
+            active = rr > floor  # masked, not branched: no nan (0/0) even in double backward
+            alpha = torch.where(active, rr, 0.0) / torch.where(active, tree.dot(p, hp), 1.0)
             x = tree.axpy(alpha, p, x)
             r = tree.axpy(-alpha, hp, r)
             rr_new = tree.dot(r, r)
-            beta = torch.where(active, rr_new / rr, 0.0)
+            beta = torch.where(active, rr_new, 0.0) / torch.where(active, rr, 1.0)
             p = tree.axpy(beta, p, r)
             rr = rr_new
         return x
