@@ -39,7 +39,7 @@ class Output:
     def _rich(self):
         if self._console is None:
             from rich.console import Console
-            self._console = Console(stderr=True, highlight=False, soft_wrap=True)
+            self._console = Console(stderr=True, highlight=False, soft_wrap=True, force_terminal=True)
         return self._console
 
     def out(self, text: str) -> None:
@@ -51,8 +51,8 @@ class Output:
             return
         from rich.text import Text
         t = Text(text)
-        t.highlight_regex(r"^error(\[E\d+\])?:.*$", "bold red")
-        t.highlight_regex(r"^warning(\[W\d+\])?:.*$", "bold yellow")
+        t.highlight_regex(r"(?m)^error(\[E\d+\])?:.*$", "bold red")
+        t.highlight_regex(r"(?m)^warning(\[W\d+\])?:.*$", "bold yellow")
         t.highlight_regex(r"(?m)^\s*(-->|\d* \|)", "bold blue")
         t.highlight_regex(r"(?m)\^+.*$", "bold red")
         t.highlight_regex(r"(?m)= help:.*$", "cyan")
