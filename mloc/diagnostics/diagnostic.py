@@ -78,7 +78,13 @@ class Diagnostics:
         return tuple(sorted(self.items, key=Diagnostic.sort_key))
 
 
+def closest(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate a misspelt `word` most likely meant, or None when nothing is close."""
+    matches = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
 def did_you_mean(word: str, candidates: Iterable[str]) -> str | None:
     """A `help:` text suggesting the closest candidate, or None when nothing is close."""
-    matches = difflib.get_close_matches(word, sorted(set(candidates)), n=1, cutoff=0.6)
-    return f"did you mean `{matches[0]}`?" if matches else None
+    match = closest(word, candidates)
+    return f"did you mean `{match}`?" if match else None

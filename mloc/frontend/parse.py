@@ -67,9 +67,15 @@ def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic
             isinstance(err, lark.exceptions.UnexpectedToken) and err.token.type == "$END"):
         end = _last_code_offset(src.text)
         span = src.span(max(0, end - 1), max(end, 1))
-        return Diagnostic("E004", "the file ends in the middle of a construct", span,
-                          label=f"expected {_expected(err.expected)} after this",
-                          help="close every `{`, `(` and `[`")
+        opened = _unclosed(src.text)
+        if opened is None:
+            return Diagnostic("E004", "the file ends in the middle of a construct", span,
+                              label=f"expected {_expected(err.expected)} after this")
+        ch, at = opened
+        line, col = src.line_col(at)
+        return Diagnostic("E004", f"the file ends before the `{ch}` at {line}:{col} is closed", span,
+                          label="the file ends here",
+                          help=f"add the matching `{_CLOSER[ch]}`")
     tok = err.token
     span = src.span(tok.start_pos, tok.end_pos)
     help = None
@@ -79,6 +85,21 @@ def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic
         help = f"`{tok}` is a keyword and cannot be used as a name here"
     return Diagnostic("E001", f"unexpected {_token_text(tok)}", span,
                       label=f"expected {_expected(err.expected)}", help=help)
+
+
+_CLOSER = {"{": "}", "(": ")", "[": "]"}
+
+
+def _unclosed(text: str) -> tuple[str, int] | None:
+    """The innermost bracket still open at the end of the text (strings and comments skipped)."""
+    stack: list[tuple[str, int]] = []
+    code = _STRING_OR_COMMENT.sub(lambda m: " " * len(m.group(0)), text)
+    for i, ch in enumerate(code):
+        if ch in _CLOSER:
+            stack.append((ch, i))
+        elif ch in ")]}" and stack and _CLOSER[stack[-1][0]] == ch:
+            stack.pop()
+    return stack[-1] if stack else None
 
 
 def _last_code_offset(text: str) -> int:
@@ -137,17 +158,40 @@ def _foreign_characters(src: SourceFile) -> list[Diagnostic]:
     return out
 
 
+_KEYWORD_PROBLEM = re.compile(r"^[ \t]*problem[ \t]+(%s)\b" % "|".join(sorted(_KEYWORDS)), re.M)
+
+
+def _keyword_problems(src: SourceFile) -> list[Diagnostic]:
+    """`problem train { ... }` parses, but every later use of `train` cannot: say why once."""
+    return [Diagnostic("E107", f"`{m.group(1)}` is reserved and cannot name a problem",
+                       src.span(m.start(1), m.end(1)), help="choose another name")
+            for m in _KEYWORD_PROBLEM.finditer(src.text)]
+
+
+def _follows_misused_keyword(text: str, err, misused: set[str]) -> bool:
+    tok = getattr(err, "token", None)
+    if not misused or tok is None or tok.type == "$END":
+        return False
+    before = re.search(r"([A-Za-z_]\w*)\s*$", text[:tok.start_pos])
+    return str(tok) in misused or (before is not None and before.group(1) in misused)
+
+
 def parse(src: SourceFile) -> ast.Module:
     """Parse one file; raises DiagnosticError with every syntax error found (see recovery)."""
     foreign = _foreign_characters(src)
     if foreign:
         raise DiagnosticError(foreign)
+    keyword_problems = _keyword_problems(src)
+    misused = {d.span.text for d in keyword_problems}
     text, errors = src.text, []
     while len(errors) < MAX_SYNTAX_ERRORS:
         try:
             tree = parser().parse(text)
         except lark.exceptions.UnexpectedInput as err:
-            errors.append(_syntax_error(src, err))
+            if not _follows_misused_keyword(text, err, misused):
+                errors.append(_syntax_error(src, err))
+            elif not errors:
+                errors.extend(keyword_problems)
             blanked = _blank_item(text, _error_offset(src, err))
             if blanked == text:
                 break
@@ -156,6 +200,8 @@ def parse(src: SourceFile) -> ast.Module:
         if not errors:
             return _ToAst(src).transform(tree)
         break
+    if keyword_problems and not set(keyword_problems) <= set(errors):
+        errors.extend(keyword_problems)
     raise DiagnosticError(errors)
 
 

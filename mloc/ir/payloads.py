@@ -6,7 +6,7 @@ point back at the source. Compiler decisions (plans, schedules) live elsewhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mloc.frontend import ast
 from mloc.source import Span
@@ -158,8 +158,23 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Read:
+    """Problem `dst` reads problem `src`, through its loss or its `init` field."""
+
+    src: str
+    dst: str
+    via: str
+    span: Span
+
+
+@dataclass(frozen=True)
 class ResolvedProgram:
-    """The resolve pass's output: checked payloads, plus the declared structure."""
+    """The resolve pass's output: checked payloads, plus the declared structure.
+
+    Structure checks use the declared structure (names, links, reads, chain groups) rather
+    than the payloads, so an error in one field hides no independent error elsewhere;
+    `uncertain` problems touch a declaration too broken to check anything about them.
+    """
 
     info: ProgramInfo
     problems: tuple[ProblemNode, ...]
@@ -167,7 +182,15 @@ class ResolvedProgram:
     names: tuple[str, ...]                 # every uniquely declared problem, in source order
     name_spans: tuple[Span, ...]
     links: tuple[Link, ...]
+    reads: tuple[Read, ...] = ()           # for every problem whose loss (and init) resolved
+    readers: frozenset[str] = frozenset()  # the problems whose reads are known
+    loss_spans: dict[str, Span] = field(default_factory=dict)   # for the readers
+    chain_groups: tuple[tuple[str, ...], ...] = ()
+    uncertain: frozenset[str] = frozenset()
     program_span: Span | None = None       # the `program NAME` line, for program-wide errors
+
+    def reads_of(self, name: str) -> tuple[Read, ...]:
+        return tuple(r for r in self.reads if r.dst == name)
 
     @property
     def broken(self) -> frozenset[str]:

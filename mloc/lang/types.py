@@ -93,10 +93,14 @@ class Number(Type):
     def check(self, value, where, diags):
         if not isinstance(value, ast.Number):
             return self._wrong(value, where, diags)
+        if not math.isfinite(value.value):
+            diags.error("E305", f"{where} must be a finite number, got {value.text}", value.span,
+                        label="overflows to infinity")
+            return INVALID
         if self.integer and not isinstance(value.value, int):
-            return self._wrong(value, where, diags, help=f"write a whole number, e.g. `{int(value.value)}`"
-                               if math.isfinite(value.value) else None)
-        if not math.isfinite(value.value) or not self.in_range(value.value):
+            whole = min(max(round(value.value), self.lo), self.hi)
+            return self._wrong(value, where, diags, help=f"write a whole number, e.g. `{_fmt(whole)}`")
+        if not self.in_range(value.value):
             diags.error("E305", f"{where} must be {self._range_text()}, got {value.text}", value.span,
                         label=f"must be {self._range_text()}")
             return INVALID
@@ -208,7 +212,8 @@ class Size(Type):
             if m and float(m.group(1)) > 0:
                 return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
             if m:
-                diags.error("E305", f"{where} must be greater than zero", value.span)
+                diags.error("E305", f"{where} must be greater than zero, got \"{value.value}\"", value.span,
+                            label="must be greater than zero")
                 return INVALID
         return self._wrong(value, where, diags, help='write e.g. memory_budget = "8GB"')
 
@@ -221,6 +226,11 @@ class Device(Type):
 
     def check(self, value, where, diags):
         word = value.dotted if isinstance(value, ast.Name) else value.value if isinstance(value, ast.String) else None
-        if word is not None and re.fullmatch(r"cpu|auto|cuda(:\d+)?|mps", word):
+        if word is None:
+            return self._wrong(value, where, diags)
+        if re.fullmatch(r"cpu|auto|cuda(:\d+)?|mps", word):
             return word
-        return self._wrong(value, where, diags)
+        meant = {"gpu": "cuda", "gpus": "cuda", "cuda0": "cuda:0", "nvidia": "cuda"}.get(word.lower())
+        diags.error("E305", f"{where} must be {self.expected}, got `{word}`", value.span,
+                    label="not a device", help=f"did you mean `{meant}`?" if meant else None)
+        return INVALID

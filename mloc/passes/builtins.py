@@ -25,7 +25,8 @@ def bind_builtin(value: ast.Value, table: dict[str, Signature], table_name: str,
     elif isinstance(value, ast.Name):
         func, args = value, ()
     else:
-        diags.error("E304", f"expected a {what} such as `{next(iter(table))}(...)`, got a literal",
+        article = "an" if what[0] in "aeiou" else "a"
+        diags.error("E304", f"expected {article} {what} such as `{next(iter(table))}(...)`, got a literal",
                     value.span, help="available: " + ", ".join(f"`{n}`" for n in table))
         return None
     sig = table.get(func.dotted)
@@ -36,25 +37,37 @@ def bind_builtin(value: ast.Value, table: dict[str, Signature], table_name: str,
     bound = _bind_args(sig, args, value.span, diags)
     if bound is None:
         return None
+    _lint(sig, bound, args, value.span, diags)
     return Builtin(sig.name, tuple((p.name, bound[p.name]) for p in sig.params), value.span)
+
+
+def _lint(sig: Signature, bound: dict, args: tuple[ast.Arg, ...], span, diags: Diagnostics) -> None:
+    """Warnings for arguments that have no effect with the others chosen."""
+    if bound.get("nesterov") and bound.get("momentum") == 0:
+        arg = next((a for a in args if a.keyword and a.keyword.name == "nesterov"), None)
+        diags.warn("W102", f"`nesterov=true` has no effect without momentum in `{sig.name}`",
+                   arg.span if arg else span, help="set `momentum`, e.g. momentum=0.9, or drop `nesterov`")
 
 
 def _bind_args(sig: Signature, args: tuple[ast.Arg, ...], span, diags: Diagnostics) -> dict | None:
     given: dict[str, ast.Arg] = {}
     ok = True
-    seen_keyword = False
+    seen_keyword = positional_error = False
     for i, arg in enumerate(args):
         if arg.keyword is None:
             if seen_keyword:
+                meant = sig.params[i].name if i < len(sig.params) else sig.params[0].name if sig.params else "x"
                 diags.error("E308", "a positional argument cannot follow keyword arguments", arg.span,
-                            help="name it, e.g. `lr=...`")
+                            help=f"name it, e.g. `{meant}={arg.value.span.text}`, or move it before the keywords")
                 ok = False
+                positional_error = True
                 continue
             if i >= len(sig.params):
                 diags.error("E309", f"`{sig.name}` takes at most {len(sig.params)} positional "
                             f"argument(s), got {len(args)}", arg.span,
                             help=_signature_text(sig))
                 ok = False
+                positional_error = True
                 continue
             name = sig.params[i].name
         else:
@@ -72,11 +85,14 @@ def _bind_args(sig: Signature, args: tuple[ast.Arg, ...], span, diags: Diagnosti
             ok = False
             continue
         given[name] = arg
-    values = _check_values(sig, given, span, diags)  # type errors are independent: report them too
+    # type errors are independent: report them too; a misplaced positional argument was
+    # meant for some parameter, so do not also call that parameter missing
+    values = _check_values(sig, given, span, diags, report_missing=not positional_error)
     return values if ok else None
 
 
-def _check_values(sig: Signature, given: dict[str, ast.Arg], span, diags: Diagnostics) -> dict | None:
+def _check_values(sig: Signature, given: dict[str, ast.Arg], span, diags: Diagnostics,
+                  report_missing: bool = True) -> dict | None:
     out: dict = {}
     ok = True
     for p in sig.params:
@@ -85,6 +101,9 @@ def _check_values(sig: Signature, given: dict[str, ast.Arg], span, diags: Diagno
             ok &= v is not INVALID
             out[p.name] = v
         elif p.default is REQUIRED:
+            ok = False
+            if not report_missing:
+                continue
             diags.error("E306", f"`{sig.name}` needs the argument `{p.name}`", span,
                         help=f"add `{p.name}=...`: {p.doc or p.type.expected}")
             ok = False

@@ -7,6 +7,10 @@ hierarchy edge must carry dataflow (E209), an upper problem must read some probl
 it (E211), a lowest problem must read itself (E212), chain stages must read the stage
 before (E505), and methods other than `itd`/`first_order` cannot see an upper problem that
 enters only through `init` (E403).
+
+The checks run on the declared structure and on every loss that resolved, so a mistake in
+some other field of a problem hides none of them; edges are added to the graph only
+between problems that made it into the graph.
 """
 
 from __future__ import annotations
@@ -15,101 +19,101 @@ import networkx as nx
 
 from mloc.diagnostics import Diagnostics
 from mloc.ir.graph import ProgramGraph
-from mloc.ir.payloads import DataflowEdge, ProblemNode, ResolvedProgram
+from mloc.ir.payloads import DataflowEdge, Read, ResolvedProgram
+from mloc.passes.hierarchy import declared_hierarchy
 
 INIT_METHODS = frozenset({"itd", "first_order", "auto"})
 
 
-def infer_dataflow(g: ProgramGraph, r: ResolvedProgram, diags: Diagnostics) -> None:
-    """`r` supplies the declared hierarchy, so a problem whose own fields had errors (absent
-    from `g`) still counts as above or below the others: no cascade of follow-on errors."""
-    h = nx.DiGraph()
-    h.add_nodes_from(r.names)
-    h.add_edges_from((link.upper, link.lower) for link in r.links)
-    declared = set(r.names)
-    chain_pos = {s: (i, c) for c in g.info.chains for i, s in enumerate(c.stages)}
-    for p in g.problems():
-        for q, span, via in _reads(p):
-            if q == p.name or q not in declared:
-                continue
-            kind = _kind(h, chain_pos, q, p.name, via)
-            if kind is None:
-                _unrelated(p, q, span, via, diags)
-            elif q in g:
-                g.add_dataflow(DataflowEdge(q, p.name, kind, via, span))
-    _check_edges(g, diags)
-    _check_problems(g, h, diags)
-    _check_chains(g, diags)
+def infer_dataflow(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str], diags: Diagnostics) -> None:
+    h = declared_hierarchy(r)
+    chain_pos = {s: (i, k) for k, grp in enumerate(r.chain_groups) for i, s in enumerate(grp)}
+    for read in r.reads:
+        if read.src not in h:
+            continue               # an undefined name, already reported
+        if read.src == read.dst:
+            if read.via == "init":
+                diags.error("E210", f"`{read.dst}` cannot start from its own parameters", read.span,
+                            label="the problem itself",
+                            help="name the upper problem whose parameters it should start from, e.g. `init = meta`")
+            continue
+        kind = _kind(h, chain_pos, read)
+        if kind is None and not {read.src, read.dst} & uncertain:
+            _unrelated(read, diags)
+        elif kind is not None and read.src in g and read.dst in g:
+            g.add_dataflow(DataflowEdge(read.src, read.dst, kind, read.via, read.span))
+    _check_links(g, r, uncertain, diags)
+    _check_problems(r, h, uncertain, diags)
+    _check_chains(r, diags)
 
 
-def _reads(p: ProblemNode):
-    for q, span in p.loss.reads:
-        yield q, span, "loss"
-    if p.init is not None:
-        yield p.init[0], p.init[1], "init"
-
-
-def _kind(h: nx.DiGraph, chain_pos: dict, q: str, p: str, via: str) -> str | None:
+def _kind(h: nx.DiGraph, chain_pos: dict, read: Read) -> str | None:
+    q, p = read.src, read.dst
     if nx.has_path(h, q, p):
         return "u2l"
-    if via == "loss" and nx.has_path(h, p, q):
+    if read.via == "loss" and nx.has_path(h, p, q):
         return "l2u"
-    if via == "loss" and q in chain_pos and p in chain_pos:
+    if read.via == "loss" and q in chain_pos and p in chain_pos:
         (iq, cq), (ip, cp) = chain_pos[q], chain_pos[p]
-        if cq is cp and iq < ip:
+        if cq == cp and iq < ip:
             return "chain"
     return None
 
 
-def _unrelated(p: ProblemNode, q: str, span, via: str, diags: Diagnostics) -> None:
-    if via == "init":
-        diags.error("E210", f"`{p.name}` starts from `{q}`'s parameters, but `{q}` is not above "
-                    f"`{p.name}`", span, help=f"declare `{q} -> {p.name}`")
+def _unrelated(read: Read, diags: Diagnostics) -> None:
+    p, q = read.dst, read.src
+    if read.via == "init":
+        diags.error("E210", f"`{p}` starts from `{q}`'s parameters, but `{q}` is not above `{p}`",
+                    read.span, help=f"declare `{q} -> {p}`")
         return
-    diags.error("E210", f"the loss of `{p.name}` reads `{q}`, which is neither above nor below it",
-                span, label="unrelated problem",
-                help=f"declare `{q} -> {p.name}` if `{q}` should be tuned through `{p.name}`, "
-                     f"or remove `{q}` from the loss")
+    diags.error("E210", f"the loss of `{p}` reads `{q}`, which is neither above nor below it",
+                read.span, label="unrelated problem",
+                help=f"declare `{q} -> {p}` if `{q}` should be tuned through `{p}`, or remove `{q}` from the loss")
 
 
-def _check_edges(g: ProgramGraph, diags: Diagnostics) -> None:
-    flows = {(e.src, e.dst): e for e in g.dataflow_edges() if e.kind == "u2l"}
-    for edge in g.hierarchy_edges():
-        lower = g.problem(edge.lower)
-        reads_upper = any(q == edge.upper for q, _, _ in _reads(lower))
-        if not reads_upper:
-            diags.error("E209", f"`{edge.upper}` sits above `{edge.lower}`, but `{edge.lower}` never "
-                        f"reads `{edge.upper}`", edge.span,
-                        help=f"pass `{edge.upper}` to the loss of `{edge.lower}`, or set "
-                             f"`init = {edge.upper}` in `{edge.lower}` (MAML)")
+def _check_links(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str], diags: Diagnostics) -> None:
+    for link in r.links:
+        if link.lower not in r.readers or {link.upper, link.lower} & uncertain:
             continue
-        via_loss = any(q == edge.upper for q, _ in lower.loss.reads)
-        flow = flows.get((edge.upper, edge.lower))
-        if not via_loss and flow is not None and edge.method.name not in INIT_METHODS:
+        if not any(rd.src == link.upper for rd in r.reads_of(link.lower)):
+            diags.error("E209", f"`{link.upper}` sits above `{link.lower}`, but `{link.lower}` never "
+                        f"reads `{link.upper}`", link.span,
+                        help=f"pass `{link.upper}` to the loss of `{link.lower}`, or set "
+                             f"`init = {link.upper}` in `{link.lower}` (MAML)")
+    for edge in g.hierarchy_edges():
+        reads = r.reads_of(edge.lower)
+        via_loss = any(rd.src == edge.upper and rd.via == "loss" for rd in reads)
+        via_init = any(rd.src == edge.upper and rd.via == "init" for rd in reads)
+        if via_init and not via_loss and edge.method.name not in INIT_METHODS:
             diags.error("E403", f"`{edge.method.name}` cannot carry a hypergradient to `{edge.upper}`: "
                         f"`{edge.lower}` reads it only through `init`", edge.method.span,
                         help="use `itd(...)` (MAML), `first_order`, or read the upper problem in "
                              "the loss (a proximal term, as iMAML does)")
 
 
-def _check_problems(g: ProgramGraph, h: nx.DiGraph, diags: Diagnostics) -> None:
-    for p in g.problems():
-        below = nx.descendants(h, p.name)
-        read = {q for q, _ in p.loss.reads}
+def _check_problems(r: ResolvedProgram, h: nx.DiGraph, uncertain: frozenset[str], diags: Diagnostics) -> None:
+    for name in r.names:
+        if name not in r.readers or name in uncertain:
+            continue
+        reads = r.reads_of(name)
+        read = {rd.src for rd in reads if rd.via == "loss"}
+        below = nx.descendants(h, name)
         if below and not read & below:
-            diags.error("E211", f"`{p.name}` sits above {_list(below)}, but its loss reads none of them",
-                        p.loss.span, help=f"pass a problem below it to its loss, e.g. `{sorted(below)[0]}`")
-        elif not below and p.name not in read:
-            diags.error("E212", f"the loss of `{p.name}` never reads `{p.name}`, so its optimizer has "
-                        "nothing to train", p.loss.span, help=f"pass `{p.name}` to its loss")
+            them = f"`{next(iter(below))}`" if len(below) == 1 else "any of them"
+            diags.error("E211", f"`{name}` sits above {_list(below)}, but its loss does not read {them}",
+                        r.loss_spans[name],
+                        help=f"pass a problem below it to its loss, e.g. `{sorted(below)[0]}`")
+        elif not below and name not in read:
+            diags.error("E212", f"the loss of `{name}` never reads `{name}`, so its optimizer has "
+                        "nothing to train", r.loss_spans[name], help=f"pass `{name}` to its loss")
 
 
-def _check_chains(g: ProgramGraph, diags: Diagnostics) -> None:
-    for chain in g.info.chains:
-        for prev, stage in zip(chain.stages, chain.stages[1:]):
-            if stage in g and prev not in {q for q, _ in g.problem(stage).loss.reads}:
+def _check_chains(r: ResolvedProgram, diags: Diagnostics) -> None:
+    for group in r.chain_groups:
+        for prev, stage in zip(group, group[1:]):
+            if stage in r.readers and not any(rd.src == prev for rd in r.reads_of(stage)):
                 diags.error("E505", f"stage `{stage}` follows `{prev}` in the chain, but its loss does "
-                            f"not read `{prev}`", g.problem(stage).loss.span,
+                            f"not read `{prev}`", r.loss_spans[stage],
                             help=f"pass `{prev}` to the loss of `{stage}`: its features are this stage's input")
 
 

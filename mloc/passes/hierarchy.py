@@ -1,13 +1,15 @@
 """The hierarchy pass: the declared structure must be one acyclic program.
 
 Checks, on the declared problems and edges (so one bad option elsewhere hides nothing):
-no problems at all (E213); cycles (E203); orphans, problems joined to nothing (E206);
-separate sub-programs (E207); stages repeated across chains (E503); two stages of one chain
-also joined by a hierarchy edge (E504). Returns True when the hierarchy is acyclic, which
-the dataflow pass needs in order to tell upper from lower.
+no problems at all (E213); cycles (E203); two stages of one chain also joined by a
+hierarchy edge (E504); orphans, problems joined to nothing (E206); separate sub-programs
+(E207). Problems next to a declaration too broken to read (an edge or chain naming an
+unknown problem) are not called orphans: the fix for that declaration fixes them.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import networkx as nx
 
@@ -15,18 +17,29 @@ from mloc.diagnostics import Diagnostics
 from mloc.ir.payloads import ResolvedProgram
 
 
-def check_hierarchy(r: ResolvedProgram, diags: Diagnostics) -> bool:
-    if not r.names:
-        diags.error("E213", "the program declares no problem", r.program_span,
-                    help="declare one with `problem NAME { module = ..., data = ..., loss = ..., optimizer = ... }`")
-        return False
+@dataclass(frozen=True)
+class HierarchyFacts:
+    acyclic: bool
+    uncertain: frozenset[str]      # the resolve pass's, plus the ends of E504 edges
+
+
+def declared_hierarchy(r: ResolvedProgram) -> nx.DiGraph:
     h = nx.DiGraph()
     h.add_nodes_from(r.names)
     h.add_edges_from((link.upper, link.lower) for link in r.links)
+    return h
+
+
+def check_hierarchy(r: ResolvedProgram, diags: Diagnostics) -> HierarchyFacts:
+    if not r.names:
+        diags.error("E213", "the program declares no problem", r.program_span,
+                    help="declare one with `problem NAME { module = ..., data = ..., loss = ..., optimizer = ... }`")
+        return HierarchyFacts(False, r.uncertain)
+    h = declared_hierarchy(r)
     acyclic = _cycles(r, h, diags)
-    _chains(r, h, diags)
-    _connectivity(r, h, diags)
-    return acyclic
+    uncertain = r.uncertain | _chains_in_hierarchy(r, diags)
+    _connectivity(r, h, uncertain, diags)
+    return HierarchyFacts(acyclic, uncertain)
 
 
 def _cycles(r: ResolvedProgram, h: nx.DiGraph, diags: Diagnostics) -> bool:
@@ -47,32 +60,30 @@ def _cycles(r: ResolvedProgram, h: nx.DiGraph, diags: Diagnostics) -> bool:
     return not found
 
 
-def _chains(r: ResolvedProgram, h: nx.DiGraph, diags: Diagnostics) -> None:
-    seen: dict[str, object] = {}
-    for chain in r.info.chains:
-        for stage in chain.stages:
-            if stage in seen:
-                diags.error("E503", f"problem `{stage}` is a stage of more than one chain, or twice "
-                            "in one", chain.span, help="each module is one stage of one chain")
-            seen[stage] = chain
-        for a in chain.stages:
-            for b in chain.stages:
-                if h.has_edge(a, b):
-                    diags.error("E504", f"`{a}` and `{b}` are stages of one chain and cannot also be "
-                                "upper and lower", chain.span,
-                                help=f"remove the edge `{a} -> {b}`: stages are peers that feed each other forward")
+def _chains_in_hierarchy(r: ResolvedProgram, diags: Diagnostics) -> set[str]:
+    group_of = {s: i for i, g in enumerate(r.chain_groups) for s in g}
+    bad: set[str] = set()
+    for link in r.links:
+        if link.upper in group_of and group_of[link.upper] == group_of.get(link.lower):
+            diags.error("E504", f"`{link.upper}` and `{link.lower}` are stages of one chain and cannot "
+                        "also be upper and lower", link.span,
+                        help="remove this edge: stages are peers that feed each other forward")
+            bad |= {link.upper, link.lower}
+    return bad
 
 
-def _connectivity(r: ResolvedProgram, h: nx.DiGraph, diags: Diagnostics) -> None:
+def _connectivity(r: ResolvedProgram, h: nx.DiGraph, uncertain: frozenset[str], diags: Diagnostics) -> None:
     if len(r.names) < 2:
         return
     u = h.to_undirected()
-    for chain in r.info.chains:
-        nx.add_path(u, chain.stages)
+    for group in r.chain_groups:
+        nx.add_path(u, group)
     spans = dict(zip(r.names, r.name_spans))
     order = {n: i for i, n in enumerate(r.names)}
     comps = sorted(nx.connected_components(u), key=lambda c: (-len(c), min(order[n] for n in c)))
     for comp in comps[1:] if len(comps[0]) > 1 else comps:
+        if comp & uncertain:
+            continue
         first = min(comp, key=order.__getitem__)
         if len(comp) == 1:
             diags.error("E206", f"problem `{first}` is connected to no other problem", spans[first],

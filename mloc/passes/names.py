@@ -8,6 +8,7 @@ field allows problems), the reserved `batch` (where the field allows it), or `No
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from mloc.diagnostics import Diagnostics, did_you_mean
 from mloc.frontend import ast
@@ -26,6 +27,15 @@ class Scope:
     imports: dict[str, PyModuleInfo | None]     # bound name -> module (None: not found)
     problems: set[str]
     used_imports: set[str]
+    base: Path | None = None                    # the .mlo file's directory, for short paths
+
+    def show(self, path: Path | None) -> str:
+        if path is None:
+            return "the module"
+        try:
+            return str(path.relative_to(self.base)) if self.base else str(path)
+        except ValueError:
+            return str(path)
 
     def binding_of(self, name: ast.Name) -> str | None:
         for k in range(len(name.parts), 0, -1):
@@ -66,7 +76,7 @@ def _resolve_callee(name: ast.Name, scope: Scope, diags: Diagnostics) -> tuple[s
     if info is not None and not info.open and first not in info.names:
         hint = did_you_mean(first, info.names)
         diags.error("E106", f"module `{info.dotted}` has no attribute `{first}`", name.span,
-                    label="not defined there", help=hint or f"define `{first}` in {info.path}")
+                    label="not defined there", help=hint or f"define `{first}` in {scope.show(info.path)}")
         return None
     return (info.dotted if info else binding), attr
 

@@ -22,7 +22,7 @@ from mloc.ir.graph import ProgramGraph
 from mloc.ir.lower import lower
 from mloc.ir.payloads import ResolvedProgram
 from mloc.passes.dataflow_edges import infer_dataflow
-from mloc.passes.hierarchy import check_hierarchy
+from mloc.passes.hierarchy import HierarchyFacts, check_hierarchy
 from mloc.passes.resolve import resolve
 from mloc.source import SourceFile
 
@@ -39,7 +39,7 @@ class Unit:
     ast: ast.Module | None = None
     resolved: ResolvedProgram | None = None
     graph: ProgramGraph | None = None
-    acyclic: bool = False
+    hierarchy: HierarchyFacts | None = None
     diagnostics: tuple[Diagnostic, ...] = ()
     timings: tuple[tuple[str, float], ...] = field(default=(), compare=False)
 
@@ -106,7 +106,7 @@ class Hierarchy(Pass):
         return unit.resolved is not None
 
     def run(self, unit, diags):
-        return replace(unit, acyclic=check_hierarchy(unit.resolved, diags))
+        return replace(unit, hierarchy=check_hierarchy(unit.resolved, diags))
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,10 @@ class Dataflow(Pass):
     summary = "dataflow edges inferred from losses, checked against the hierarchy"
 
     def ready(self, unit):
-        return unit.graph is not None and unit.acyclic
+        return unit.graph is not None and unit.hierarchy is not None and unit.hierarchy.acyclic
 
     def run(self, unit, diags):
-        infer_dataflow(unit.graph, unit.resolved, diags)
+        infer_dataflow(unit.graph, unit.resolved, unit.hierarchy.uncertain, diags)
         return unit
 
 

@@ -1,0 +1,124 @@
+"""Program-wide blocks: interlocking chains, the train block and top-level settings."""
+
+from __future__ import annotations
+
+from mloc.diagnostics import Diagnostics, closest, did_you_mean
+from mloc.frontend import ast
+from mloc.ir.payloads import ChainSpec, EvalSpec, TrainSpec
+from mloc.lang import vocabulary as V
+from mloc.lang.types import INVALID, Int
+from mloc.passes.fields import check_value, index_fields, report_missing
+from mloc.passes.names import Scope, resolve_pycall
+
+_EVERY_SYNONYMS = {"save": "checkpoint", "ckpt": "checkpoint", "evaluate": "eval",
+                   "validate": "eval", "print": "log", "report": "log"}
+
+
+def resolve_chains(module: ast.Module, problems: set[str], diags: Diagnostics):
+    """Valid chains, the stage groups usable for structure checks, and the problems whose
+    chain is too broken to check anything about them (uncertain)."""
+    specs, groups, uncertain = [], [], set()
+    taken: set[str] = set()
+    for c in module.of_type(ast.Chain):
+        fields = index_fields(c.body or ast.Block((), c.span), V.CHAIN_FIELDS, "a chain", diags)
+        missing = report_missing(fields, V.CHAIN_FIELDS, "a chain", c.span, diags)
+        ok = all(_known(s, problems, diags) for s in c.stages)
+        ok &= _no_repeats(c, taken, diags)
+        if len(c.stages) < 2:
+            diags.error("E501", "an interlocking chain needs at least two stages", c.span,
+                        help="list the depthwise modules in order, e.g. `chain [stage1, stage2]`")
+            ok = False
+        if not ok:
+            uncertain.update(s.name for s in c.stages)
+            uncertain.update(closest(s.name, problems) or s.name for s in c.stages)
+            continue
+        groups.append(tuple(s.name for s in c.stages))
+        n = None if missing else _interlock(c, fields, diags)
+        if n is not None:
+            specs.append(ChainSpec(groups[-1], n, c.span))
+    return tuple(specs), tuple(groups), uncertain
+
+
+def _no_repeats(c: ast.Chain, taken: set[str], diags: Diagnostics) -> bool:
+    ok = True
+    for s in c.stages:
+        if s.name in taken:
+            diags.error("E503", f"problem `{s.name}` is already a stage of a chain", s.span,
+                        label="repeated stage", help="each module is one stage of one chain, once")
+            ok = False
+        taken.add(s.name)
+    return ok
+
+
+def _interlock(c: ast.Chain, fields, diags: Diagnostics) -> int | None:
+    value = fields["interlock"].value
+    n = Int().check(value, "`interlock`", diags)
+    if n is INVALID:
+        return None
+    k = len(c.stages)
+    if not 1 <= n <= k:
+        diags.error("E502", f"`interlock` must be between 1 and {k} for a chain of {k} stages, got {n}",
+                    value.span, label=f"must be in 1..{k}",
+                    help=f"1 is local learning, 2 pairwise, {k} end-to-end backpropagation")
+        return None
+    return n
+
+
+def _known(ident: ast.Ident, problems: set[str], diags: Diagnostics) -> bool:
+    if ident.name in problems:
+        return True
+    diags.error("E208", f"no problem named `{ident.name}`", ident.span, label="unknown problem",
+                help=did_you_mean(ident.name, problems) or "declare it with `problem NAME { ... }`")
+    return False
+
+
+def resolve_train(module: ast.Module, scope: Scope, diags: Diagnostics) -> TrainSpec:
+    blocks = module.of_type(ast.Train)
+    for extra in blocks[1:]:
+        diags.error("E602", "a program has one `train` block, but this is a second", extra.span,
+                    help="merge it into the first")
+    if not blocks:
+        return TrainSpec()
+    block = blocks[0]
+    fields = index_fields(block.body, V.TRAIN_FIELDS, "the train block", diags, allow_every=True)
+    report_missing(fields, V.TRAIN_FIELDS, "the train block", block.span, diags)
+    values = {k: check_value(f, V.TRAIN_FIELDS[k], scope, f"`{k}`", diags) for k, f in fields.items()}
+    values = {k: v for k, v in values.items() if v is not INVALID}
+    return TrainSpec(**values, **_every(block.body, scope, diags), span=block.span)
+
+
+def _every(block: ast.Block, scope: Scope, diags: Diagnostics) -> dict:
+    out: dict = {"evals": []}
+    for e in (x for x in block.entries if isinstance(x, ast.Every)):
+        kind = e.kind.name
+        if kind not in V.TRAIN_EVERY:
+            hint = did_you_mean(kind, V.TRAIN_EVERY) or (
+                f"did you mean `{_EVERY_SYNONYMS[kind]}`?" if kind in _EVERY_SYNONYMS else
+                "use `eval every N = CALL`, `checkpoint every N` or `log every N`")
+            diags.error("E601", f"unknown periodic action `{kind}`", e.kind.span, help=hint)
+            continue
+        interval = Int(1).check(e.interval, f"the interval of `{kind}`", diags)
+        if kind == "eval":
+            if e.value is None:
+                diags.error("E310", "`eval every N` needs the evaluation to call", e.span,
+                            help="write `eval every 500 = lib.accuracy(model, lib.test_data())`")
+                continue
+            call = resolve_pycall(e.value, "an evaluation", scope, diags, problems=True, batch=False)
+            if call is not None and interval is not INVALID:
+                out["evals"].append(EvalSpec(interval, call))
+        elif e.value is not None:
+            diags.error("E304", f"`{kind} every N` takes no value", e.value.span,
+                        help=f"write `{kind} every N`")
+        elif interval is not INVALID:
+            out[f"{kind}_every"] = interval
+    out["evals"] = tuple(out["evals"])
+    return out
+
+
+def resolve_settings(module: ast.Module, diags: Diagnostics) -> str:
+    fields = index_fields(ast.Block(module.of_type(ast.Setting), module.span), V.SETTINGS,
+                          "the program", diags, unknown="E214")
+    if "semantics" not in fields:
+        return "exact"
+    value = V.SETTINGS["semantics"].type.check(fields["semantics"].value, "`semantics`", diags)
+    return "exact" if value is INVALID else value
