@@ -1,0 +1,188 @@
+"""Benchmark: one hypergradient step of each mloc.runtime method against hand-written PyTorch.
+
+Meta-Weight-Net on synthetic data (shared/reference/peers.md): a 64-256-10 classifier with
+SGD (lr 0.1) on 40%-noisy labels, a 1-100-1 sigmoid weight net with Adam (lr 1e-3) on a
+500-example clean set, batch 100, one thread. One "hypergradient step" is everything from
+the current parameters to the weight net's ``.grad``: the validation forward/backward,
+the method's BR-VJP (for itd: its unrolled look-ahead steps) and the final backward.
+Both versions run interleaved in one process, alternating which goes first; the table
+reports medians over many repetitions and their ratio.
+
+Memory: the peak, over the step, of the bytes held by autograd graphs (tensors saved for
+backward, tracked from packing to release with ``saved_tensors_hooks`` and deduplicated by
+storage; the parameters themselves are not counted). That is the memory the methods
+differ in (activations, unrolled graphs, Hessian-vector graphs); it is measured in a
+separate, untimed run.
+
+    python3 bench/hypergrad.py [--reps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import hypergrad_hand as hand  # noqa: E402
+from mloc.runtime import Edge, Hierarchy, Problem, adam, cg, finite_diff, itd, neumann, sama, sgd  # noqa: E402
+
+LR = 0.1
+CASES = [  # (label, runtime method, hand-written step or None)
+    ("finite_diff (darts)", finite_diff(), hand.finite_diff),
+    ("sama", sama(), hand.sama),
+    ("neumann K=3 a=0.1", neumann(3, 0.1), hand.neumann),
+    ("cg K=3", cg(3), hand.cg),
+    ("itd 1 step", itd(1), hand.itd),
+    ("itd 5 steps", itd(5), lambda *a: hand.itd(*a, steps=5)),
+    ("itd 5 steps, truncate 2", itd(5, truncate=2), None),
+    ("itd 5 steps, recompute", itd(5, mode="recompute"), None),
+]
+
+
+def params(*shapes, gen):
+    return [(torch.randn(*s, generator=gen) * (1 / s[-1]) ** 0.5).requires_grad_() for s in shapes]
+
+
+def mlp(p, x, act):
+    return F.linear(act(F.linear(x, p[0], p[1])), p[2], p[3])
+
+
+def setup(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    centers = torch.randn(10, 64, generator=gen) * 2
+    def data(n, noise):
+        y = torch.randint(0, 10, (n,), generator=gen)
+        x = centers[y] + torch.randn(n, 64, generator=gen)
+        flip = torch.rand(n, generator=gen) < noise
+        return x, torch.where(flip, torch.randint(0, 10, (n,), generator=gen), y)
+    (x, y), (xv, yv) = data(100, 0.4), data(500, 0.0)
+    xv, yv = xv[:100], yv[:100]  # one clean meta batch of 100 from the 500
+    theta = params((256, 64), (256,), (10, 256), (10,), gen=gen)
+    phi = params((100, 1), (100,), (1, 100), (1,), gen=gen)
+
+    def inner(th, ph):
+        losses = F.cross_entropy(mlp(th, x, F.relu), y, reduction="none")
+        weights = torch.sigmoid(mlp(ph, losses.detach().unsqueeze(1), torch.relu)).squeeze(1)
+        return (weights * losses).mean()
+
+    def outer(th):
+        return F.cross_entropy(mlp(th, xv, F.relu), yv)
+    return theta, phi, inner, outer
+
+
+def runtime_step(method, theta, phi, inner, outer):
+    problems = [Problem("classifier", tuple(theta), inner, ("classifier", "weights"), sgd(LR)),
+                Problem("weights", tuple(phi), outer, ("classifier",), adam(1e-3))]
+    hier = Hierarchy(problems, [Edge("weights", "classifier", method)])
+    return lambda: hier.hypergrad("weights")
+
+
+def clock(fn, phi):
+    for p in phi:
+        p.grad = None
+    start = time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - start) / 1e6
+
+
+class _Box:
+    """A saved tensor; its release (when autograd frees the graph) is counted."""
+
+    def __init__(self, tensor, owner, key, nbytes):
+        self.tensor, self.owner, self.key, self.nbytes = tensor, owner, key, nbytes
+
+    def __del__(self):
+        self.owner.release(self.key, self.nbytes)
+
+
+class SavedBytes:
+    """Peak live bytes of tensors saved for backward (deduplicated by storage)."""
+
+    def __init__(self, exclude):
+        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self.live, self.refs, self.now, self.peak = {}, {}, 0, 0
+
+    def pack(self, t):
+        key = t.untyped_storage().data_ptr()
+        if key in self.exclude:
+            return t
+        if self.refs.get(key, 0) == 0:
+            self.now += t.untyped_storage().nbytes()
+            self.peak = max(self.peak, self.now)
+        self.refs[key] = self.refs.get(key, 0) + 1
+        return _Box(t, self, key, t.untyped_storage().nbytes())
+
+    def release(self, key, nbytes):
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            self.now -= nbytes
+
+    @staticmethod
+    def unpack(box):
+        return box.tensor if isinstance(box, _Box) else box
+
+    def measure(self, fn):
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+            fn()
+        return self.peak
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=20)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    theta, phi, inner, outer = setup()
+    rows = []
+    for label, method, hand_fn in CASES:
+        ours = runtime_step(method, theta, phi, inner, outer)
+        theirs = (lambda f=hand_fn: f(inner, outer, theta, phi, LR)) if hand_fn else None
+        rows.append((label, ours, theirs, agreement(ours, theirs, phi)))
+    times = {label: ([], []) for label, *_ in rows}
+    for rep in range(args.warmup + args.reps):
+        for label, ours, theirs, _ in rows:
+            pair = [(0, ours), (1, theirs)] if rep % 2 else [(1, theirs), (0, ours)]
+            for slot, fn in pair:
+                if fn is not None:
+                    t = clock(fn, phi)
+                    if rep >= args.warmup:
+                        times[label][slot].append(t)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, {args.reps} reps, "
+          "median ms per hypergradient step")
+    print(f"| method | mloc.runtime ms | hand-written ms | ratio | graph memory (MiB) | max rel. diff |")
+    print("|---|---|---|---|---|---|")
+    exclude = list(theta) + list(phi)
+    for label, ours, theirs, diff in rows:
+        a = statistics.median(times[label][0])
+        b = f"{statistics.median(times[label][1]):.3f}" if theirs else "n/a"
+        ratio = f"{a / statistics.median(times[label][1]):.3f}" if theirs else "n/a"
+        mem = SavedBytes(exclude).measure(ours) / 2**20
+        mem_hand = f" (hand {SavedBytes(exclude).measure(theirs) / 2**20:.2f})" if theirs else ""
+        print(f"| {label} | {a:.3f} | {b} | {ratio} | {mem:.2f}{mem_hand} | {diff} |")
+
+
+def agreement(ours, theirs, phi):
+    """Largest relative difference between the two hypergradients (a correctness check)."""
+    if theirs is None:
+        return "n/a"
+    results = []
+    for fn in (ours, theirs):
+        for p in phi:
+            p.grad = None
+        fn()
+        results.append(torch.cat([p.grad.reshape(-1) for p in phi]))
+    diff = torch.linalg.vector_norm(results[0] - results[1]) / torch.linalg.vector_norm(results[1])
+    return f"{float(diff):.1e}"
+
+
+if __name__ == "__main__":
+    main()
