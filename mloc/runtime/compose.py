@@ -62,6 +62,8 @@ class _Plan:
     up: tuple[tuple[str, tuple[str, ...], bool], ...]  # (lower, inner targets, feeds top)
     seeds: tuple[str, ...]  # problems read by top's loss whose adjoints start the pass
     nested: dict  # exact semantics: middle -> (its `up` steps, problems below it)
+    prep: tuple  # (name, problem, method, buffers, nested) in `down` order
+    seed_inputs: list | None  # the seeds' tensors when no seed is unrolled (fixed)
 
 
 def _topo(nodes: Iterable[str], preds: dict[str, set[str]], hint: str = "") -> tuple[str, ...]:
@@ -220,7 +222,8 @@ class Hierarchy:
             below = {n: set() for n in inside}
         else:  # only a lower that feeds back into a middle's loss changes its objective
             below = {n: b if b & set(self.problems[n].reads) else set() for n, b in below.items()}
-        targets = {n: self._targets(n, scope, below) for n in inside}
+        targets = {n: set() if getattr(self.methods[n], "zero", False)
+                   else self._targets(n, scope, below) for n in inside}
         down = tuple(n for n in _topo(scope, self.uppers) if n != top)
         order = _topo(inside, {n: {b for b in inside if n in targets[b]} for n in inside},
                       " (under `exact` semantics, two problems that feed back through a shared"
@@ -232,8 +235,12 @@ class Hierarchy:
         for m in sorted(n for n in inside if below[n]):
             self._check_differentiable(m, below[m])
             nested[m] = (steps(below[m]), tuple(sorted(below[m])))
-        seeds = tuple(r for r in self.problems[top].reads if r in scope)
-        plan = _Plan(top, down, steps(inside), seeds, nested)
+        seeds = tuple(r for r in self.problems[top].reads if r == top or targets.get(r))
+        prep = tuple((n, self.problems[n], self.methods[n], self._buffers[n], nested.get(n))
+                     for n in down)
+        fixed = not any(getattr(self.methods.get(r), "unrolls", False) for r in seeds)
+        plan = _Plan(top, down, steps(inside), seeds, nested, prep,
+                     _flat(self._live, seeds) if fixed else None)
         self._plans[top] = plan
         return plan
 
@@ -247,23 +254,25 @@ class Hierarchy:
         """Build one op per problem below ``plan.top``; return ``(ops, points)``."""
         points = dict(self._live)
         ops = {}
-        for name in plan.down:
-            p = self.problems[name]
-            args = [points[r] for r in p.reads]
-            if name in plan.nested:
-                op = ReducedOp(p, args, self._buffers[name])
-                op.ctx = (*plan.nested[name], self.methods, ops, points)
+        for name, problem, method, buffers, nested in plan.prep:
+            args = [points[r] for r in problem.reads]
+            if nested is None:
+                op = LowerOp(problem, args, buffers)
             else:
-                op = LowerOp(p, args, self._buffers[name])
+                op = ReducedOp(problem, args, buffers)
+                op.ctx = (*nested, self.methods, ops, points)
             ops[name] = op
-            points[name] = self.methods[name].prepare(op)
+            points[name] = method.prepare(op)
         return ops, points
 
     def _seed(self, plan, points):
         """Partials of the top loss w.r.t. the problems it reads (adjoints to start from)."""
+        if not plan.seeds:  # e.g. only first_order lowers: no indirect term, no direct one
+            return {}
         top = self.problems[plan.top]
         loss = top.loss(*[points[r] for r in top.reads])
-        grads = torch.autograd.grad(loss, _flat(points, plan.seeds), allow_unused=True)
+        inputs = plan.seed_inputs or _flat(points, plan.seeds)
+        grads = torch.autograd.grad(loss, inputs, allow_unused=True)
         adj = {}
         _split(grads, points, plan.seeds, adj)
         return adj

@@ -21,16 +21,18 @@ def _not_differentiable(name):
         "level needs cg, neumann, itd or first_order")
 
 
-@contextlib.contextmanager
-def _frozen(buffers, device_type):
-    """Run in fp32 with autocast off, and restore module buffers (BatchNorm statistics)."""
-    saved = [b.clone() for b in buffers]
-    off = torch.is_autocast_enabled(device_type)
-    with torch.autocast(device_type, enabled=False) if off else contextlib.nullcontext():
-        yield
+def _losses(op, plus, minus, device_type):
+    """Both losses in fp32 with autocast off; module buffers (BatchNorm statistics) restored."""
+    autocast = torch.is_autocast_enabled(device_type)
+    if not op.buffers and not autocast:  # the common case costs nothing extra
+        return op.loss_at(plus), op.loss_at(minus)
+    saved = [b.clone() for b in op.buffers]
+    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
+        losses = op.loss_at(plus), op.loss_at(minus)
     with torch.no_grad():
-        for b, s in zip(buffers, saved):
+        for b, s in zip(op.buffers, saved):
             b.copy_(s)
+    return losses
 
 
 def central_difference(op, q, eps):
@@ -50,9 +52,7 @@ def central_difference(op, q, eps):
         plus = tree.axpy(e, q, op.theta)
         minus = tree.axpy(-e, q, op.theta)
         c = 0.5 / e
-    with _frozen(op.buffers, q[0].device.type):
-        lp, lm = op.loss_at(plus), op.loss_at(minus)
-    return (lp, lm), (-c, c)
+    return _losses(op, plus, minus, q[0].device.type), (-c, c)
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,8 @@ class first_order:
     best response does not depend on the upper (``dθ'/dθ₀ = I`` in MAML's reparametrised
     form, where the upper evaluates the lower's point directly).
     """
+
+    zero = True  # the composer skips it: no seed, no BR-VJP
 
     def prepare(self, op):
         return op.theta
