@@ -52,13 +52,15 @@ def cg(inner, outer, theta, phi, lr, iters=3):
     x = [torch.zeros_like(t) for t in v]
     r = p = v
     rr = dot(r, r)
-    for _ in range(iters):
+    for _ in range(iters):  # guarded like mloc's (no 0/0 once converged, no host sync)
         hp = grad(g, theta, p, retain_graph=True)
-        alpha = rr / dot(p, hp)
+        active = rr > 0
+        alpha = torch.where(active, rr, 0.0) / torch.where(active, dot(p, hp), 1.0)
         x = [a + alpha * b for a, b in zip(x, p)]
         r = [a - alpha * b for a, b in zip(r, hp)]
         rr_new = dot(r, r)
-        p = [a + (rr_new / rr) * b for a, b in zip(r, p)]
+        beta = torch.where(active, rr_new, 0.0) / torch.where(active, rr, 1.0)
+        p = [a + beta * b for a, b in zip(r, p)]
         rr = rr_new
     torch.autograd.backward(g, [-a for a in x], inputs=phi)
 

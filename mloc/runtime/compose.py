@@ -64,6 +64,7 @@ class _Plan:
     nested: dict  # exact semantics: middle -> (its `up` steps, problems below it)
     prep: tuple  # (name, problem, method, buffers, nested) in `down` order
     seed_inputs: list | None  # the seeds' tensors when no seed is unrolled (fixed)
+    fused: bool  # one reverse-mode unrolled lower feeding only the top: one backward
 
 
 def _topo(nodes: Iterable[str], preds: dict[str, set[str]], hint: str = "") -> tuple[str, ...]:
@@ -108,10 +109,14 @@ def _propagate(steps, methods, ops, points, adj, create_graph):
     return specs
 
 
+def _concat(specs):
+    """One ``(outputs, cotangents)`` pair out of several specs."""
+    return [t for s in specs for t in s[0]], [t for s in specs for t in s[1]]
+
+
 def _pull(specs, theta, create_graph):
     """``Σ autograd.grad(outputs, θ, cotangents)`` over specs (zeros when none reach θ)."""
-    outs = [t for s in specs for t in s[0]]
-    cots = [t for s in specs for t in s[1]]
+    outs, cots = _concat(specs)
     grads = torch.autograd.grad(outs, theta, cots, retain_graph=True,
                                 create_graph=create_graph, allow_unused=True) if outs else ()
     return tree.fill_none(grads, theta) or tree.scale(0, theta)
@@ -155,8 +160,7 @@ class ReducedOp(LowerOp):
 
     def mixed(self, q, create_graph=False):
         _, cot, specs = self._pass(q, True, create_graph)
-        outs = tuple(self.grad()) + tuple(t for s in specs for t in s[0])
-        return outs, tuple(cot) + tuple(t for s in specs for t in s[1])
+        return _concat([(self.grad(), cot)] + specs)
 
 
 class Hierarchy:
@@ -239,8 +243,11 @@ class Hierarchy:
         prep = tuple((n, self.problems[n], self.methods[n], self._buffers[n], nested.get(n))
                      for n in down)
         fixed = not any(getattr(self.methods.get(r), "unrolls", False) for r in seeds)
-        plan = _Plan(top, down, steps(inside), seeds, nested, prep,
-                     _flat(self._live, seeds) if fixed else None)
+        up = steps(inside)
+        fused = (len(down) == 1 and len(up) == 1 and up[0][1:] == ((), True)
+                 and getattr(self.methods[down[0]], "fusable", False))
+        plan = _Plan(top, down, up, seeds, nested, prep,
+                     _flat(self._live, seeds) if fixed else None, fused)
         self._plans[top] = plan
         return plan
 
@@ -280,20 +287,34 @@ class Hierarchy:
     def hypergrad(self, name: str) -> None:
         """Accumulate ``dL_name/dθ_name`` (best responses below) into ``.grad``, one backward."""
         plan = self._plans.get(name) or self.plan(name)
+        if plan.fused:
+            return self._fused(plan)
         ops, points = self.linearize(plan)
         adj = self._seed(plan, points)
         direct = adj.pop(name, None)
         specs = _propagate(plan.up, self.methods, ops, points, adj, False)
-        outs = [t for s in specs for t in s[0]]
-        cots = [t for s in specs for t in s[1]]
         params = self.problems[name].params
         if direct is not None:
-            outs.extend(params)
-            cots.extend(direct)
-        keep = [i for i, t in enumerate(outs) if t.requires_grad]
-        if keep:
-            torch.autograd.backward([outs[i] for i in keep], [cots[i] for i in keep],
-                                    inputs=params)
+            specs.append((params, direct))
+        outs, cots = specs[0] if len(specs) == 1 else _concat(specs)
+        for t in outs:
+            if not t.requires_grad:  # rare: an output that does not reach any parameter
+                keep = [i for i, t in enumerate(outs) if t.requires_grad]
+                outs, cots = [outs[i] for i in keep], [cots[i] for i in keep]
+                break
+        if outs:
+            torch.autograd.backward(outs, cots, inputs=params)
+
+    def _fused(self, plan):
+        """Two levels, reverse-mode ITD: the top's loss at ``θ_K``, one backward through
+        it and the unrolled steps (the seed and the sweep fused, as one writes it by hand)."""
+        (name, problem, method, buffers, _), = plan.prep
+        points = dict(self._live)
+        points[name] = method.unroll(LowerOp(problem, [points[r] for r in problem.reads], buffers))
+        top = self.problems[plan.top]
+        loss = top.loss(*[points[r] for r in top.reads])
+        if loss.requires_grad:
+            torch.autograd.backward(loss, inputs=top.params)
 
     def hypergrad_paths(self, name: str):
         """Reference: the hypergradient as a sum over paths, each re-applying its BR-VJPs.

@@ -58,6 +58,11 @@ def detach(x: Sequence[Tensor], requires_grad: bool = False) -> Params:
 
 def fill_none(grads: Sequence[Tensor | None], like: Sequence[Tensor]) -> Params | None:
     """Replace ``None`` gradients (unused inputs) by zeros; ``None`` if all were unused."""
+    for g in grads:  # a plain loop: this sits on the hot path
+        if g is None:
+            break
+    else:
+        return tuple(grads)
     if all(g is None for g in grads):
         return None
     return tuple(torch.zeros_like(p) if g is None else g for g, p in zip(grads, like))

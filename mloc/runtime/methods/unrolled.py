@@ -69,15 +69,28 @@ class itd:
     def kept(self) -> int:
         return self.steps if self.truncate is None else self.truncate
 
-    def prepare(self, op):
+    @property
+    def fusable(self) -> bool:
+        """Reverse mode can hand ``θ_K`` (with its graph) straight to the top's loss."""
+        return self.mode == "reverse"
+
+    def unroll(self, op):
+        """Reverse mode: ``θ_K`` with the graph of the last ``kept`` steps."""
         theta, state = op.theta, op.problem.state
         for _ in range(self.steps - self.kept):  # truncated prefix: no graph
             theta, state = _detached(*_step(op, theta, state, False))
+        for _ in range(self.kept):
+            theta, state = _step(op, theta, state, True)
+        return theta
+
+    def prepare(self, op):
         if self.mode == "reverse":
-            for _ in range(self.kept):
-                theta, state = _step(op, theta, state, True)
-            op.memo = theta
-        elif self.mode == "recompute":
+            op.memo = self.unroll(op)
+            return tree.detach(op.memo, True)
+        theta, state = op.theta, op.problem.state
+        for _ in range(self.steps - self.kept):
+            theta, state = _detached(*_step(op, theta, state, False))
+        if self.mode == "recompute":
             op.memo = []
             for _ in range(self.kept):
                 op.memo.append((theta, state))
