@@ -8,11 +8,10 @@ the method's BR-VJP (for itd: its unrolled look-ahead steps) and the final backw
 Both versions run interleaved in one process, alternating which goes first; the table
 reports medians over many repetitions and their ratio.
 
-Memory: the peak, over the step, of the bytes held by autograd graphs (tensors saved for
-backward, tracked from packing to release with ``saved_tensors_hooks`` and deduplicated by
-storage; the parameters themselves are not counted). That is the memory the methods
-differ in (activations, unrolled graphs, Hessian-vector graphs); it is measured in a
-separate, untimed run.
+Memory: the peak bytes of CPU tensor memory the step allocates and holds at once
+(activations, saved tensors, Hessian-vector graphs, solver vectors), replayed from the
+allocator events of ``torch.profiler`` (``profile_memory=True``) in a separate, untimed
+run; parameters and data that exist before the step are not counted.
 
     python3 bench/hypergrad.py [--reps 300]
 """
@@ -93,46 +92,24 @@ def clock(fn, phi):
     return (time.perf_counter_ns() - start) / 1e6
 
 
-class _Box:
-    """A saved tensor; its release (when autograd frees the graph) is counted."""
+def peak_bytes(fn) -> int:
+    """Peak bytes of CPU tensor memory allocated by ``fn`` and still live, over its run.
 
-    def __init__(self, tensor, owner, key, nbytes):
-        self.tensor, self.owner, self.key, self.nbytes = tensor, owner, key, nbytes
-
-    def __del__(self):
-        self.owner.release(self.key, self.nbytes)
-
-
-class SavedBytes:
-    """Peak live bytes of tensors saved for backward (deduplicated by storage)."""
-
-    def __init__(self, exclude):
-        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
-        self.live, self.refs, self.now, self.peak = {}, {}, 0, 0
-
-    def pack(self, t):
-        key = t.untyped_storage().data_ptr()
-        if key in self.exclude:
-            return t
-        if self.refs.get(key, 0) == 0:
-            self.now += t.untyped_storage().nbytes()
-            self.peak = max(self.peak, self.now)
-        self.refs[key] = self.refs.get(key, 0) + 1
-        return _Box(t, self, key, t.untyped_storage().nbytes())
-
-    def release(self, key, nbytes):
-        self.refs[key] -= 1
-        if self.refs[key] == 0:
-            self.now -= nbytes
-
-    @staticmethod
-    def unpack(box):
-        return box.tensor if isinstance(box, _Box) else box
-
-    def measure(self, fn):
-        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
-            fn()
-        return self.peak
+    Replays the allocator events (allocation +n, release -n) that the profiler records
+    with ``profile_memory=True``, in time order. Everything the step allocates counts:
+    activations, tensors saved for backward, Hessian-vector graphs, the O(d) vectors of
+    the solvers; tensors that existed before (parameters, data) do not.
+    """
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    now = peak = 0
+    for _, nbytes in events:
+        now += nbytes
+        peak = max(peak, now)
+    return peak
 
 
 def main(argv=None):
@@ -158,16 +135,16 @@ def main(argv=None):
                         times[label][slot].append(t)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, {args.reps} reps, "
           "median ms per hypergradient step")
-    print(f"| method | mloc.runtime ms | hand-written ms | ratio | graph memory (MiB) | max rel. diff |")
-    print("|---|---|---|---|---|---|")
-    exclude = list(theta) + list(phi)
+    print("| method | mloc.runtime ms | hand-written ms | ratio | peak MiB | hand peak MiB "
+          "| rel. diff |")
+    print("|---|---|---|---|---|---|---|")
     for label, ours, theirs, diff in rows:
         a = statistics.median(times[label][0])
         b = f"{statistics.median(times[label][1]):.3f}" if theirs else "n/a"
         ratio = f"{a / statistics.median(times[label][1]):.3f}" if theirs else "n/a"
-        mem = SavedBytes(exclude).measure(ours) / 2**20
-        mem_hand = f" (hand {SavedBytes(exclude).measure(theirs) / 2**20:.2f})" if theirs else ""
-        print(f"| {label} | {a:.3f} | {b} | {ratio} | {mem:.2f}{mem_hand} | {diff} |")
+        mem = f"{peak_bytes(ours) / 2**20:.2f}"
+        mem_hand = f"{peak_bytes(theirs) / 2**20:.2f}" if theirs else "n/a"
+        print(f"| {label} | {a:.3f} | {b} | {ratio} | {mem} | {mem_hand} | {diff} |")
 
 
 def agreement(ours, theirs, phi):

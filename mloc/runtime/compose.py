@@ -22,9 +22,10 @@ Semantics above two levels (``semantics=``):
   products and mixed products are total derivatives (a nested pass below ``M`` for each).
   Every Hessian-vector product of ``M`` therefore pays for BR-VJPs below it, and methods
   below a middle level must be differentiable (cg, neumann, first_order). Worth it when a
-  lower feeds back into a middle level's loss (on oracle T the per-edge answer is 42%
-  off). A middle problem's solution then depends on every upper of a problem below it,
-  which the processing order takes into account.
+  lower feeds back into a middle level's loss (on random instances of oracle T the
+  per-edge answer is off by tens of percent). A middle problem's solution then depends
+  on every upper of a problem below it, which the processing order takes into account;
+  a middle level without feedback is treated exactly as under ``per_edge``.
 
 The upper's hypergradient is written to its parameters' ``.grad`` by one final
 ``torch.autograd.backward`` (``inputs=`` its parameters), so DDP synchronises once.
@@ -64,7 +65,7 @@ class _Plan:
     nested: dict  # exact semantics: middle -> (its `up` steps, problems below it)
     prep: tuple  # (name, problem, method, buffers, nested) in `down` order
     seed_inputs: list | None  # the seeds' tensors when no seed is unrolled (fixed)
-    fused: bool  # one reverse-mode unrolled lower feeding only the top: one backward
+    shape: str  # "fused" | "single" | "general": which of the step functions runs
 
 
 def _topo(nodes: Iterable[str], preds: dict[str, set[str]], hint: str = "") -> tuple[str, ...]:
@@ -112,6 +113,18 @@ def _propagate(steps, methods, ops, points, adj, create_graph):
 def _concat(specs):
     """One ``(outputs, cotangents)`` pair out of several specs."""
     return [t for s in specs for t in s[0]], [t for s in specs for t in s[1]]
+
+
+def _backward(outs, cots, params):
+    """The one final backward into ``params``' ``.grad`` (DDP synchronises once); outputs
+    that reach no parameter (a lower whose loss ignores the top) are dropped."""
+    for t in outs:
+        if not t.requires_grad:
+            keep = [i for i, t in enumerate(outs) if t.requires_grad]
+            outs, cots = [outs[i] for i in keep], [cots[i] for i in keep]
+            break
+    if outs:
+        torch.autograd.backward(outs, cots, inputs=params)
 
 
 def _pull(specs, theta, create_graph):
@@ -244,12 +257,19 @@ class Hierarchy:
                      for n in down)
         fixed = not any(getattr(self.methods.get(r), "unrolls", False) for r in seeds)
         up = steps(inside)
-        fused = (len(down) == 1 and len(up) == 1 and up[0][1:] == ((), True)
-                 and getattr(self.methods[down[0]], "fusable", False))
         plan = _Plan(top, down, up, seeds, nested, prep,
-                     _flat(self._live, seeds) if fixed else None, fused)
+                     _flat(self._live, seeds) if fixed else None, self._shape(down, up, seeds))
         self._plans[top] = plan
         return plan
+
+    def _shape(self, down, up, seeds):
+        """Two levels (one lower feeding only the top) get a straight-line step."""
+        if len(down) != 1 or len(up) != 1 or up[0][1:] != ((), True):
+            return "general"
+        method = self.methods[down[0]]
+        if getattr(method, "fusable", False):
+            return "fused"
+        return "single" if seeds == down and not getattr(method, "unrolls", False) else "general"
 
     def _check_differentiable(self, middle, below):
         for b in below:
@@ -287,8 +307,8 @@ class Hierarchy:
     def hypergrad(self, name: str) -> None:
         """Accumulate ``dL_name/dθ_name`` (best responses below) into ``.grad``, one backward."""
         plan = self._plans.get(name) or self.plan(name)
-        if plan.fused:
-            return self._fused(plan)
+        if plan.shape != "general":
+            return (self._fused if plan.shape == "fused" else self._single)(plan)
         ops, points = self.linearize(plan)
         adj = self._seed(plan, points)
         direct = adj.pop(name, None)
@@ -296,14 +316,20 @@ class Hierarchy:
         params = self.problems[name].params
         if direct is not None:
             specs.append((params, direct))
-        outs, cots = specs[0] if len(specs) == 1 else _concat(specs)
-        for t in outs:
-            if not t.requires_grad:  # rare: an output that does not reach any parameter
-                keep = [i for i, t in enumerate(outs) if t.requires_grad]
-                outs, cots = [outs[i] for i in keep], [cots[i] for i in keep]
-                break
-        if outs:
-            torch.autograd.backward(outs, cots, inputs=params)
+        if specs:
+            _backward(*(specs[0] if len(specs) == 1 else _concat(specs)), params)
+
+    def _single(self, plan):
+        """Two levels, the top's loss reads only the lower: seed, one BR-VJP, one backward."""
+        (name, problem, method, buffers, _), = plan.prep
+        op = LowerOp(problem, [self._live[r] for r in problem.reads], buffers)
+        top = self.problems[plan.top]
+        loss = top.loss(*[self._live[r] for r in top.reads])
+        v = torch.autograd.grad(loss, plan.seed_inputs, allow_unused=True)
+        v = tree.fill_none(v, op.theta)
+        spec = method.vjp(op, v) if v is not None else None
+        if spec is not None:
+            _backward(spec[0], spec[1], top.params)
 
     def _fused(self, plan):
         """Two levels, reverse-mode ITD: the top's loss at ``θ_K``, one backward through
@@ -312,9 +338,7 @@ class Hierarchy:
         points = dict(self._live)
         points[name] = method.unroll(LowerOp(problem, [points[r] for r in problem.reads], buffers))
         top = self.problems[plan.top]
-        loss = top.loss(*[points[r] for r in top.reads])
-        if loss.requires_grad:
-            torch.autograd.backward(loss, inputs=top.params)
+        _backward((top.loss(*[points[r] for r in top.reads]),), (None,), top.params)
 
     def hypergrad_paths(self, name: str):
         """Reference: the hypergradient as a sum over paths, each re-applying its BR-VJPs.
