@@ -5,8 +5,8 @@ SGD (lr 0.1) on 40%-noisy labels, a 1-100-1 sigmoid weight net with Adam (lr 1e-
 500-example clean set, batch 100, one thread. One "hypergradient step" is everything from
 the current parameters to the weight net's ``.grad``: the validation forward/backward,
 the method's BR-VJP (for itd: its unrolled look-ahead steps) and the final backward.
-Both versions run interleaved in one process, alternating which goes first; the table
-reports medians over many repetitions and their ratio.
+Both versions run interleaved in one process, all steps in a fresh random order each
+repetition; the table reports medians over many repetitions and their ratio.
 
 Memory: the peak bytes of CPU tensor memory the step allocates and holds at once
 (activations, saved tensors, Hessian-vector graphs, solver vectors), replayed from the
@@ -19,6 +19,7 @@ run; parameters and data that exist before the step are not counted.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -125,14 +126,15 @@ def main(argv=None):
         theirs = (lambda f=hand_fn: f(inner, outer, theta, phi, LR)) if hand_fn else None
         rows.append((label, ours, theirs, agreement(ours, theirs, phi)))
     times = {label: ([], []) for label, *_ in rows}
+    jobs = [(label, slot, fn) for label, ours, theirs, _ in rows
+            for slot, fn in ((0, ours), (1, theirs)) if fn is not None]
+    order = random.Random(0)
     for rep in range(args.warmup + args.reps):
-        for label, ours, theirs, _ in rows:
-            pair = [(0, ours), (1, theirs)] if rep % 2 else [(1, theirs), (0, ours)]
-            for slot, fn in pair:
-                if fn is not None:
-                    t = clock(fn, phi)
-                    if rep >= args.warmup:
-                        times[label][slot].append(t)
+        order.shuffle(jobs)  # no function always runs after the same one
+        for label, slot, fn in jobs:
+            t = clock(fn, phi)
+            if rep >= args.warmup:
+                times[label][slot].append(t)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, {args.reps} reps, "
           "median ms per hypergradient step")
     print("| method | mloc.runtime ms | hand-written ms | ratio | peak MiB | hand peak MiB "
