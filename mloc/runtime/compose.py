@@ -91,6 +91,24 @@ def _split(grads, points, names, adj):
             adj[name] = g if name not in adj else tree.add(adj[name], g)
 
 
+def _reaching(outs, cots):
+    """Drop outputs that reach no parameter (a lower whose loss ignores an upper)."""
+    for t in outs:
+        if not t.requires_grad:
+            keep = [i for i, t in enumerate(outs) if t.requires_grad]
+            return [outs[i] for i in keep], [cots[i] for i in keep]
+    return outs, cots
+
+
+def _grad(outs, cots, inputs, create_graph=False):
+    """``autograd.grad`` of a spec into ``inputs``, graph retained, unused inputs None."""
+    outs, cots = _reaching(outs, cots)
+    if not outs:
+        return (None,) * len(inputs)
+    return torch.autograd.grad(outs, inputs, cots, retain_graph=True, create_graph=create_graph,
+                               allow_unused=True)
+
+
 def _propagate(steps, methods, ops, points, adj, create_graph):
     """Apply each lower's BR-VJP once (``steps`` bottom-up); return the specs leaving it."""
     specs = []
@@ -102,9 +120,7 @@ def _propagate(steps, methods, ops, points, adj, create_graph):
         if spec is None:
             continue
         if inner:
-            grads = torch.autograd.grad(spec[0], _flat(points, inner), spec[1], retain_graph=True,
-                                        create_graph=create_graph, allow_unused=True)
-            _split(grads, points, inner, adj)
+            _split(_grad(*spec, _flat(points, inner), create_graph), points, inner, adj)
         if out:
             specs.append(spec)
     return specs
@@ -116,23 +132,15 @@ def _concat(specs):
 
 
 def _backward(outs, cots, params):
-    """The one final backward into ``params``' ``.grad`` (DDP synchronises once); outputs
-    that reach no parameter (a lower whose loss ignores the top) are dropped."""
-    for t in outs:
-        if not t.requires_grad:
-            keep = [i for i, t in enumerate(outs) if t.requires_grad]
-            outs, cots = [outs[i] for i in keep], [cots[i] for i in keep]
-            break
+    """The one final backward into ``params``' ``.grad`` (DDP synchronises once)."""
+    outs, cots = _reaching(outs, cots)
     if outs:
         torch.autograd.backward(outs, cots, inputs=params)
 
 
 def _pull(specs, theta, create_graph):
     """``Σ autograd.grad(outputs, θ, cotangents)`` over specs (zeros when none reach θ)."""
-    outs, cots = _concat(specs)
-    grads = torch.autograd.grad(outs, theta, cots, retain_graph=True,
-                                create_graph=create_graph, allow_unused=True) if outs else ()
-    return tree.fill_none(grads, theta) or tree.scale(0, theta)
+    return tree.dense(_grad(*_concat(specs), theta, create_graph), theta)
 
 
 class ReducedOp(LowerOp):
@@ -145,9 +153,7 @@ class ReducedOp(LowerOp):
         steps, below, methods, ops, points = self.ctx
         n = len(self.theta)
         cot = tree.neg(vector) if negate else vector
-        grads = torch.autograd.grad(self.grad(), self.theta + tuple(_flat(points, below)), cot,
-                                    retain_graph=True, create_graph=create_graph,
-                                    allow_unused=True)
+        grads = _grad(self.grad(), cot, self.theta + tuple(_flat(points, below)), create_graph)
         adj = {}
         _split(grads[n:], points, below, adj)
         return grads[:n], cot, _propagate(steps, methods, ops, points, adj, create_graph)
@@ -162,14 +168,12 @@ class ReducedOp(LowerOp):
             adj = {}
             _split(grads[n:], points, below, adj)
             specs = _propagate(steps, methods, ops, points, adj, True)
-            direct = tree.fill_none(grads[:n], self.theta) or tree.scale(0, self.theta)
-            self._grad = tree.add(direct, _pull(specs, self.theta, True))
+            self._grad = tree.add(tree.dense(grads[:n], self.theta), _pull(specs, self.theta, True))
         return self._grad
 
     def hvp(self, p, create_graph=False):
         direct, _, specs = self._pass(p, False, create_graph)
-        direct = tree.fill_none(direct, self.theta) or tree.scale(0, self.theta)
-        return tree.add(direct, _pull(specs, self.theta, create_graph))
+        return tree.add(tree.dense(direct, self.theta), _pull(specs, self.theta, create_graph))
 
     def mixed(self, q, create_graph=False):
         _, cot, specs = self._pass(q, True, create_graph)
@@ -350,14 +354,12 @@ class Hierarchy:
         ops, points = self.linearize(plan)
         adj = self._seed(plan, points)
         targets = {n: inner + ((name,) if out else ()) for n, inner, out in plan.up}
-        total = [adj.pop(name, None) or tree.scale(0, points[name])]
+        total = [adj.pop(name, None) or tree.zeros(points[name])]
 
         def walk(node, vector):
             spec = self.methods[node].vjp(ops[node], vector)
             for t in targets.get(node, ()) if spec else ():
-                g = torch.autograd.grad(spec[0], points[t], spec[1], retain_graph=True,
-                                        allow_unused=True)
-                g = tree.fill_none(g, points[t])
+                g = tree.fill_none(_grad(*spec, points[t]), points[t])
                 if g is None:
                     continue
                 if t == name:

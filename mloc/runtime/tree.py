@@ -66,3 +66,12 @@ def fill_none(grads: Sequence[Tensor | None], like: Sequence[Tensor]) -> Params 
     if all(g is None for g in grads):
         return None
     return tuple(torch.zeros_like(p) if g is None else g for g, p in zip(grads, like))
+
+
+def zeros(like: Sequence[Tensor]) -> Params:
+    return tuple(torch.zeros_like(p) for p in like)
+
+
+def dense(grads: Sequence[Tensor | None], like: Sequence[Tensor]) -> Params:
+    """Like :func:`fill_none`, but all zeros rather than ``None`` when nothing was used."""
+    return fill_none(grads, like) or zeros(like)

@@ -47,7 +47,7 @@ class cg(_Implicit):
     damping: float = 0.0
 
     def solve(self, op, v, create_graph=False):
-        x = tuple(torch.zeros_like(vi) for vi in v)
+        x = tree.zeros(v)
         r = p = v
         rr = tree.dot(r, r)
         floor = self.tol**2 * rr

@@ -122,7 +122,7 @@ def _sweep(op, trajectory, v):
         st = tree.detach(state_tensors(state), True)
         new_theta, new_state = _step(op, theta, with_state_tensors(state, st), True)
         new_st = state_tensors(new_state)
-        outs, cots = new_theta + new_st, a_theta + (a_state or tree.scale(0, new_st))
+        outs, cots = new_theta + new_st, a_theta + (a_state or tree.zeros(new_st))
         grads = torch.autograd.grad(outs, theta + st + flat, cots, allow_unused=True)
         n, m = len(theta), len(st)
         a_theta = tree.fill_none(grads[:n], theta)
@@ -143,7 +143,7 @@ def _forward(op, theta, state, steps):
     shapes = [len(u) for u in uppers]
     theta, st = tree.detach(theta), tree.detach(state_tensors(state))
     uppers = tuple(tree.detach(u) for u in uppers)
-    z = [(tree.scale(0, theta), tree.scale(0, st)) for _ in range(m)]
+    z = [(tree.zeros(theta), tree.zeros(st)) for _ in range(m)]
     for _ in range(steps):
         count_state = state
 
