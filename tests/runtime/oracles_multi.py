@@ -52,6 +52,17 @@ class Trilevel:
         h = solve(self.A2 + self.G.T @ self.G, self.r())
         return self.rho * self.lam0 + (self.B2 - self.G.T @ self.K).T @ h
 
+    def reduced_hessian(self, semantics):
+        """The middle's Hessian each semantics inverts: A₂ + GᵀG (exact) or A₂ + E₂ᵀE₂."""
+        g = self.G if semantics == "exact" or (self.dag and not self.feedback) else self.E2
+        return self.A2 + g.T @ g
+
+    def with_q(self, q, semantics):
+        """ρλ + (mixed)ᵀq for a middle method whose solve returns q (the bottom exact)."""
+        exact_mixed = semantics == "exact" or (self.dag and not self.feedback)
+        mixed = self.B2 - self.G.T @ self.K if exact_mixed else self.B2
+        return self.rho * self.lam0 + mixed.T @ q
+
     def per_edge(self):
         """IFT on each edge's own loss; equals ``exact`` for D without feedback (two paths)."""
         if self.dag and not self.feedback:
@@ -77,10 +88,10 @@ class Trilevel:
         return (0.5 * x @ self.A2 @ x - x @ (self.B2 @ lam + self.c2)
                 + 0.5 * ((self.C2 @ w + self.E2 @ x - self.e2) ** 2).sum())
 
-    def program(self, semantics, wrap=lambda m: m):
+    def program(self, semantics, wrap=lambda m: m, middle=None):
         x0 = self.x_star(self.lam0)
         w, x, lam = leaf(self.w_star(x0, self.lam0)), leaf(x0), leaf(self.lam0)
-        cw, cx = wrap(cg(len(w))), wrap(cg(len(x)))
+        cw, cx = wrap(cg(len(w))), wrap(middle or cg(len(x)))
         probs = [
             Problem("w", (w,), lambda w, x, l: self.f1(w[0], x[0], l[0]), ("w", "x", "lam"), sgd(0.1)),
             Problem("x", (x,), lambda x, w, l: self.f2(x[0], w[0], l[0]), ("x", "w", "lam"), sgd(0.1)),

@@ -131,3 +131,31 @@ def test_one_step_sama_with_sgd_equals_itd_one_step(seed):
     """One-step DARTS with ξ = η (SAMA with SGD) is ITD with one step."""
     q = Quadratic(seed, 6, 2, 3)
     assert rel(hypergrad(q.program, sama()), hypergrad(q.program, itd(1))) < TOL
+
+
+@pytest.mark.parametrize("opt", [sgd, adam])
+def test_itd_differentiates_a_learnable_learning_rate(opt):
+    """HPO of the lower's step size: the upper's parameter is the lr tensor the lower's
+    optimizer uses (no loss reads it); itd's hypergradient is d outer(θ_K)/d lr."""
+    q = Quadratic(0, 4, 2, 3)
+    lr = torch.tensor(0.05, dtype=F64, requires_grad=True)
+    start = torch.zeros(4, dtype=F64)
+    inner_loss = lambda w: 0.5 * w @ q.A @ w - (q.B @ q.lam0) @ w  # noqa: E731
+    from mloc.runtime import Edge, Hierarchy, Problem
+    w = start.clone().requires_grad_(True)
+    lower = Problem("w", (w,), lambda w: inner_loss(w[0]), ("w",), opt(lr))
+    upper = Problem("lr", (lr,), lambda w: q.outer(w[0], q.lam0), ("w",))
+    Hierarchy([lower, upper], [Edge("lr", "w", itd(4))]).hypergrad("lr")
+
+    def unrolled(step):
+        o = opt(step)
+        theta, state = (start,), o.init((start,))
+        for _ in range(4):
+            theta_leaf = theta[0].detach().requires_grad_(True)
+            g = torch.autograd.grad(inner_loss(theta_leaf), theta_leaf)[0]
+            updates, state = o.update((g,), state, theta)
+            theta = (theta[0] + updates[0],)
+        return q.outer(theta[0], q.lam0)
+    h = 1e-6
+    want = (unrolled(0.05 + h) - unrolled(0.05 - h)) / (2 * h)
+    assert abs(float(lr.grad - want)) <= 1e-7 * abs(float(want))

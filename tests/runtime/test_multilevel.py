@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from mloc.runtime import Edge, Hierarchy, Problem, finite_diff, itd, sgd
-from tests.runtime.oracles import rel
+from mloc.runtime import Edge, Hierarchy, Problem, finite_diff, itd, neumann, sgd
+from tests.runtime.oracles import q_neumann, rel
 from tests.runtime.oracles_multi import Layered, Trilevel
 
 TOL = 1e-10
@@ -55,6 +55,18 @@ def test_trilevel_semantics_match_closed_forms(seed, dag, feedback):
     assert rel(exact, t.exact()) < TOL
     assert rel(per_edge, t.per_edge()) < TOL
     assert n_exact == n_per_edge == 1  # one final backward writes .grad
+
+
+@pytest.mark.parametrize("seed,dag,feedback", CASES)
+@pytest.mark.parametrize("semantics", ["per_edge", "exact"])
+def test_truncated_middle_solver_sees_the_right_hessian(seed, dag, feedback, semantics):
+    """neumann(K) at the middle: q = H⁻¹(I−(I−αH)^{K+1})r with H the reduced Hessian
+    A₂ + GᵀG under `exact` (each product a nested solve below) and A₂ + E₂ᵀE₂ per edge."""
+    t = Trilevel(seed, dag=dag, feedback=feedback)
+    hier, lam = t.program(semantics, middle=neumann(4, 0.02))
+    hier.hypergrad("lam")
+    q = q_neumann(t.reduced_hessian(semantics), t.r(), 4, 0.02)
+    assert rel(lam.grad, t.with_q(q, semantics)) < TOL
 
 
 @pytest.mark.parametrize("seed,dag,feedback", CASES)
@@ -120,3 +132,15 @@ def test_hierarchy_validation():
                   [Edge("a", "c", 1), Edge("b", "c", 2)])
     with pytest.raises(ValueError, match="semantics"):
         Hierarchy([], [], "nested")
+
+
+def test_an_edge_whose_lower_ignores_the_upper_contributes_nothing():
+    """Declared edge, no dataflow (the frontend's dataflow pass would flag it): no error,
+    and the upper's .grad holds only its direct partial."""
+    w, lam = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
+    lower = Problem("w", (w,), lambda w: (w[0] ** 2).sum(), ("w",), sgd(0.1))
+    upper = Problem("lam", (lam,), lambda w, l: (w[0] * l[0]).sum(), ("w", "lam"))
+    for method, point in ((finite_diff(), w), (neumann(2, 0.1), w), (itd(2), 0.8 ** 2 * w)):
+        lam.grad = None  # itd's upper sees θ_K = (1 - 2·0.1)² w
+        Hierarchy([lower, upper], [Edge("lam", "w", method)]).hypergrad("lam")
+        assert torch.allclose(lam.grad, point.detach(), rtol=1e-6, atol=0)
