@@ -69,17 +69,41 @@ class Trilevel:
             return self.exact()
         return self.rho * self.lam0 + self.B2.T @ solve(self.A2 + self.E2.T @ self.E2, self.r())
 
-    def frozen_outer(self, lam):
-        """The bilevel problem the per-edge formula differentiates exactly: w frozen at w*,
-        the middle's objective tilted by a constant so that x* stays its solution."""
+    def middle_grad(self, semantics):
+        """The middle's stationarity map each semantics differentiates: the reduced
+        gradient (w at w*(x, λ)) for `exact`; per edge, the gradient with w frozen at w*,
+        tilted by a constant so that x* stays its zero."""
+        if semantics == "exact" or (self.dag and not self.feedback):
+            def reduced(x, lam):
+                h = self.C2 @ solve(self.A1, self.c1 + self.D1 @ lam) - self.e2
+                return self.A2 @ x - self.B2 @ lam - self.c2 + self.G.T @ (self.G @ x + h)
+            return reduced
         x0 = self.x_star(self.lam0)
         w0 = self.w_star(x0, self.lam0)
-        def grad2(x, l):
-            return (self.A2 @ x - self.B2 @ l - self.c2
+
+        def frozen(x, lam):
+            return (self.A2 @ x - self.B2 @ lam - self.c2
                     + self.E2.T @ (self.C2 @ w0 + self.E2 @ x - self.e2))
-        tilt = grad2(x0, self.lam0)
-        x = x0 - solve(self.A2 + self.E2.T @ self.E2, grad2(x0, lam) - tilt)
-        return self.top(x, lam)
+        tilt = frozen(x0, self.lam0)
+        return lambda x, lam: frozen(x, lam) - tilt
+
+    def frozen_outer(self, lam):
+        """The bilevel problem the per-edge formula differentiates exactly (x solves the
+        frozen, tilted stationarity map; it is affine in x)."""
+        x0 = self.x_star(self.lam0)
+        grad = self.middle_grad("per_edge")
+        return self.top(x0 - solve(self.reduced_hessian("per_edge"), grad(x0, lam)), lam)
+
+    def unrolled_outer(self, semantics, steps, alpha):
+        """F_T(λ): T gradient steps on the middle's map (per semantics) from the fixed x*."""
+        x0, grad = self.x_star(self.lam0), self.middle_grad(semantics)
+
+        def f(lam):
+            x = x0
+            for _ in range(steps):
+                x = x - alpha * grad(x, lam)
+            return self.top(x, lam)
+        return f
 
     def f1(self, w, x, lam):
         return 0.5 * w @ self.A1 @ w - w @ (self.B1 @ x + self.c1 + self.D1 @ lam)

@@ -97,6 +97,18 @@ def test_trilevel_forms(seed, dag, feedback):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("dag", [False, True])
+@pytest.mark.parametrize("feedback", [True, False])
+@pytest.mark.parametrize("semantics", ["per_edge", "exact"])
+def test_trilevel_truncated_middle_forms(seed, dag, feedback, semantics):
+    """neumann(K) at the middle = K+1 gradient steps of size α on the middle's map."""
+    t = Trilevel(seed, dag=dag, feedback=feedback)
+    q = q_neumann(t.reduced_hessian(semantics), t.r(), 4, 0.02)
+    want = central(t.unrolled_outer(semantics, 5, 0.02), t.lam0)
+    assert rel(t.with_q(q, semantics), want) < TOL
+
+
+@pytest.mark.parametrize("seed", [0, 1])
 def test_layered_outer(seed):
     net = Layered(seed)
     exact = torch.func.grad(net.outer)(net.lam0)  # autograd through the linear solves
