@@ -15,7 +15,10 @@ Every method object has
   ``None`` means "no indirect term" (``first_order``).
 
 Methods are frozen dataclasses (their fields are the options of the language) and are
-linear in ``v``: adjoints can be summed before a single application.
+linear in ``v``: adjoints can be summed before a single application. Three optional
+class attributes let the composer plan around them: ``unrolls`` (its point is not the
+live parameters), ``fusable`` (two-level reverse-mode ``itd``: the top's loss can
+back-propagate through ``θ_K`` directly) and ``zero`` (``first_order``: skip entirely).
 """
 
 from mloc.runtime.methods.finite import finite_diff, first_order, sama
