@@ -73,6 +73,7 @@ _ALL = (
     Code("E401", "method-not-applicable", "a hypergradient method that cannot differentiate this lower problem"),
     Code("E402", "unroll-mismatch", "unrolled steps that do not fit the edge's unroll count"),
     Code("E403", "method-not-applicable-init", "a method that cannot see an upper problem that enters only through `init`"),
+    Code("E404", "method-not-differentiable", "`exact` semantics need a differentiable method below a middle level that reads a lower one"),
     Code("E501", "chain-too-short", "an interlocking chain with fewer than two stages"),
     Code("E502", "interlock-out-of-range", "`interlock = n` outside 1..number of stages"),
     Code("E503", "chain-repeats-stage", "a problem that appears twice in chains"),

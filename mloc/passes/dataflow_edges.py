@@ -23,6 +23,9 @@ from mloc.ir.payloads import DataflowEdge, Read, ResolvedProgram
 from mloc.passes.hierarchy import declared_hierarchy
 
 INIT_METHODS = frozenset({"itd", "first_order", "auto"})
+# Methods whose BR-VJP can itself be differentiated, as `exact` semantics need below a
+# middle level with feedback (see mloc/runtime/compose.py).
+DIFFERENTIABLE_METHODS = frozenset({"cg", "neumann", "first_order", "auto"})
 
 
 def infer_dataflow(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str], diags: Diagnostics) -> None:
@@ -45,6 +48,34 @@ def infer_dataflow(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str
     _check_links(g, r, uncertain, diags)
     _check_problems(r, h, uncertain, diags)
     _check_chains(r, diags)
+    if g.info.semantics == "exact":
+        _check_exact(g, h, feedback_middles(r, h), diags)
+
+
+def feedback_middles(r: ResolvedProgram, h: nx.DiGraph) -> dict[str, str]:
+    """Middle problems (with uppers) whose loss reads a problem below them: there, `exact`
+    and `per_edge` hypergradients differ. Maps each to one problem it reads below it."""
+    out = {}
+    for m in r.names:
+        if not any(True for _ in h.predecessors(m)):
+            continue
+        below = nx.descendants(h, m)
+        read = sorted(rd.src for rd in r.reads_of(m) if rd.via == "loss" and rd.src in below)
+        if read:
+            out[m] = read[0]
+    return out
+
+
+def _check_exact(g: ProgramGraph, h: nx.DiGraph, middles: dict[str, str], diags: Diagnostics) -> None:
+    for m, reads in middles.items():
+        region = {m} | nx.descendants(h, m)
+        for edge in g.hierarchy_edges():
+            if edge.upper in region and edge.method.name not in DIFFERENTIABLE_METHODS:
+                diags.error("E404", f"`{edge.method.name}` cannot be differentiated, but `exact` semantics "
+                            f"differentiate the best response below `{m}`, whose loss reads `{reads}`",
+                            edge.method.span, label="not differentiable",
+                            help="use `cg(...)`, `neumann(...)` or `first_order` on this edge, or set "
+                                 "`semantics = per_edge` (Betty's approximation)")
 
 
 def _kind(h: nx.DiGraph, chain_pos: dict, read: Read) -> str | None:

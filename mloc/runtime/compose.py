@@ -196,6 +196,7 @@ class Hierarchy:
         self.semantics = semantics
         self.methods, self.uppers = {}, {n: set() for n in self.problems}
         self._check()
+        self.lowers = {n: {e.lower for e in self.edges if e.upper == n} for n in self.problems}
         self._live = {n: p.params for n, p in self.problems.items()}
         self._buffers = {n: tuple(b for r in p.reads for b in self.problems[r].buffers)
                          for n, p in self.problems.items()}
@@ -218,10 +219,9 @@ class Hierarchy:
         _topo(self.problems, self.uppers)
 
     def _below(self, name):
-        lowers = {n: {e.lower for e in self.edges if e.upper == n} for n in self.problems}
         seen, stack = set(), [name]
         while stack:
-            for low in lowers[stack.pop()] - seen:
+            for low in self.lowers[stack.pop()] - seen:
                 seen.add(low)
                 stack.append(low)
         return seen
@@ -238,11 +238,7 @@ class Hierarchy:
             return self._plans[top]
         inside = self._below(top)
         scope = inside | {top}
-        below = {n: self._below(n) & inside for n in inside}
-        if self.semantics == "per_edge":
-            below = {n: set() for n in inside}
-        else:  # only a lower that feeds back into a middle's loss changes its objective
-            below = {n: b if b & set(self.problems[n].reads) else set() for n, b in below.items()}
+        below = self._reduced_below(inside)
         targets = {n: set() if getattr(self.methods[n], "zero", False)
                    else self._targets(n, scope, below) for n in inside}
         down = tuple(n for n in _topo(scope, self.uppers) if n != top)
@@ -265,6 +261,14 @@ class Hierarchy:
                      _flat(self._live, seeds) if fixed else None, self._shape(down, up, seeds))
         self._plans[top] = plan
         return plan
+
+    def _reduced_below(self, inside):
+        """For each middle solved through its reduced objective (``exact`` semantics, and a
+        lower below it feeds back into its loss), the problems below it; else empty."""
+        if self.semantics == "per_edge":
+            return {n: set() for n in inside}
+        below = {n: self._below(n) & inside for n in inside}
+        return {n: b if b & set(self.problems[n].reads) else set() for n, b in below.items()}
 
     def _shape(self, down, up, seeds):
         """Two levels (one lower feeding only the top) get a straight-line step."""
