@@ -42,8 +42,8 @@ class cg(_Implicit):
     are masked out on the device (no host synchronisation per step).
     """
 
-    iters: int
-    tol: float = 0.0
+    iters: int = 10
+    tol: float = 1e-10
     damping: float = 0.0
 
     def solve(self, op, v, create_graph=False):
@@ -75,8 +75,8 @@ class neumann(_Implicit):
     "Optimizing Millions of Hyperparameters by Implicit Differentiation", AISTATS 2020.
     """
 
-    iters: int
-    alpha: float
+    iters: int = 5
+    alpha: float = 0.1
 
     def solve(self, op, v, create_graph=False):
         p = acc = v
