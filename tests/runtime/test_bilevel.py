@@ -159,3 +159,16 @@ def test_itd_differentiates_a_learnable_learning_rate(opt):
     h = 1e-6
     want = (unrolled(0.05 + h) - unrolled(0.05 - h)) / (2 * h)
     assert abs(float(lr.grad - want)) <= 1e-7 * abs(float(want))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cg_tolerance_stops_at_the_first_small_residual(seed):
+    """cg(K, tol) = CG(k*) with k* the first step whose residual is ≤ tol·‖v‖; the later
+    steps are masked on the device (q stays put) instead of breaking out on the host."""
+    q = Quadratic(seed, 8, 3, 5)
+    v = q.v()
+    residual = [float(torch.linalg.vector_norm(v - q.A @ q_cg(q.A, v, k))) for k in range(1, 9)]
+    tol = 1.0001 * residual[2] / float(torch.linalg.vector_norm(v))
+    first = next(k for k, r in enumerate(residual, 1) if r <= tol * torch.linalg.vector_norm(v))
+    assert first <= 3
+    assert rel(hypergrad(q.program, cg(8, tol=tol)), q.with_q(q_cg(q.A, v, first))) < TOL
