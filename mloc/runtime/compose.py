@@ -198,6 +198,7 @@ class Hierarchy:
         self._check()
         self.lowers = {n: {e.lower for e in self.edges if e.upper == n} for n in self.problems}
         self._live = {n: p.params for n, p in self.problems.items()}
+        self._args = {n: [self._live[r] for r in p.reads] for n, p in self.problems.items()}
         self._buffers = {n: tuple(b for r in p.reads for b in self.problems[r].buffers)
                          for n, p in self.problems.items()}
         self._plans: dict[str, _Plan] = {}
@@ -330,9 +331,9 @@ class Hierarchy:
     def _single(self, plan):
         """Two levels, the top's loss reads only the lower: seed, one BR-VJP, one backward."""
         (name, problem, method, buffers, _), = plan.prep
-        op = LowerOp(problem, [self._live[r] for r in problem.reads], buffers)
+        op = LowerOp(problem, self._args[name], buffers)  # argument lists built once
         top = self.problems[plan.top]
-        loss = top.loss(*[self._live[r] for r in top.reads])
+        loss = top.loss(*self._args[plan.top])
         v = torch.autograd.grad(loss, plan.seed_inputs, allow_unused=True)
         v = tree.fill_none(v, op.theta)
         spec = method.vjp(op, v) if v is not None else None
@@ -343,10 +344,10 @@ class Hierarchy:
         """Two levels, reverse-mode ITD: the top's loss at ``θ_K``, one backward through
         it and the unrolled steps (the seed and the sweep fused, as one writes it by hand)."""
         (name, problem, method, buffers, _), = plan.prep
-        points = dict(self._live)
-        points[name] = method.unroll(LowerOp(problem, [points[r] for r in problem.reads], buffers))
+        theta = method.unroll(LowerOp(problem, self._args[name], buffers))
         top = self.problems[plan.top]
-        _backward((top.loss(*[points[r] for r in top.reads]),), (None,), top.params)
+        args = [theta if r == name else self._live[r] for r in top.reads]
+        _backward((top.loss(*args),), (None,), top.params)
 
     def hypergrad_paths(self, name: str):
         """Reference: the hypergradient as a sum over paths, each re-applying its BR-VJPs.
