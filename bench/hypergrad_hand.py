@@ -16,7 +16,7 @@ grad = torch.autograd.grad
 
 def _central(inner, theta, phi, q, eps):
     with torch.no_grad():
-        e = eps / torch.sqrt(sum((x * x).sum() for x in q))
+        e = eps / torch.sqrt(sum((x * x).sum() for x in q)).clamp_min(1e-38)  # like mloc's
         plus = [p + e * x for p, x in zip(theta, q)]
         minus = [p - e * x for p, x in zip(theta, q)]
         c = 0.5 / e

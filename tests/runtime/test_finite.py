@@ -73,3 +73,13 @@ def test_fp32_under_autocast(method):
         control = net(torch.randn(4, 6))
     assert control.dtype == torch.bfloat16  # autocast really is on in that region
     assert torch.equal(mixed, plain)
+
+
+@pytest.mark.parametrize("method", [finite_diff(), sama()])
+def test_zero_adjoint_gives_zero_not_nan(method):
+    hier, _, logits = program(method)
+    lower = hier.problems["net"]
+    op = LowerOp(lower, [lower.params, (logits,)], lower.buffers)
+    outputs, cotangents = method.vjp(op, tuple(torch.zeros_like(p) for p in lower.params))
+    (g,) = torch.autograd.grad(outputs, logits, cotangents)
+    assert torch.count_nonzero(g) == 0

@@ -18,7 +18,7 @@ from mloc.runtime import tree
 def _not_differentiable(name):
     return NotImplementedError(
         f"{name} is not differentiable; under `exact` semantics a problem below a middle "
-        "level needs cg, neumann, itd or first_order")
+        "level with feedback needs cg, neumann or first_order")
 
 
 def _losses(op, plus, minus, device_type):
@@ -48,7 +48,7 @@ def central_difference(op, q, eps):
     (round-off grows like ``1/ε``). Liu et al., "DARTS", ICLR 2019, eq. 8.
     """
     with torch.no_grad():
-        e = eps / tree.norm(q)
+        e = eps / tree.norm(q).clamp_min(torch.finfo(q[0].dtype).tiny)  # q = 0: no nan
         plus = tree.axpy(e, q, op.theta)
         minus = tree.axpy(-e, q, op.theta)
         c = 0.5 / e
