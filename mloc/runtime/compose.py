@@ -69,8 +69,10 @@ class _Plan:
 
 
 def _topo(nodes: Iterable[str], preds: dict[str, set[str]], hint: str = "") -> tuple[str, ...]:
+    nodes = set(nodes)
     try:
-        sorter = graphlib.TopologicalSorter({n: sorted(preds.get(n, ())) for n in sorted(nodes)})
+        sorter = graphlib.TopologicalSorter({n: sorted(preds.get(n, set()) & nodes)
+                                             for n in sorted(nodes)})
         return tuple(sorter.static_order())
     except graphlib.CycleError as err:
         raise ValueError(f"cycle among problems: {' -> '.join(err.args[1])}{hint}") from None

@@ -144,3 +144,16 @@ def test_an_edge_whose_lower_ignores_the_upper_contributes_nothing():
         lam.grad = None  # itd's upper sees θ_K = (1 - 2·0.1)² w
         Hierarchy([lower, upper], [Edge("lam", "w", method)]).hypergrad("lam")
         assert torch.allclose(lam.grad, point.detach(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("seed,dag,feedback", [c for c in CASES if c[2]])
+def test_a_middle_level_trains_with_its_reduced_gradient(seed, dag, feedback):
+    """hypergrad of the middle problem x itself (w at w*(x)): ∂f₂/∂x + (dw*/dx)ᵀ ∂f₂/∂w."""
+    t = Trilevel(seed, dag=dag, feedback=feedback)
+    hier, lam = t.program("per_edge")
+    x, w = hier.problems["x"].params[0], hier.problems["w"].params[0]
+    with torch.no_grad():
+        x.add_(torch.linspace(-1, 1, len(x), dtype=x.dtype))
+        w.copy_(t.w_star(x, lam.detach()))
+    hier.hypergrad("x")
+    assert rel(x.grad, t.middle_grad("exact")(x.detach(), lam.detach())) < TOL
