@@ -18,9 +18,12 @@ class Trilevel:
     w no longer depends on x, so its hierarchy is λ → w → x, λ → x (Betty's two paths).
     """
 
-    def __init__(self, seed, dag=False, feedback=True, d1=4, d2=3, m=2, p=3, rho=0.2):
+    def __init__(self, seed, dag=False, feedback=True, d1=4, d2=3, m=2, p=3, rho=0.2,
+                 top_reads_w=False):
         g = gen(seed)
         self.dag, self.feedback, self.rho = dag, feedback, rho
+        self.C4 = randn(g, p, d1) if top_reads_w else torch.zeros(p, d1, dtype=F64)
+        self.top_reads_w = top_reads_w
         self.A1, self.B1, self.c1 = spd(g, d1), randn(g, d1, d2), randn(g, d1)
         self.D1 = randn(g, d1, m) if dag else torch.zeros(d1, m, dtype=F64)
         self.A2, self.B2, self.c2 = spd(g, d2), randn(g, d2, m), randn(g, d2)
@@ -43,7 +46,12 @@ class Trilevel:
 
     def outer(self, lam):
         """F(λ) with both inner problems solved exactly (nested)."""
-        return self.top(self.x_star(lam), lam)
+        x = self.x_star(lam)
+        return self.top(x, lam) + self.top_w(self.w_star(x, lam))
+
+    def top_w(self, w):
+        """The top's direct term in the bottom (zero unless ``top_reads_w``)."""
+        return 0.5 * ((self.C4 @ w - self.e3) ** 2).sum() if self.top_reads_w else 0.0
 
     def r(self):
         return self.C3.T @ (self.C3 @ self.x_star(self.lam0) - self.e3)
@@ -119,7 +127,8 @@ class Trilevel:
         probs = [
             Problem("w", (w,), lambda w, x, l: self.f1(w[0], x[0], l[0]), ("w", "x", "lam"), sgd(0.1)),
             Problem("x", (x,), lambda x, w, l: self.f2(x[0], w[0], l[0]), ("x", "w", "lam"), sgd(0.1)),
-            Problem("lam", (lam,), lambda x, l: self.top(x[0], l[0]), ("x", "lam")),
+            Problem("lam", (lam,), lambda x, w, l: self.top(x[0], l[0]) + self.top_w(w[0]),
+                    ("x", "w", "lam")),
         ]
         if self.dag and not self.feedback:
             edges = [Edge("lam", "w", cw), Edge("w", "x", cx), Edge("lam", "x", cx)]

@@ -157,3 +157,18 @@ def test_a_middle_level_trains_with_its_reduced_gradient(seed, dag, feedback):
         w.copy_(t.w_star(x, lam.detach()))
     hier.hypergrad("x")
     assert rel(x.grad, t.middle_grad("exact")(x.detach(), lam.detach())) < TOL
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("dag", [False, True])
+def test_exact_when_the_top_also_reads_the_bottom(seed, dag):
+    """Seeds in two problems (x and w), feedback into the middle: `exact` equals autograd
+    through the exact nested solves; accumulation equals path enumeration either way."""
+    t = Trilevel(seed, dag=dag, top_reads_w=True)
+    _, exact, calls, _ = run(t.program, "exact")
+    assert rel(exact, torch.func.grad(t.outer)(t.lam0)) < TOL
+    assert sorted(calls).count("x") == 1  # the middle's BR-VJP ran once for the top
+    for semantics in ("per_edge", "exact"):
+        _, accumulated, _, _ = run(t.program, semantics)
+        hier, _ = t.program(semantics)
+        assert rel(hier.hypergrad_paths("lam")[0], accumulated) < TOL

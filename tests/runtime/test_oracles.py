@@ -109,6 +109,13 @@ def test_trilevel_truncated_middle_forms(seed, dag, feedback, semantics):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("dag", [False, True])
+def test_trilevel_top_reading_the_bottom(seed, dag):
+    t = Trilevel(seed, dag=dag, top_reads_w=True)
+    assert rel(torch.func.grad(t.outer)(t.lam0), central(t.outer, t.lam0)) < TOL
+
+
+@pytest.mark.parametrize("seed", [0, 1])
 def test_layered_outer(seed):
     net = Layered(seed)
     exact = torch.func.grad(net.outer)(net.lam0)  # autograd through the linear solves
