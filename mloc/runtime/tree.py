@@ -30,30 +30,30 @@ def norm(a: Sequence[Tensor]) -> Tensor:
 
 def axpy(alpha, x: Sequence[Tensor], y: Sequence[Tensor]) -> Params:
     """``alpha * x + y``; ``alpha`` is a number or a 0-dim tensor."""
-    return tuple(alpha * xi + yi for xi, yi in zip(x, y))
+    return tuple([alpha * xi + yi for xi, yi in zip(x, y)])
 
 
 def scale(alpha, x: Sequence[Tensor]) -> Params:
     """``alpha * x``."""
-    return tuple(alpha * xi for xi in x)
+    return tuple([alpha * xi for xi in x])
 
 
 def mul(x: Sequence, y: Sequence[Tensor]) -> Params:
     """Elementwise ``x ⊙ y``; entries of ``x`` may be numbers (a per-tensor scale)."""
-    return tuple(xi * yi for xi, yi in zip(x, y))
+    return tuple([xi * yi for xi, yi in zip(x, y)])
 
 
 def add(x: Sequence[Tensor], y: Sequence[Tensor]) -> Params:
-    return tuple(xi + yi for xi, yi in zip(x, y))
+    return tuple([xi + yi for xi, yi in zip(x, y)])
 
 
 def neg(x: Sequence[Tensor]) -> Params:
-    return tuple(-xi for xi in x)
+    return tuple([-xi for xi in x])
 
 
 def detach(x: Sequence[Tensor], requires_grad: bool = False) -> Params:
     """Detached copies; with ``requires_grad`` they are fresh autograd leaves."""
-    return tuple(xi.detach().requires_grad_(requires_grad) for xi in x)
+    return tuple([xi.detach().requires_grad_(requires_grad) for xi in x])
 
 
 def fill_none(grads: Sequence[Tensor | None], like: Sequence[Tensor]) -> Params | None:
@@ -65,11 +65,11 @@ def fill_none(grads: Sequence[Tensor | None], like: Sequence[Tensor]) -> Params 
         return tuple(grads)
     if all(g is None for g in grads):
         return None
-    return tuple(torch.zeros_like(p) if g is None else g for g, p in zip(grads, like))
+    return tuple([torch.zeros_like(p) if g is None else g for g, p in zip(grads, like)])
 
 
 def zeros(like: Sequence[Tensor]) -> Params:
-    return tuple(torch.zeros_like(p) for p in like)
+    return tuple([torch.zeros_like(p) for p in like])
 
 
 def dense(grads: Sequence[Tensor | None], like: Sequence[Tensor]) -> Params:
