@@ -74,11 +74,16 @@ class itd:
         """Reverse mode can hand ``θ_K`` (with its graph) straight to the top's loss."""
         return self.mode == "reverse"
 
+    def _prefix(self, op):
+        """The truncated prefix: the first ``steps - kept`` steps, without graph."""
+        theta, state = op.theta, op.problem.state
+        for _ in range(self.steps - self.kept):
+            theta, state = _detached(*_step(op, theta, state, False))
+        return theta, state
+
     def unroll(self, op):
         """Reverse mode: ``θ_K`` with the graph of the last ``kept`` steps."""
-        theta, state = op.theta, op.problem.state
-        for _ in range(self.steps - self.kept):  # truncated prefix: no graph
-            theta, state = _detached(*_step(op, theta, state, False))
+        theta, state = self._prefix(op)
         for _ in range(self.kept):
             theta, state = _step(op, theta, state, True)
         return theta
@@ -87,9 +92,7 @@ class itd:
         if self.mode == "reverse":
             op.memo = self.unroll(op)
             return tree.detach(op.memo, True)
-        theta, state = op.theta, op.problem.state
-        for _ in range(self.steps - self.kept):
-            theta, state = _detached(*_step(op, theta, state, False))
+        theta, state = self._prefix(op)
         if self.mode == "recompute":
             op.memo = []
             for _ in range(self.kept):
