@@ -120,3 +120,26 @@ def test_names_the_language_checker_validates():
         METHODS["itd"](3, mode="sideways")
     with pytest.raises(ValueError):
         sgd(0.1, nesterov=True)
+
+
+@pytest.mark.parametrize("make", [lambda: adam(0.01, eps=0.0), lambda: adamw(0.01, eps=0.0)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sama_adam_diag_against_the_reference_formula(make, seed):
+    """After some steps, ε = 0: s equals autograd's derivative of the Adam step and SAMA's
+    formula η√c₂/c₁·[(1−β₁)β₂v_{t−1} − β₁(1−β₂)g·m_{t−1}]/v_t^{3/2}, both to 1e-12 relative."""
+    opt, (b1, b2) = make(), (0.9, 0.999)
+    gen = torch.Generator().manual_seed(seed)
+    params = (torch.randn(7, generator=gen, dtype=F64),)
+    state = opt.init(params)
+    for _ in range(4):
+        state = opt.update((torch.randn(7, generator=gen, dtype=F64),), state, params)[1]
+    g = torch.randn(7, generator=gen, dtype=F64)
+    s = opt.diag((g,), state, params)[0]
+    auto = -torch.func.jacrev(lambda x: opt.update((x,), state, params)[0][0])(g).diagonal()
+    t = state.count + 1
+    m, v = state.mu[0], state.nu[0]
+    v_t = b2 * v + (1 - b2) * g * g
+    formula = (0.01 * (1 - b2**t) ** 0.5 / (1 - b1**t)
+               * ((1 - b1) * b2 * v - b1 * (1 - b2) * g * m) / v_t**1.5)
+    for want in (auto, formula):
+        assert torch.linalg.vector_norm(s - want) <= 1e-12 * torch.linalg.vector_norm(want)
