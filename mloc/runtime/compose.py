@@ -135,7 +135,10 @@ def _concat(specs):
 
 def _backward(outs, cots, params):
     """The one final backward into ``params``' ``.grad`` (DDP synchronises once)."""
-    outs, cots = _reaching(outs, cots)
+    for t in outs:
+        if not t.requires_grad:
+            outs, cots = _reaching(outs, cots)
+            break
     if outs:
         torch.autograd.backward(outs, cots, inputs=params)
 

@@ -25,7 +25,10 @@ def dot(a: Sequence[Tensor], b: Sequence[Tensor]) -> Tensor:
 
 def norm(a: Sequence[Tensor]) -> Tensor:
     """Euclidean norm of the concatenation of ``a``."""
-    return torch.sqrt(dot(a, a))
+    total = (a[0] * a[0]).sum()
+    for x in a[1:]:
+        total = total + (x * x).sum()
+    return torch.sqrt(total)
 
 
 def axpy(alpha, x: Sequence[Tensor], y: Sequence[Tensor]) -> Params:

@@ -21,11 +21,8 @@ def _not_differentiable(name):
         "level with feedback needs cg, neumann or first_order")
 
 
-def _losses(op, plus, minus, device_type):
+def _guarded_losses(op, plus, minus, device_type, autocast):
     """Both losses in fp32 with autocast off; module buffers (BatchNorm statistics) restored."""
-    autocast = torch.is_autocast_enabled(device_type)
-    if not op.buffers and not autocast:  # the common case costs nothing extra
-        return op.loss_at(plus), op.loss_at(minus)
     saved = [b.clone() for b in op.buffers]
     with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
         losses = op.loss_at(plus), op.loss_at(minus)
@@ -52,7 +49,11 @@ def central_difference(op, q, eps):
         plus = tree.axpy(e, q, op.theta)
         minus = tree.axpy(-e, q, op.theta)
         c = 0.5 / e
-    return _losses(op, plus, minus, q[0].device.type), (-c, c)
+    device_type = q[0].device.type
+    autocast = torch.is_autocast_enabled(device_type)
+    if op.buffers or autocast:
+        return _guarded_losses(op, plus, minus, device_type, autocast), (-c, c)
+    return (op.loss_at(plus), op.loss_at(minus)), (-c, c)  # the common case: nothing to guard
 
 
 @dataclass(frozen=True)
