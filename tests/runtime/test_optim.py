@@ -143,3 +143,37 @@ def test_sama_adam_diag_against_the_reference_formula(make, seed):
                * ((1 - b1) * b2 * v - b1 * (1 - b2) * g * m) / v_t**1.5)
     for want in (auto, formula):
         assert torch.linalg.vector_norm(s - want) <= 1e-12 * torch.linalg.vector_norm(want)
+
+
+def test_a_matrix_statistics_optimizer_fits_the_interface():
+    """What Shampoo will need: a state of matrix statistics, an update run without graph,
+    no diagonal. It trains through `Problem.step`, serves under finite_diff, and sama
+    refuses it with a message instead of guessing a diagonal."""
+    from mloc.runtime import Edge, Hierarchy, Optimizer, Problem, finite_diff, sama
+    from typing import NamedTuple
+
+    class Stats(NamedTuple):
+        count: int
+        left: tuple
+
+    def init(params):
+        return Stats(0, tuple(torch.eye(p.shape[0], dtype=p.dtype) for p in params))
+
+    @torch.no_grad()
+    def update(grads, state, params):
+        left = tuple(s + g @ g.T for s, g in zip(state.left, grads))
+        roots = [torch.linalg.matrix_power(torch.linalg.cholesky(s), -1) for s in left]
+        return tuple(-0.1 * r @ g for r, g in zip(roots, grads)), Stats(state.count + 1, left)
+
+    toy = Optimizer(init, update, None, False, {})
+    w, lam = torch.ones(3, 2, dtype=F64, requires_grad=True), torch.ones(3, 2, dtype=F64, requires_grad=True)
+    lower = Problem("w", (w,), lambda w, l: ((w[0] - l[0]) ** 2).sum(), ("w", "lam"), toy)
+    upper = Problem("lam", (lam,), lambda w: (w[0] ** 2).sum(), ("w",))
+    before = w.detach().clone()
+    w.grad = torch.ones_like(w)
+    lower.step()
+    assert lower.state.count == 1 and not torch.equal(w.detach(), before)
+    Hierarchy([lower, upper], [Edge("lam", "w", finite_diff())]).hypergrad("lam")
+    assert lam.grad is not None
+    with pytest.raises(ValueError, match="diagonal"):
+        Hierarchy([lower, upper], [Edge("lam", "w", sama())]).hypergrad("lam")

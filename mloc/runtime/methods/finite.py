@@ -93,6 +93,9 @@ class sama(finite_diff):
             raise _not_differentiable("sama")
         problem = op.problem
         opt = problem.optimizer
+        if opt is None or opt.diag is None:
+            raise ValueError(f"sama needs the diagonal of {problem.name!r}'s optimizer "
+                             "(optim.Optimizer.diag); this optimizer has none")
         grads = None
         if opt.diag_uses_grad:
             grads = torch.autograd.grad(problem.loss(*op.args), op.theta)
