@@ -202,6 +202,13 @@ _EXAMPLES = {
     "graph": "examples:\n  mloc graph programs/trilevel.mlo\n  mloc graph programs/trilevel.mlo --format mermaid\n"
              "  mloc graph programs/trilevel.mlo --output trilevel.svg   (needs Graphviz)",
     "explain": "example:\n  mloc explain E305",
+    "compile": "examples:\n  mloc compile programs/hpo.mlo -o build/hpo\n  python build/hpo/train.py --steps 10",
+    "plan": "examples:\n  mloc plan programs/maml.mlo\n  mloc plan programs/trilevel.mlo --json",
+    "run": "examples:\n  mloc run programs/data_reweighting.mlo --steps 200 --out runs/mwn\n"
+           "  mloc run programs/data_reweighting.mlo --set 'weight_net->classifier.hypergrad=neumann(iters=3, alpha=0.1)'\n"
+           "  mloc run programs/data_reweighting.mlo --nproc 2 --out runs/mwn2\n"
+           "  mloc run programs/data_reweighting.mlo --resume runs/mwn --out runs/mwn",
+    "hypergrad": "examples:\n  mloc hypergrad programs/hpo.mlo --check\n  mloc hypergrad programs/hpo.mlo --json --dtype float64",
     "codes": "example:\n  mloc codes | grep interlock",
 }
 
@@ -240,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text format (default: text, or from --output's suffix)")
     p.add_argument("--output", "-o", metavar="PATH",
                    help="write to PATH instead of stdout; .png/.svg/.pdf are rendered with Graphviz")
+
+    from mloc.cli_train import add_commands
+    add_commands(command)
 
     p = command("explain", "explain a diagnostic code", cmd_explain)
     p.add_argument("code", metavar="CODE", help="a code such as E305")

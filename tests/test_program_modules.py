@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from mloc.codegen.loader import evaluate, import_modules
+from mloc.passes.loader import evaluate, import_modules
 from mloc.passes.pipeline import compile_file
 from tests.conftest import PROGRAMS
 

@@ -1,0 +1,186 @@
+"""The commands that run the user's code: `compile`, `run`, `plan`, `hypergrad`.
+
+Kept apart from `mloc.cli` so that `check`, `graph` and `--help` never import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from mloc.cli import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, Output, UsageError, _report, _summary
+from mloc.codegen.compile import Compiled, compile_program, load_generated
+from mloc.codegen.overrides import OverrideError
+from mloc.ir.printer import dump_dot
+from mloc.passes.plan import plan_table, plan_to_json
+
+
+def _compiled(args, out: Output, out_dir: Path | None = None) -> Compiled | None:
+    try:
+        compiled = compile_program(args.file, tuple(args.set or ()), out_dir)
+    except OverrideError as e:
+        raise UsageError(str(e)) from None
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {args.file}", help="check the path; programs end in .mlo") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise UsageError(f"cannot read {args.file}: {e}") from None
+    _report(out, compiled.diagnostics, "full")
+    if not compiled.ok:
+        out.err(f"{args.file}: failed ({_summary(compiled.diagnostics) or 'see above'})")
+        return None
+    return compiled
+
+
+def write_outputs(compiled: Compiled, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train = out_dir / "train.py"
+    _atomic_write(train, compiled.source)
+    _atomic_write(out_dir / "plan.json", json.dumps(plan_to_json(compiled.plan), indent=2, sort_keys=True) + "\n")
+    _atomic_write(out_dir / "graph.dot", dump_dot(compiled.unit.graph))
+    return train
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def cmd_compile(args, out: Output) -> int:
+    out_dir = Path(args.output)
+    compiled = _compiled(args, out, out_dir)
+    if compiled is None:
+        return EXIT_ERRORS
+    train = write_outputs(compiled, out_dir)
+    out.err(f"wrote {train}, {out_dir / 'plan.json'}, {out_dir / 'graph.dot'}\n"
+            f"run it with: python {train}")
+    return EXIT_OK
+
+
+def cmd_plan(args, out: Output) -> int:
+    compiled = _compiled(args, out)
+    if compiled is None:
+        return EXIT_ERRORS
+    if args.json:
+        out.out(json.dumps(plan_to_json(compiled.plan), indent=2, sort_keys=True))
+    else:
+        out.out(plan_table(compiled.plan))
+    return EXIT_OK
+
+
+def _run_options(args) -> list[str]:
+    opts = []
+    for flag in ("steps", "seed", "device", "precision"):
+        value = getattr(args, flag)
+        if value is not None:
+            opts += [f"--{flag}", str(value)]
+    return opts
+
+
+def cmd_run(args, out: Output) -> int:
+    if args.steps is not None and args.steps < 1:
+        raise UsageError("--steps must be at least 1")
+    if args.resume and not (Path(args.resume) / "checkpoint.pt").is_file():
+        raise UsageError(f"{args.resume} holds no checkpoint.pt", help="pass the --out folder of an earlier run")
+    out_dir = Path(args.out)
+    compiled = _compiled(args, out, out_dir)
+    if compiled is None:
+        return EXIT_ERRORS
+    train = write_outputs(compiled, out_dir)
+    opts = _run_options(args) + ["--out", str(out_dir)] + (["--resume", args.resume] if args.resume else [])
+    if args.nproc > 1:
+        return _torchrun(train, args.nproc, opts, out)
+    from mloc.runtime.launch import main as train_main
+    ns = load_generated(compiled.source, str(train.resolve()))
+    return train_main(ns, opts + (["--quiet"] if args.quiet else []))
+
+
+def _torchrun(train: Path, nproc: int, opts: list[str], out: Output) -> int:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(train), *opts, "--quiet"]
+    out.err(f"launching {nproc} processes: {' '.join(cmd[1:])}")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.call(cmd, env=env)
+
+
+def cmd_hypergrad(args, out: Output) -> int:
+    compiled = _compiled(args, out)
+    if compiled is None:
+        return EXIT_ERRORS
+    from mloc.runtime.engine import RunConfig
+    from mloc.runtime.launch import build
+    ns = load_generated(compiled.source, str(Path(args.file).resolve().with_suffix(".generated.py")))
+    base: RunConfig = ns["DEFAULTS"]
+    config = replace(base, seed=args.seed if args.seed is not None else base.seed, device="cpu",
+                     dtype=args.dtype)
+    program = build(ns, config)
+    grads = program.hypergradients()
+    errors = _reference_errors(ns, config, grads) if args.check else {}
+    if args.json:
+        out.out(json.dumps({up: {k: v.tolist() for k, v in g.items()} | (
+            {"_relative_error": errors[up]} if up in errors else {}) for up, g in grads.items()}))
+        return EXIT_OK
+    for up, g in grads.items():
+        out.out(f"{up}:")
+        for k, v in g.items():
+            out.out(f"  {k:<40} norm {float(v.norm()):.6e}  shape {list(v.shape)}")
+        if up in errors:
+            out.out(f"  relative error against CG to convergence: {errors[up]:.3e}")
+    return EXIT_OK
+
+
+def _reference_errors(ns: dict, config, grads: dict) -> dict[str, float]:
+    """Relative error of each upper's hypergradient against the same program with every
+    implicit edge solved by CG to convergence (the exact hypergradient at the lower's
+    current point, when its Hessian is positive definite)."""
+    from mloc.runtime import Edge, cg
+    from mloc.runtime.launch import build
+
+    edges = tuple(e if type(e.method).__name__ == "itd" else Edge(e.upper, e.lower, cg(iters=1000, tol=1e-14))
+                  for e in ns["EDGES"])
+    program = build({**ns, "EDGES": edges}, config)
+    ref = program.hypergradients()
+    out = {}
+    for up, g in grads.items():
+        num = math.sqrt(sum(float((g[k] - ref[up][k]).pow(2).sum()) for k in g))
+        den = math.sqrt(sum(float(ref[up][k].pow(2).sum()) for k in g)) or 1.0
+        out[up] = num / den
+    return out
+
+
+def add_commands(command) -> None:
+    """Register the commands on the CLI's subparser factory."""
+    p = command("compile", "compile a program to a runnable train.py (with plan.json and graph.dot)", cmd_compile)
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("-o", "--output", default="build", metavar="DIR", help="output folder (default: build)")
+    p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")
+
+    p = command("plan", "show how mloc will train a program: methods, modes, memory, schedule", cmd_plan)
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")
+
+    p = command("run", "compile and train a program", cmd_run)
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--steps", type=int, help="outer steps (default: the program's)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")
+    p.add_argument("--nproc", type=int, default=1, help="data-parallel processes (launched with torchrun)")
+    p.add_argument("--out", default="runs/latest", metavar="DIR", help="train.py, metrics.jsonl, checkpoint.pt")
+    p.add_argument("--resume", metavar="DIR", help="continue the run whose --out was DIR")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = command("hypergrad", "compute each upper problem's hypergradient at the initial state", cmd_hypergrad)
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--json", action="store_true", help="print the full values as JSON")
+    p.add_argument("--dtype", choices=("float32", "float64"), default=None)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--check", action="store_true", help="compare with CG to convergence")
+    p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")

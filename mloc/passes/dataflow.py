@@ -1,0 +1,92 @@
+"""The dataflow pass: verify the declared edges against what the user's code really does.
+
+Imports the program's modules, builds every model on the meta device (no memory), draws
+one batch per problem, evaluates each loss (`mloc.runtime.introspect`), and compares the
+problems a loss *names* with the problems whose parameters *reach* it:
+
+- a named problem whose parameters never reach the loss (a `.detach()`, `no_grad`, or an
+  unused argument) is an error (E701): the edge the name implies would carry nothing;
+- a loss that raises, or a constructor or data call that raises, is reported at its span
+  in the `.mlo` file (E702), not as a traceback;
+- a loss that is not a floating-point scalar is E703.
+
+Returns the parameter counts and saved-activation sizes the planner's cost model uses.
+"""
+
+from __future__ import annotations
+
+from mloc.passes.loader import evaluate, import_modules, program_path
+from mloc.diagnostics import Diagnostic
+from mloc.ir.graph import ProgramGraph
+from mloc.passes.plan import Sizes
+
+
+def _raised(span, what: str, err: BaseException) -> Diagnostic:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return Diagnostic("E702", f"{what} raised {type(err).__name__}" + (f": {text}" if text else ""), span,
+                      label="raised here", help="fix the Python code or its arguments; run the call in a "
+                                                "Python shell to see the full traceback")
+
+
+def trace_dataflow(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
+    from mloc.runtime import introspect as intro
+
+    diags: list[Diagnostic] = []
+    try:
+        mods = import_modules(g.info)
+    except Exception as err:  # noqa: BLE001 - user code
+        imp = g.info.imports[0]
+        return Sizes(), [_raised(imp.span, f"importing `{imp.module}`", err)]
+    modules, batches = {}, {}
+    from pathlib import Path
+    with program_path(Path(g.info.source_path).resolve().parent):
+        for p in g.problems():
+            try:
+                modules[p.name] = intro.on_meta(lambda p=p: evaluate(p.module.call, mods))
+            except Exception as err:  # noqa: BLE001
+                diags.append(_raised(p.module.span, f"`{p.module.text}`", err))
+                continue
+            try:
+                batches[p.name] = intro.first_batch(evaluate(p.data.call, mods))
+            except Exception as err:  # noqa: BLE001
+                diags.append(_raised(p.data.span, f"`{p.data.text}`", err))
+    sizes = Sizes(params={n: intro.param_count(m) for n, m in modules.items()})
+    for p in g.problems():
+        if p.name in batches and all(r in modules for r in p.loss.read_names()):
+            _check_loss(g, p, mods, modules, batches[p.name], sizes, diags)
+    return sizes, diags
+
+
+def _check_loss(g, p, mods, modules, batch, sizes: Sizes, diags: list) -> None:
+    from mloc.runtime import introspect as intro
+
+    reads = p.loss.read_names()
+    fn = _loss_function(p, mods)
+    try:
+        probe = intro.probe_loss(fn, [modules[r] for r in reads], batch)
+    except Exception as err:  # noqa: BLE001
+        diags.append(_raised(p.loss.span, f"the loss of `{p.name}`", err))
+        return
+    if probe.shape != () or not probe.floating:
+        what = f"shape {list(probe.shape)}" if probe.shape else "a value that is not a floating-point tensor"
+        diags.append(Diagnostic("E703", f"the loss of `{p.name}` returns {what}, not a scalar", p.loss.span,
+                                help="reduce it, e.g. with `.mean()` or `.sum()`"))
+        return
+    sizes.activations[p.name] = probe.activation_bytes
+    spans = dict(p.loss.reads)
+    for i, r in enumerate(reads):
+        if i not in probe.reached and intro.param_count(modules[r]) > 0:
+            diags.append(Diagnostic(
+                "E701", f"the loss of `{p.name}` names `{r}`, but no parameter of `{r}` reaches it", spans[r],
+                label="no gradient flows from here",
+                help=f"a `.detach()`, a `torch.no_grad()` block or an unused argument cuts `{r}` off; "
+                     f"use it differentiably, or drop it from the loss and the hierarchy"))
+
+
+def _loss_function(p, mods):
+    reads = p.loss.read_names()
+
+    def fn(*modules_and_batch):
+        *modules, batch = modules_and_batch
+        return evaluate(p.loss.call, {**mods, **dict(zip(reads, modules)), "batch": batch})
+    return lambda *a: fn(*a)

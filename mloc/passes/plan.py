@@ -1,0 +1,315 @@
+"""The planner: how to train the program the graph describes. Every decision has a reason.
+
+For each hierarchy edge, the best-response method (the user's, or `auto`'s choice under
+the memory budget) and, for unrolled differentiation, its mode; the semantics handed to
+the runtime; the order in which BR-VJPs are composed; and the step schedule (who steps
+when). Costs are in G, one forward+backward of the lower problem's loss, with a
+Hessian-vector product counted as 2 G (Pearlmutter); memory in bytes, from the parameter
+and activation sizes the dataflow pass measured (`Sizes`), when it ran.
+
+    method          time                 memory
+    first_order     G                    activations
+    finite_diff     3 G                  activations + d
+    sama            3 G                  activations + 2 d
+    neumann(K)      2 G + 2 K G          activations + 3 d (one graph kept)
+    cg(K)           2 G + 2 K G          activations + 4 d
+    itd reverse     4 K G                K (activations + d)      (truncate T: T instead of K)
+    itd recompute   8 K G                K d + activations + d
+    itd forward     2 K m G              d m + activations        (m: the upper's parameters)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mloc.ir.graph import ProgramGraph
+from mloc.ir.payloads import HierarchyEdge
+
+DIFFERENTIABLE = frozenset({"cg", "neumann", "first_order"})
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Measured by the dataflow pass: trainable parameters and saved activations (bytes of
+    one forward of the problem's loss) per problem, and bytes per element."""
+
+    params: dict[str, int] = field(default_factory=dict)
+    activations: dict[str, int] = field(default_factory=dict)
+    element_bytes: int = 4
+
+
+@dataclass(frozen=True)
+class EdgePlan:
+    upper: str
+    lower: str
+    method: str
+    args: tuple[tuple[str, object], ...]
+    unroll: int
+    time_g: float
+    memory: int | None
+    reason: str
+
+    def render(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.args if v is not None)
+        return f"{self.method}({inner})" if inner else self.method
+
+    @property
+    def mode(self) -> str | None:
+        return dict(self.args).get("mode")
+
+
+@dataclass(frozen=True)
+class Action:
+    """One line of the schedule: `kind` is lower_step, upper_step, draw, reset or commit."""
+
+    kind: str
+    problem: str
+    count: int = 1
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Loop:
+    repeat: int
+    body: tuple["Action | Loop", ...]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    semantics: str              # what the program asked for
+    runtime_semantics: str      # what the runtime is given
+    semantics_reason: str
+    edges: tuple[EdgePlan, ...]
+    order: tuple[str, ...]      # BR-VJP composition order (adjoint accumulation, bottom-up)
+    periods: dict[str, int]     # lowest-level steps per step of each problem
+    schedule: Loop
+    memory_budget: int | None
+    problems: tuple[str, ...]
+
+    def edge(self, upper: str, lower: str) -> EdgePlan:
+        return next(e for e in self.edges if (e.upper, e.lower) == (upper, lower))
+
+
+def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
+    sizes = sizes or Sizes()
+    budget = g.info.train.memory_budget
+    semantics, reason = _semantics(g)
+    edges = tuple(_plan_edge(g, e, sizes, budget, semantics) for e in g.hierarchy_edges())
+    periods = _periods(g, edges)
+    order = tuple(reversed(g.topological_order()))
+    return Plan(g.info.semantics, semantics, reason, edges, order, periods,
+                _schedule(g, edges, periods), budget, g.names())
+
+
+def _semantics(g: ProgramGraph) -> tuple[str, str]:
+    if g.info.semantics == "per_edge":
+        return "per_edge", "asked for: Betty's per-edge implicit differentiation"
+    h = g.hierarchy()
+    feedback = [d for d in g.dataflow_edges() if d.kind == "l2u" and any(True for _ in h.predecessors(d.dst))]
+    if not feedback:
+        return "per_edge", "exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper"
+    f = feedback[0]
+    return "exact", f"`{f.dst}` reads `{f.src}` below it: differentiate through its reduced objective"
+
+
+def _d(sizes: Sizes, name: str) -> int | None:
+    return sizes.params.get(name)
+
+
+def _cost(method: str, args: dict, sizes: Sizes, lower: str, upper: str) -> tuple[float, int | None]:
+    """(time in G, memory in bytes or None) of one BR-VJP, from the table above."""
+    d, act, m = _d(sizes, lower), sizes.activations.get(lower), _d(sizes, upper)
+    b = sizes.element_bytes
+    k = args.get("iters") or args.get("steps") or 1
+    known = d is not None and act is not None
+    mem = lambda f: int(f) if known else None  # noqa: E731
+    if method == "first_order":
+        return 1.0, mem(act if known else 0)
+    if method == "finite_diff":
+        return 3.0, mem(act + d * b if known else 0)
+    if method == "sama":
+        return 3.0, mem(act + 2 * d * b if known else 0)
+    if method in ("neumann", "cg"):
+        return 2.0 + 2.0 * k, mem(act + (3 if method == "neumann" else 4) * d * b if known else 0)
+    kept = args.get("truncate") or k
+    mode = args.get("mode")
+    if mode == "forward":
+        mm = m if m is not None else 1
+        return 2.0 * k * mm, mem(d * mm * b + act if known else 0)
+    if mode == "recompute":
+        return 8.0 * k, mem(k * d * b + act + d * b if known else 0)
+    return 4.0 * k, mem(kept * (act + d * b) if known else 0)
+
+
+def _fits(memory: int | None, budget: int | None) -> bool:
+    return budget is None or memory is None or memory <= budget
+
+
+def _plan_edge(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) -> EdgePlan:
+    args = dict(e.method.args)
+    lower = g.problem(e.lower)
+    if e.method.name == "auto":
+        return _auto(g, e, sizes, budget, semantics)
+    if e.method.name == "itd" and args.get("mode") == "auto":
+        return _itd_mode(e, args, sizes, budget, "`mode = auto`")
+    time, memory = _cost(e.method.name, args, sizes, e.lower, e.upper)
+    reason = f"as written; lower optimizer {lower.optimizer.name}"
+    if not _fits(memory, budget):
+        reason += f"; over the memory budget ({_mb(memory)} > {_mb(budget)})"
+    return EdgePlan(e.upper, e.lower, e.method.name, tuple(args.items()), e.unroll, time, memory, reason)
+
+
+def _itd_mode(e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str) -> EdgePlan:
+    """Reverse, forward or recompute: the fastest mode that fits the budget (ties: less memory)."""
+    options = []
+    for mode in ("reverse", "forward", "recompute"):
+        a = {**args, "mode": mode}
+        time, memory = _cost("itd", a, sizes, e.lower, e.upper)
+        options.append((not _fits(memory, budget), time, memory or 0, mode, a))
+    options.sort(key=lambda o: o[:3])
+    over, time, memory, mode, a = options[0]
+    m, k = _d(sizes, e.upper), a.get("steps") or e.unroll
+    reason = {"forward": f"{why}: {m} upper parameter(s), {k} steps: forward mode carries d×m instead of "
+                         f"{k} graphs and costs no more time",
+              "reverse": f"{why}: reverse mode is fastest and fits the budget",
+              "recompute": f"{why}: reverse mode's {k} graphs exceed the budget; recompute keeps only the iterates"}[mode]
+    if over:
+        reason += f" (still over the budget: {_mb(memory)} > {_mb(budget)})"
+    return EdgePlan(e.upper, e.lower, "itd", tuple(a.items()), e.unroll, time, memory or None, reason)
+
+
+def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) -> EdgePlan:
+    lower = g.problem(e.lower)
+    init_only = lower.init is not None and lower.init[0] == e.upper and \
+        e.upper not in lower.loss.read_names()
+    if init_only:
+        return _itd_mode(e, {"steps": e.unroll, "truncate": None, "mode": "auto"}, sizes, budget,
+                         "auto: the lower starts from the upper's weights (init), only itd sees that")
+    candidates = [("cg", {"iters": 10, "tol": 1e-10}), ("sama", {"eps": 0.01}), ("finite_diff", {"eps": 0.01})]
+    if semantics == "exact":
+        candidates = candidates[:1]
+    if lower.optimizer.name not in ("sgd", "adam", "adamw"):
+        candidates = [c for c in candidates if c[0] != "sama"]
+    for name, args in candidates:
+        time, memory = _cost(name, args, sizes, e.lower, e.upper)
+        if _fits(memory, budget):
+            why = {"cg": "auto: the most accurate implicit method (10 CG steps) fits the budget",
+                   "sama": "auto: CG's Hessian-vector graphs exceed the budget; SAMA needs no second order",
+                   "finite_diff": "auto: second-order methods exceed the budget; finite differences"}[name]
+            return EdgePlan(e.upper, e.lower, name, tuple(args.items()), e.unroll, time, memory, why)
+    name, args = candidates[-1]
+    time, memory = _cost(name, args, sizes, e.lower, e.upper)
+    return EdgePlan(e.upper, e.lower, name, tuple(args.items()), e.unroll, time, memory,
+                    f"auto: nothing fits the budget ({_mb(budget)}); the smallest method")
+
+
+def _periods(g: ProgramGraph, edges: tuple[EdgePlan, ...]) -> dict[str, int]:
+    """Lowest-level steps per step of each problem: 1 at the bottom, unroll × below above.
+    An `itd` edge's unrolled steps happen inside the upper's hypergradient: factor 1."""
+    periods: dict[str, int] = {}
+    for name in reversed(g.topological_order()):
+        below = [periods[e.lower] * (1 if e.method == "itd" else e.unroll) for e in edges if e.upper == name]
+        periods[name] = max(below, default=1)
+    return periods
+
+
+def _schedule(g: ProgramGraph, edges: tuple[EdgePlan, ...], periods: dict[str, int]) -> Loop:
+    """Nested loops by period: each level repeats the one below `period ratio` times, then
+    steps its own problems (lower ones first)."""
+    itd_into = {e.lower: e for e in edges if e.method == "itd"}
+    order = list(reversed(g.topological_order()))          # lowest first
+    levels = sorted(set(periods.values()))
+    body: tuple = ()
+    previous = None
+    for p in levels:
+        inner: list = []
+        if previous is not None:
+            inner.append(Loop(p // previous, body, f"{p // previous} step(s) of the level below"))
+        for name in (n for n in order if periods[n] == p):
+            inner += _actions(g, name, itd_into, edges)
+        body, previous = tuple(inner), p
+    return Loop(1, body)
+
+
+def _actions(g: ProgramGraph, name: str, itd_into: dict, edges) -> list:
+    node = g.problem(name)
+    lowers = g.lowers(name)
+    out: list = []
+    if node.init is not None:
+        out.append(Action("reset", name, note=f"start from `{node.init[0]}`'s weights"))
+    if not lowers:
+        if name in itd_into:
+            out.append(Action("draw", name, note=f"its {itd_into[name].unroll} steps are unrolled by `itd`"))
+        else:
+            out.append(Action("lower_step", name))
+    else:
+        out.append(Action("upper_step", name, note="hypergradient through " + ", ".join(lowers)))
+    for low in lowers:
+        e = itd_into.get(low)
+        if e is not None and e.upper == name and g.problem(low).init is None:
+            out.append(Action("commit", low, e.unroll, "take the unrolled steps for real"))
+    return out
+
+
+def _mb(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+
+def plan_to_json(plan: Plan) -> dict:
+    return {
+        "semantics": {"asked": plan.semantics, "runtime": plan.runtime_semantics, "reason": plan.semantics_reason},
+        "memory_budget": plan.memory_budget,
+        "edges": [{"upper": e.upper, "lower": e.lower, "method": e.method, "args": dict(e.args),
+                   "unroll": e.unroll, "time_g": e.time_g, "memory_bytes": e.memory, "reason": e.reason}
+                  for e in plan.edges],
+        "composition_order": list(plan.order),
+        "periods": dict(sorted(plan.periods.items())),
+        "schedule": _schedule_json(plan.schedule),
+    }
+
+
+def _schedule_json(loop: Loop) -> list:
+    out = []
+    for item in loop.body:
+        if isinstance(item, Loop):
+            out.append({"repeat": item.repeat, "body": _schedule_json(item)})
+        else:
+            out.append({"action": item.kind, "problem": item.problem, "count": item.count})
+    return out
+
+
+def plan_table(plan: Plan) -> str:
+    """A plain-text table: one row per edge, then the semantics and the schedule."""
+    rows = [("edge", "method", "mode", "memory", "time (G)", "reason")]
+    for e in plan.edges:
+        rows.append((f"{e.upper} -> {e.lower}", e.render().split("(")[0] + _args_text(e), e.mode or "-",
+                     _mb(e.memory) if e.memory is not None else "unknown", f"{e.time_g:g}", e.reason))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 6)
+    lines.append("")
+    lines.append(f"semantics: {plan.runtime_semantics} ({plan.semantics_reason})")
+    lines.append(f"memory budget: {_mb(plan.memory_budget) if plan.memory_budget else 'none'}")
+    lines.append("composition order (adjoints, bottom-up): " + " -> ".join(plan.order))
+    lines.append("schedule, one outer step:")
+    lines += _schedule_lines(plan.schedule, 1)
+    return "\n".join(lines) + "\n"
+
+
+def _args_text(e: EdgePlan) -> str:
+    inner = ", ".join(f"{k}={v!r}" for k, v in e.args if v is not None and k != "mode")
+    return f"({inner})" if inner else ""
+
+
+def _schedule_lines(loop: Loop, depth: int) -> list[str]:
+    out = []
+    for item in loop.body:
+        if isinstance(item, Loop):
+            out.append("  " * depth + f"repeat {item.repeat}:")
+            out += _schedule_lines(item, depth + 1)
+        else:
+            times = f" x{item.count}" if item.count > 1 else ""
+            out.append("  " * depth + f"{item.kind} {item.problem}{times}" + (f"   ({item.note})" if item.note else ""))
+    return out

@@ -1,0 +1,347 @@
+"""The training engine a compiled program's `train.py` drives.
+
+Generated code declares the program (`ProblemSpec`s, hierarchy `Edge`s, the semantics the
+planner chose) and its schedule (`outer_step`, a few plain lines calling `lower_step`,
+`upper_step`, `draw`, `reset`); `Program` does the bookkeeping those lines need:
+
+- building: seed, modules (in source order), trainable parameters, data streams, runtime
+  `Problem`s whose losses are `BoundLoss`es, the `Hierarchy`;
+- stepping: a lower step is a plain gradient step on the problem's own loss; an upper step
+  writes the hypergradient into `.grad` (one backward), clips, averages across processes
+  and commits the optimizer step; every loss and gradient is watched for NaN/Inf on the
+  device, without a host synchronisation per step;
+- state: `state_dict()`/`load_state_dict()` cover parameters, optimizer states, module
+  buffers, data positions, RNGs and the step counter, so a resumed run is bitwise
+  identical to an uninterrupted one on CPU.
+
+Step semantics (what a hand-written loop must do to match): each step of a problem draws
+the next batch from its own data stream; an upper problem's hypergradient is taken at the
+lower problems' current parameters with their most recent batches; `itd` unrolls from the
+lower's current point on its current batch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from mloc.runtime import optim
+from mloc.runtime.binding import BoundLoss, select_parameters
+from mloc.runtime.checkpoint import capture_rng, restore_rng, state_to_tree, tree_to_state
+from mloc.runtime.compose import Edge, Hierarchy
+from mloc.runtime.data import DataStream
+from mloc.runtime.distributed import DistContext
+from mloc.runtime.metrics import FiniteGuard
+from mloc.runtime.precision import autocast_for
+from mloc.runtime.problem import Problem
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """One problem as the generated code declares it.
+
+    `loss(*modules, batch)` takes the modules of `reads` (the problems the loss names, in
+    order). `optimizer(lr)` builds the functional optimizer; `schedule(step) -> factor`
+    scales the learning rate (None: constant). `init` names the problem whose parameters
+    this one starts from at every `reset`.
+    """
+
+    name: str
+    reads: tuple[str, ...]
+    loss: Callable
+    optimizer: Callable[[Any], optim.Optimizer]
+    lr: float
+    trainable: tuple[str, ...] = ("*",)
+    frozen: tuple[str, ...] = ()
+    init: str | None = None
+    clip_grad_norm: float | None = None
+    precision: str | None = None
+    schedule: Callable[[int], float] | None = None
+
+
+@dataclass
+class RunConfig:
+    steps: int = 1000
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    dtype: str | None = None          # e.g. "float64" for exact checks
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    return torch.device(name)
+
+
+@dataclass
+class _Live:
+    """Runtime state of one problem."""
+
+    spec: ProblemSpec
+    module: nn.Module
+    problem: Problem
+    slots: list[str]
+    lr: Any
+    batch: tuple = ()
+    last_loss: torch.Tensor | None = None
+    steps: int = 0
+
+
+class Program:
+    """A compiled program, instantiated: call `outer_step()` to train one top-level step."""
+
+    def __init__(self, *, name: str, specs: Sequence[ProblemSpec], edges: Sequence[Edge],
+                 semantics: str, build_modules: Callable[[], dict], data: dict[str, Callable],
+                 schedule: Callable[["Program"], None], config: RunConfig,
+                 evaluations: Sequence[tuple[int, str, Callable]] = ()):
+        self.name, self.config, self._schedule = name, config, schedule
+        self.dist = DistContext.from_env()
+        self.device = resolve_device(config.device, self.dist.local_rank)
+        self.step_count = 0
+        self.evaluations = tuple(evaluations)
+        self.guard = FiniteGuard(self.device)
+        _seed_everything(config.seed)
+        self.modules = self._build_modules(build_modules)
+        self.streams = {n: DataStream(n, f, device=self.device, rank=self.dist.rank, world=self.dist.world)
+                        for n, f in data.items()}
+        self.live = self._build_problems(specs)
+        self.hierarchy = Hierarchy([lv.problem for lv in self.live.values()], edges, semantics)
+        self.dist.broadcast_params([t for lv in self.live.values() for t in lv.problem.params])
+
+    # --- building ---------------------------------------------------------------------
+    def _build_modules(self, build: Callable[[], dict]) -> dict[str, nn.Module]:
+        modules = build()
+        dtype = getattr(torch, self.config.dtype) if self.config.dtype else None
+        for m in modules.values():
+            m.to(device=self.device, dtype=dtype) if dtype else m.to(self.device)
+        return modules
+
+    def _build_problems(self, specs: Sequence[ProblemSpec]) -> dict[str, _Live]:
+        live: dict[str, _Live] = {}
+        for spec in specs:
+            module = self.modules[spec.name]
+            slots = select_parameters(module, spec.trainable, spec.frozen)
+            named = dict(module.named_parameters())
+            if spec.init is None:
+                params = tuple(named[s] for s in slots)
+            else:   # MAML: θ = θ_init + δ, δ starts at zero
+                params = tuple(torch.zeros_like(named[s]).requires_grad_() for s in slots)
+            for n, t in named.items():
+                t.requires_grad_(n in slots and spec.init is None)
+            lr = torch.tensor(spec.lr, device=self.device) if spec.schedule else spec.lr
+            problem = Problem(spec.name, params, None, (), spec.optimizer(lr))
+            live[spec.name] = _Live(spec, module, problem, slots, lr)
+        for lv in live.values():
+            self._bind(lv, live)
+        return live
+
+    def _bind(self, lv: _Live, live: dict[str, _Live]) -> None:
+        """Give the runtime problem its loss closure and the reads it implies."""
+        reads = list(lv.spec.reads)
+        extra = [live[r].spec.init for r in reads if live[r].spec.init and live[r].spec.init not in reads]
+        runtime_reads = reads + list(dict.fromkeys(extra))
+        offsets = {i: runtime_reads.index(live[r].spec.init) for i, r in enumerate(reads) if live[r].spec.init}
+        bound = BoundLoss(lv.spec.loss, [live[r].module for r in reads], [live[r].slots for r in reads],
+                          [live[r].problem.params for r in runtime_reads], lambda: (lv.batch,),
+                          offsets, module_count=len(reads))
+        lv.problem.loss, lv.problem.reads = bound, tuple(runtime_reads)
+        lv.problem.__post_init__()
+
+    # --- the schedule's vocabulary ------------------------------------------------------
+    def draw(self, name: str) -> None:
+        """Draw the next batch of `name` (its loss uses it until the next draw)."""
+        batch = self.streams[name].next()
+        if self.config.dtype:
+            batch = _cast_floating(batch, getattr(torch, self.config.dtype))
+        self.live[name].batch = batch
+
+    def lower_step(self, name: str, draw: bool = True) -> None:
+        """One gradient step of `name` on its own loss (the lowest problems)."""
+        lv = self.live[name]
+        if draw:
+            self.draw(name)
+        with autocast_for(lv.spec.precision or self.config.precision, self.device.type):
+            loss = lv.problem.loss(*self.hierarchy._args[name])
+        grads = torch.autograd.grad(loss, lv.problem.params, allow_unused=True)
+        for p, g in zip(lv.problem.params, grads):
+            p.grad = torch.zeros_like(p) if g is None else g
+        lv.last_loss = loss.detach()
+        self._commit(lv, loss)
+
+    def upper_step(self, name: str) -> None:
+        """Hypergradient of `name` through every problem below it, then its optimizer step."""
+        lv = self.live[name]
+        self.draw(name)
+        for p in lv.problem.params:
+            p.grad = None
+        with autocast_for(lv.spec.precision or self.config.precision, self.device.type):
+            self.hierarchy.hypergrad(name)
+        for p in lv.problem.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self._commit(lv, None)
+
+    def reset(self, name: str) -> None:
+        """Start `name` again from its `init` problem's parameters (δ = 0, fresh optimizer)."""
+        lv = self.live[name]
+        with torch.no_grad():
+            for p in lv.problem.params:
+                p.zero_()
+        lv.problem.state = lv.problem.optimizer.init(lv.problem.params)
+
+    def _commit(self, lv: _Live, loss) -> None:
+        params = lv.problem.params
+        self.dist.allreduce_grads(params)
+        grads = tuple(p.grad for p in params)
+        if lv.spec.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, lv.spec.clip_grad_norm, foreach=True)
+        watched = loss if loss is not None else torch.stack([g.sum() for g in grads]).sum()
+        self.guard.watch(self.step_count, lv.spec.name, watched)
+        if lv.spec.schedule is not None:
+            lv.lr.fill_(lv.spec.lr * lv.spec.schedule(lv.steps))
+        with torch.no_grad():
+            lv.problem.step()
+        lv.steps += 1
+
+    # --- driving ----------------------------------------------------------------------
+    def outer_step(self) -> None:
+        self._schedule(self)
+        self.step_count += 1
+
+    def module(self, name: str) -> nn.Module:
+        """`name`'s module with its current parameters (θ_init + δ for `init` problems)."""
+        lv = self.live[name]
+        if lv.spec.init is None:
+            return lv.module
+        base = self.live[lv.spec.init]
+        with torch.no_grad():
+            named = dict(lv.module.named_parameters())
+            for s, b, d in zip(lv.slots, base.problem.params, lv.problem.params):
+                named[s].copy_(b + d)
+        return lv.module
+
+    @torch.no_grad()
+    def losses(self) -> dict[str, float]:
+        """Each problem's loss on its current batch (one host sync; for logging)."""
+        out = {}
+        for name, lv in self.live.items():
+            if not lv.batch:
+                continue
+            with autocast_for(lv.spec.precision or self.config.precision, self.device.type):
+                value = lv.problem.loss(*self.hierarchy._args[name])
+            out[name] = float(value)
+        return out
+
+    def hypergradients(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Each upper problem's hypergradient at the current state, without stepping."""
+        out = {}
+        for name, lv in self.live.items():
+            if not self.hierarchy.lowers.get(name):
+                continue
+            for below in self.hierarchy.lowers[name]:
+                if not self.live[below].batch:
+                    self.draw(below)
+            if not lv.batch:
+                self.draw(name)
+            saved = [p.grad for p in lv.problem.params]
+            for p in lv.problem.params:
+                p.grad = None
+            self.hierarchy.hypergrad(name)
+            out[name] = {s: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+                         for s, p in zip(lv.slots, lv.problem.params)}
+            for p, g in zip(lv.problem.params, saved):
+                p.grad = g
+        return out
+
+    def evaluate(self) -> dict[str, float]:
+        out = {}
+        with torch.no_grad():
+            for _, label, fn in self.evaluations:
+                out[label] = float(fn(self))
+        return out
+
+    # --- state --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        problems = {}
+        for name, lv in self.live.items():
+            problems[name] = {"params": [p.detach().clone() for p in lv.problem.params],
+                              "optimizer": state_to_tree(lv.problem.state),
+                              "module": {k: v.detach().clone() for k, v in lv.module.state_dict().items()},
+                              "steps": lv.steps}
+        return {"program": self.name, "step": self.step_count, "problems": problems,
+                "data": {n: s.state() for n, s in self.streams.items()}, "rng": capture_rng()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count = int(state["step"])
+        for name, lv in self.live.items():
+            saved = state["problems"][name]
+            lv.module.load_state_dict(saved["module"])
+            with torch.no_grad():
+                for p, v in zip(lv.problem.params, saved["params"]):
+                    p.copy_(v)
+            lv.problem.state = tree_to_state(saved["optimizer"], lv.problem.state)
+            lv.steps = int(saved["steps"])
+        for n, s in self.streams.items():
+            s.restore(state["data"][n])
+        for name, lv in self.live.items():
+            lv.batch = ()
+        restore_rng(state["rng"])
+
+
+def _cast_floating(batch, dtype):
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_cast_floating(b, dtype) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _cast_floating(v, dtype) for k, v in batch.items()}
+    return batch
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def cosine(total: int, warmup: int = 0, min_lr: float = 0.0, base: float = 1.0) -> Callable[[int], float]:
+    """Learning-rate factor: linear warm-up over `warmup` steps, then cosine to `min_lr`/base."""
+    floor = min_lr / base if base else 0.0
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        t = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))
+    return factor
+
+
+def linear(total: int, warmup: int = 0) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, 1 - (step - warmup) / max(1, total - warmup))
+    return factor
+
+
+def step_decay(every: int, gamma: float = 0.1) -> Callable[[int], float]:
+    return lambda step: gamma ** (step // every)
+
+
+def exponential(gamma: float) -> Callable[[int], float]:
+    return lambda step: gamma ** step
+
+
+def constant() -> Callable[[int], float]:
+    return lambda step: 1.0
+
+
+SCHEDULES = {"constant": constant, "cosine": cosine, "linear": linear, "step": step_decay,
+             "exponential": exponential}

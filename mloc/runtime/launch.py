@@ -1,0 +1,81 @@
+"""Entry point of a generated `train.py`: parse its options, build the program, train.
+
+    python train.py [--steps N] [--seed S] [--device D] [--precision P] [--dtype float64]
+                    [--out DIR] [--resume DIR] [--quiet]
+
+Under `torchrun` every process runs this; data parallelism comes from the environment
+(`mloc.runtime.distributed.DistContext`). Exit codes: 0 done, 1 the run failed (NaN/Inf,
+an error in the program's code), 2 a bad option or checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from mloc.runtime.checkpoint import CheckpointError
+from mloc.runtime.engine import Program, RunConfig
+from mloc.runtime.loop import Intervals, resume, train
+from mloc.runtime.metrics import NonFiniteError
+from mloc.runtime.progress import Progress
+
+
+def program_dir(generated_file: str, relative: str) -> Path:
+    """Put the program's directory (relative to the generated file) first on sys.path."""
+    path = (Path(generated_file).resolve().parent / relative).resolve()
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+    return path
+
+
+def build(ns: dict, config: RunConfig) -> Program:
+    """Instantiate the program a generated module (`ns`, its globals) declares."""
+    return Program(name=ns["NAME"], specs=ns["PROBLEMS"], edges=ns["EDGES"], semantics=ns["SEMANTICS"],
+                   build_modules=ns["build_modules"], data=ns["DATA"], schedule=ns["outer_step"],
+                   config=config, evaluations=ns["EVALUATIONS"])
+
+
+def parser(defaults: RunConfig) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Train this compiled mloc program.")
+    p.add_argument("--steps", type=int, default=defaults.steps, help=f"outer steps (default {defaults.steps})")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--device", default=defaults.device, help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=defaults.precision)
+    p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="parameter dtype")
+    p.add_argument("--out", default="runs/latest", help="folder for metrics.jsonl and checkpoint.pt")
+    p.add_argument("--resume", metavar="DIR", help="continue from DIR/checkpoint.pt")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    return p
+
+
+def main(ns: dict, argv: list[str] | None = None) -> int:
+    defaults: RunConfig = ns["DEFAULTS"]
+    args = parser(defaults).parse_args(argv)
+    if args.steps < 1:
+        print("error: --steps must be at least 1", file=sys.stderr)
+        return 2
+    config = replace(defaults, steps=args.steps, seed=args.seed, device=args.device,
+                     precision=args.precision, dtype=args.dtype)
+    return run(ns, config, Path(args.out), args.resume, quiet=args.quiet)
+
+
+def run(ns: dict, config: RunConfig, out: Path, resume_dir: str | None, quiet: bool = False) -> int:
+    program = build(ns, config)
+    try:
+        if resume_dir:
+            resume(program, Path(resume_dir))
+        intervals = Intervals(**ns["INTERVALS"])
+        with Progress(ns["NAME"], config.steps, enabled=not quiet and program.dist.is_main) as progress:
+            train(program, config.steps, out, intervals, progress)
+    except CheckpointError as e:
+        print(f"error: {e}\n  = help: {e.help}", file=sys.stderr)
+        return 2
+    except NonFiniteError as e:
+        print(f"error: {e}\n  = help: the last good checkpoint is {out / 'checkpoint.pt'} (if one was "
+              "written); lower the learning rate, clip gradients or check the data", file=sys.stderr)
+        return 1
+    finally:
+        program.dist.close()
+    return 0
