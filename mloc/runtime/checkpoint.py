@@ -1,0 +1,215 @@
+"""Checkpoints: atomic writes, safe loads, optimizer states and RNG streams as plain trees.
+
+A checkpoint file is ``torch.save`` of ``{"format": FORMAT_VERSION, "program": NAME,
+"payload": PAYLOAD}``. The payload is a **tree** of tensors, numbers (``int``, ``float``,
+``bool``), strings, ``None``, and plain ``list``/``tuple``/``dict`` containers (no
+subclasses: a NamedTuple would need its class to load). It is read back with
+``torch.load(weights_only=True)``, which executes no code from the file.
+
+- :func:`save_checkpoint` writes a temporary file in the target's directory, flushes and
+  fsyncs it, then ``os.replace``\\ s it over the target (and fsyncs the directory): a crash
+  at any point leaves either the old checkpoint or the new one under the final name,
+  never a partial file.
+- :func:`load_checkpoint` turns every way a file can be wrong (missing, truncated, not a
+  checkpoint, an object of a disallowed type, another format version or program) into a
+  :class:`CheckpointError` with a one-sentence message naming the file and a ``help``.
+- :func:`state_to_tree` / :func:`tree_to_state` convert the runtime's optimizer states
+  (``SGDState``, ``AdamState``: NamedTuples of an int and tuples of tensors) to trees and
+  back, bit for bit, checking the structure against a freshly initialised state.
+- :func:`capture_rng` / :func:`restore_rng` save and restore Python's ``random``, torch's
+  CPU generator and, when CUDA is available, every CUDA device's generator.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_VERSION = 1
+_ZIP_MAGIC = b"PK\x03\x04"
+_NOT_OURS = "check the path; only files written by mloc's checkpointing can be resumed from"
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used. ``str()`` is one sentence naming the file and what
+    is wrong; ``help`` says what to do. ``path`` is ``None`` for a state that does not match
+    the program (:func:`tree_to_state`)."""
+
+    def __init__(self, path: str | os.PathLike | None, message: str, help: str):
+        super().__init__(message)
+        self.path, self.message, self.help = path, message, help
+
+
+def save_checkpoint(path: str | os.PathLike, payload: dict, program: str) -> None:
+    """Atomically write ``payload`` (a tree, see the module docstring) for ``program``.
+
+    Raises ``TypeError`` naming the offending entry when the payload holds anything but
+    tensors, numbers, strings, ``None`` and plain containers; nothing is written then.
+    """
+    _check_tree(payload, "payload")
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format": FORMAT_VERSION, "program": program, "payload": payload}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _check_tree(x: Any, where: str) -> None:
+    if isinstance(x, torch.Tensor) or x is None or type(x) in (int, float, bool, str):
+        return
+    if type(x) in (list, tuple):
+        for i, v in enumerate(x):
+            _check_tree(v, f"{where}[{i}]")
+        return
+    if type(x) is dict:
+        for k, v in x.items():
+            if type(k) not in (str, int):
+                raise TypeError(f"checkpoint {where} has a key of type {type(k).__name__}; use str or int keys")
+            _check_tree(v, f"{where}[{k!r}]")
+        return
+    hint = " (convert optimizer states with state_to_tree)" if isinstance(x, tuple) else ""
+    raise TypeError(f"checkpoint {where} is a {type(x).__name__}, which a checkpoint cannot hold{hint}")
+
+
+def load_checkpoint(path: str | os.PathLike, program: str | None) -> dict:
+    """The payload saved at ``path``, on the CPU; checks the format version and, unless
+    ``program`` is ``None``, that ``program`` wrote it. Every failure is a
+    :class:`CheckpointError`."""
+    record = _read(Path(path))
+    if type(record) is not dict or "format" not in record or "payload" not in record:
+        raise CheckpointError(path, f"{path} is a PyTorch file but not an mloc checkpoint", _NOT_OURS)
+    if record["format"] != FORMAT_VERSION:
+        raise CheckpointError(path, f"{path} has checkpoint format {record['format']!r}, but this mloc "
+                                    f"reads format {FORMAT_VERSION}",
+                              "resume with the mloc version that wrote it, or start again without --resume")
+    if program is not None and record.get("program") != program:
+        raise CheckpointError(path, f"{path} was written by program `{record.get('program')}`, not `{program}`",
+                              "pass the checkpoint of this program, or start again without --resume")
+    return record["payload"]
+
+
+def _read(path: Path) -> Any:
+    """``torch.load`` with every failure mapped to a :class:`CheckpointError`."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except FileNotFoundError:
+        raise CheckpointError(path, f"checkpoint {path} does not exist",
+                              "check the path, or start again without --resume") from None
+    except OSError as e:
+        raise CheckpointError(path, f"checkpoint {path} cannot be read ({e.strerror or e})",
+                              "check the path and its permissions") from None
+    if head != _ZIP_MAGIC:
+        raise CheckpointError(path, f"{path} is not a checkpoint (it is not a PyTorch zip file)", _NOT_OURS)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        what = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
+        raise CheckpointError(path, f"{path} holds an object that a checkpoint may not contain ({what})",
+                              "it was not written by mloc; load only checkpoints you trust, "
+                              "through the tool that wrote them") from None
+    except Exception:
+        raise CheckpointError(path, f"{path} is truncated or damaged (its zip archive cannot be read)",
+                              "resume from an earlier checkpoint, or start again without --resume") from None
+
+
+# --- optimizer states --------------------------------------------------------------------
+
+def state_to_tree(state: Any) -> Any:
+    """A checkpointable tree of ``state``: NamedTuples become ``{"_type": name, field:
+    value, ...}``, other tuples and lists become lists; tensors, numbers, strings and
+    ``None`` stay as they are. :func:`tree_to_state` inverts it."""
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return {"_type": type(state).__name__, **{f: state_to_tree(getattr(state, f)) for f in state._fields}}
+    if isinstance(state, (tuple, list)):
+        return [state_to_tree(v) for v in state]
+    if isinstance(state, dict):
+        return {k: state_to_tree(v) for k, v in state.items()}
+    return state
+
+
+def tree_to_state(tree: Any, like: Any, where: str = "state") -> Any:
+    """The state of ``tree`` (from :func:`state_to_tree`), shaped like ``like`` (e.g.
+    ``opt.init(params)``): same types, field names, lengths, tensor shapes and dtypes;
+    tensors are moved to ``like``'s devices. Any mismatch is a :class:`CheckpointError`
+    whose message names the entry (``where``: the name of the root)."""
+    if isinstance(like, tuple) and hasattr(like, "_fields"):
+        name = type(like).__name__
+        if type(tree) is not dict or tree.get("_type") != name or set(tree) != {"_type", *like._fields}:
+            _mismatch(where, f"is not a {name}")
+        return type(like)(*(tree_to_state(tree[f], getattr(like, f), f"{where}.{f}") for f in like._fields))
+    if isinstance(like, (tuple, list)):
+        if not isinstance(tree, (tuple, list)) or len(tree) != len(like):
+            _mismatch(where, f"does not hold {len(like)} entries")
+        return type(like)(tree_to_state(t, l, f"{where}[{i}]") for i, (t, l) in enumerate(zip(tree, like)))
+    if isinstance(like, dict):
+        if type(tree) is not dict or set(tree) != set(like):
+            _mismatch(where, f"does not have the keys {sorted(map(str, like))}")
+        return {k: tree_to_state(tree[k], v, f"{where}[{k!r}]") for k, v in like.items()}
+    if isinstance(like, torch.Tensor):
+        if not isinstance(tree, torch.Tensor) or tree.shape != like.shape or tree.dtype != like.dtype:
+            got = f"{tuple(tree.shape)} {tree.dtype}" if isinstance(tree, torch.Tensor) else type(tree).__name__
+            _mismatch(where, f"is {got}, the program's is {tuple(like.shape)} {like.dtype}")
+        return tree.to(like.device)
+    if type(tree) is not type(like):
+        _mismatch(where, f"is a {type(tree).__name__}, the program's is a {type(like).__name__}")
+    return tree
+
+
+def _mismatch(where: str, what: str):
+    raise CheckpointError(None, f"the checkpoint's `{where}` {what}",
+                          "the program changed since the checkpoint was written; resume with the "
+                          "program that wrote it, or start again without --resume")
+
+
+# --- random number generators ------------------------------------------------------------
+
+def capture_rng() -> dict:
+    """The state of Python's ``random``, torch's CPU generator and (when CUDA is available)
+    each CUDA device's generator, as tensors and ints. numpy's generator is not captured."""
+    version, internal, gauss = random.getstate()
+    tree = {"python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64),
+                       "gauss": torch.tensor([] if gauss is None else [gauss], dtype=torch.float64)},
+            "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tree["cuda"] = list(torch.cuda.get_rng_state_all())
+    return tree
+
+
+def restore_rng(tree: dict) -> None:
+    """Restore what :func:`capture_rng` captured. CUDA states are restored for the devices
+    present in both the tree and this machine."""
+    py = tree["python"]
+    gauss = py["gauss"].tolist()
+    random.setstate((int(py["version"]), tuple(py["state"].tolist()), gauss[0] if gauss else None))
+    torch.set_rng_state(tree["torch"])
+    if "cuda" in tree and torch.cuda.is_available():
+        for i, state in enumerate(tree["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state, i)
