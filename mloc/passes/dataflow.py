@@ -51,13 +51,14 @@ def trace_dataflow(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
             except Exception as err:  # noqa: BLE001
                 diags.append(_raised(p.data.span, f"`{p.data.text}`", err))
     sizes = Sizes(params={n: intro.param_count(m) for n, m in modules.items()})
+    owners = {id(t): n for n, m in modules.items() for t in m.parameters()}
     for p in g.problems():
         if p.name in batches and all(r in modules for r in p.loss.read_names()):
-            _check_loss(g, p, mods, modules, batches[p.name], sizes, diags)
+            _check_loss(g, p, mods, modules, batches[p.name], sizes, owners, diags)
     return sizes, diags
 
 
-def _check_loss(g, p, mods, modules, batch, sizes: Sizes, diags: list) -> None:
+def _check_loss(g, p, mods, modules, batch, sizes: Sizes, owners: dict, diags: list) -> None:
     from mloc.runtime import introspect as intro
 
     reads = p.loss.read_names()
@@ -74,6 +75,12 @@ def _check_loss(g, p, mods, modules, batch, sizes: Sizes, diags: list) -> None:
         return
     sizes.activations[p.name] = probe.activation_bytes
     spans = dict(p.loss.reads)
+    hidden = sorted({owners[i] for i in probe.leaves if i in owners} - set(reads))
+    for q in hidden:
+        diags.append(Diagnostic(
+            "E701", f"the loss of `{p.name}` depends on the parameters of `{q}` without naming it", p.loss.span,
+            label=f"reaches `{q}`", help=f"pass `{q}` to the loss explicitly (and declare the edge), so mloc "
+                                         "can differentiate through it; a global reference hides it"))
     for i, r in enumerate(reads):
         if i not in probe.reached and intro.param_count(modules[r]) > 0:
             diags.append(Diagnostic(

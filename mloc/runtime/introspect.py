@@ -28,6 +28,7 @@ from torch import nn
 @dataclass(frozen=True)
 class LossProbe:
     reached: frozenset[int]         # indices of the modules whose parameters reach the loss
+    leaves: frozenset[int]          # ids of every parameter tensor that reaches it
     shape: tuple[int, ...]
     floating: bool
     activation_bytes: int
@@ -82,10 +83,11 @@ def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch) -> LossProbe:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = fn(*modules, batch)
     if not isinstance(loss, torch.Tensor):
-        return LossProbe(frozenset(), (), False, saved[0], 0)
+        return LossProbe(frozenset(), frozenset(), (), False, saved[0], 0)
     leaves = _reached_leaves(loss) if loss.grad_fn is not None else set()
     reached = frozenset(i for i, m in enumerate(modules) if any(id(p) in leaves for p in m.parameters()))
-    return LossProbe(reached, tuple(loss.shape), loss.is_floating_point(), saved[0], _fx_ops(fn, modules, batch))
+    return LossProbe(reached, frozenset(leaves), tuple(loss.shape), loss.is_floating_point(), saved[0],
+                     _fx_ops(fn, modules, batch))
 
 
 def _fx_ops(fn: Callable, modules: Sequence[nn.Module], batch) -> int:

@@ -1,0 +1,88 @@
+"""The planner's decisions on cost-model cases, with sizes given as the dataflow pass
+would measure them (no user code runs here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mloc.passes.pipeline import compile_source
+from mloc.passes.plan import Sizes, plan_program, plan_table, plan_to_json
+from mloc.source import SourceFile
+
+HERE = Path(__file__).parent / "planner"
+MiB = 2**20
+
+TEMPLATE = """program p
+import lib
+semantics = {semantics}
+problem low {{
+    module = lib.Model(width=4)
+    data = lib.loader()
+    loss = lib.loss(low, high, batch)
+    optimizer = sgd(lr=0.1)
+}}
+problem high {{
+    module = lib.Hyper(width=1)
+    data = lib.loader()
+    loss = lib.loss(low, batch)
+    optimizer = adam(lr=0.01)
+}}
+high -> low {{ hypergrad = {method}, unroll = {unroll} }}
+train {{ steps = 10 {budget} }}
+"""
+
+
+def plan_for(method="auto", unroll=1, budget=None, sizes=None, semantics="exact"):
+    text = TEMPLATE.format(method=method, unroll=unroll, semantics=semantics,
+                           budget=f"memory_budget = {budget}" if budget else "")
+    unit = compile_source(SourceFile(str(HERE / "p.mlo"), text))
+    assert unit.ok, [d.message for d in unit.diagnostics]
+    return plan_program(unit.graph, sizes)
+
+
+SMALL_UPPER = Sizes(params={"low": 1_000_000, "high": 2}, activations={"low": 8 * MiB})
+
+
+def test_forward_mode_for_few_hyperparameters_and_a_long_unroll():
+    plan = plan_for("itd(mode=auto)", unroll=100, sizes=SMALL_UPPER)
+    e = plan.edge("high", "low")
+    assert e.mode == "forward"
+    assert "forward mode carries d×m" in e.reason
+    # forward keeps d·m numbers; reverse would keep 100 graphs
+    reverse = plan_for("itd(mode=reverse)", unroll=100, sizes=SMALL_UPPER).edge("high", "low")
+    assert e.memory < reverse.memory / 50
+
+
+def test_reverse_mode_when_the_upper_is_large():
+    sizes = Sizes(params={"low": 1_000_000, "high": 5_000}, activations={"low": 8 * MiB})
+    e = plan_for("itd(mode=auto)", unroll=20, sizes=sizes).edge("high", "low")
+    assert e.mode == "reverse" and "fastest" in e.reason
+
+
+def test_recompute_under_a_small_budget():
+    sizes = Sizes(params={"low": 1_000_000, "high": 5_000}, activations={"low": 8 * MiB})
+    e = plan_for("itd(mode=auto)", unroll=20, budget='"100MiB"', sizes=sizes).edge("high", "low")
+    assert e.mode == "recompute" and "exceed the budget" in e.reason
+    assert e.memory <= 100 * MiB
+
+
+def test_auto_method_under_budgets():
+    sizes = Sizes(params={"low": 10_000_000, "high": 100}, activations={"low": 64 * MiB})
+    assert plan_for(sizes=sizes).edge("high", "low").method == "cg"
+    per_edge = "per_edge"
+    roomy = plan_for(budget='"250MiB"', sizes=sizes, semantics=per_edge).edge("high", "low")
+    assert roomy.method == "cg"                       # 64 + 4·40 = 224 MiB fits
+    tight = plan_for(budget='"150MiB"', sizes=sizes, semantics=per_edge).edge("high", "low")
+    assert tight.method == "sama" and "exceed the budget" in tight.reason
+    tighter = plan_for(budget='"110MiB"', sizes=sizes, semantics=per_edge).edge("high", "low")
+    assert tighter.method == "finite_diff"
+
+
+def test_every_decision_has_a_reason_and_the_plan_prints():
+    plan = plan_for("neumann(iters=3, alpha=0.1)", unroll=5, sizes=SMALL_UPPER)
+    assert all(e.reason for e in plan.edges) and plan.semantics_reason
+    table = plan_table(plan)
+    assert "high -> low" in table and "repeat 5:" in table
+    data = plan_to_json(plan)
+    assert data["edges"][0]["method"] == "neumann" and data["periods"] == {"high": 5, "low": 1}
+    assert data["composition_order"] == ["low", "high"]
