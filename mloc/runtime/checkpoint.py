@@ -91,7 +91,8 @@ def _check_tree(x: Any, where: str) -> None:
     if type(x) is dict:
         for k, v in x.items():
             if type(k) not in (str, int):
-                raise TypeError(f"checkpoint {where} has a key of type {type(k).__name__}; use str or int keys")
+                raise TypeError(f"checkpoint {where} has a key of type {type(k).__name__}; "
+                                "use str or int keys")
             _check_tree(v, f"{where}[{k!r}]")
         return
     hint = " (convert optimizer states with state_to_tree)" if isinstance(x, tuple) else ""
@@ -110,7 +111,8 @@ def load_checkpoint(path: str | os.PathLike, program: str | None) -> dict:
                                     f"reads format {FORMAT_VERSION}",
                               "resume with the mloc version that wrote it, or start again without --resume")
     if program is not None and record.get("program") != program:
-        raise CheckpointError(path, f"{path} was written by program `{record.get('program')}`, not `{program}`",
+        raise CheckpointError(path, f"{path} was written by program `{record.get('program')}`, "
+                                    f"not `{program}`",
                               "pass the checkpoint of this program, or start again without --resume")
     return record["payload"]
 
@@ -175,7 +177,8 @@ def tree_to_state(tree: Any, like: Any, where: str = "state") -> Any:
         return {k: tree_to_state(tree[k], v, f"{where}[{k!r}]") for k, v in like.items()}
     if isinstance(like, torch.Tensor):
         if not isinstance(tree, torch.Tensor) or tree.shape != like.shape or tree.dtype != like.dtype:
-            got = f"{tuple(tree.shape)} {tree.dtype}" if isinstance(tree, torch.Tensor) else type(tree).__name__
+            got = (f"{tuple(tree.shape)} {tree.dtype}" if isinstance(tree, torch.Tensor)
+                   else type(tree).__name__)
             _mismatch(where, f"is {got}, the program's is {tuple(like.shape)} {like.dtype}")
         return tree.to(like.device)
     if type(tree) is not type(like):

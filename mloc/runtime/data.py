@@ -41,12 +41,15 @@ Any other iterable (an ``IterableDataset`` loader, a custom sampler, a Python ge
 is sharded by batches: rank ``r`` takes batches ``r, r + world, r + 2·world, ...`` of each
 epoch, reading them in groups of ``world`` and dropping a trailing incomplete group (every
 rank then draws the same number of batches); each rank reads, and discards, the other
-ranks' batches, so the iterable must yield the same sequence in every process.
+ranks' batches, so the iterable must yield the same sequence in every process. A loader
+that already uses a ``DistributedSampler`` is taken as sharded and used as it is (its
+``set_epoch`` is called at every epoch, as for the rebuilt ones).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+import warnings
 from itertools import islice
 from typing import Any
 
@@ -101,8 +104,8 @@ class DataStream:
             try:
                 batch = next(self._it)
             except StopIteration:
-                raise ValueError(f"the data of `{self.name}` yields no batches"
-                                 + (f" for rank {self.rank} of {self.world}" if self.world > 1 else "")) from None
+                where = f" for rank {self.rank} of {self.world}" if self.world > 1 else ""
+                raise ValueError(f"the data of `{self.name}` yields no batches{where}") from None
         self._index += 1
         return batch
 
@@ -128,6 +131,10 @@ class DataStream:
         """Rebuild from the factory and fast-forward to ``state`` (see the module docstring)."""
         epoch, index = int(state["epoch"]), int(state["index"])
         self._data = self._build()
+        if _unseeded_shuffle(self._data):
+            warnings.warn(f"the data of `{self.name}` shuffles without a seeded generator, so the "
+                          "resumed batches differ from an uninterrupted run's; give its DataLoader "
+                          "generator=torch.Generator().manual_seed(...)", stacklevel=2)
         for e in range(epoch):
             self._replay_epoch(e)
         self._epoch, self._index, self._it = epoch, 0, self._start(epoch)
@@ -172,8 +179,8 @@ def to_device(batch: Any, device: torch.device | None) -> Any:
 def distributed_loader(loader: DataLoader, rank: int, world: int, seed: int = 0) -> DataLoader:
     """``loader`` rebuilt over a ``DistributedSampler`` shard (see the module docstring).
 
-    ``loader`` must be :func:`shardable <_shardable>`: a map-style dataset, the default
-    batch sampler, a sequential or non-replacing random sampler.
+    ``loader`` must be a DataLoader over a map-style dataset with the default batch
+    sampler and a sequential or non-replacing random sampler (``ValueError`` otherwise).
     """
     if not _shardable(loader):
         raise ValueError("only a DataLoader over a map-style dataset with its default sampler can be "
@@ -204,6 +211,12 @@ def _shardable(data) -> bool:
         return True
     return (type(sampler) is RandomSampler and not sampler.replacement
             and sampler.num_samples == len(data.dataset))
+
+
+def _unseeded_shuffle(data) -> bool:
+    """A DataLoader whose shuffle order comes from the global RNG (not reproducible here)."""
+    sampler = _sampler_of(data)
+    return isinstance(sampler, RandomSampler) and sampler.generator is None
 
 
 def _shardable_built(data) -> bool:

@@ -55,7 +55,8 @@ class DistContext:
             return cls(device=device)
         missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in env]
         if missing:
-            raise RuntimeError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set; launch with torchrun")
+            raise RuntimeError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set; "
+                               "launch with torchrun")
         return cls.connect(int(env["RANK"]), world, env["MASTER_ADDR"], int(env["MASTER_PORT"]),
                            local_rank=int(env.get("LOCAL_RANK", env["RANK"])), timeout_s=timeout_s)
 

@@ -16,7 +16,8 @@ from mloc.runtime.distributed import DistContext
 
 def loader(batch_size):
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, 3, generator=g, dtype=torch.float64), torch.randn(64, generator=g, dtype=torch.float64)
+    x = torch.randn(64, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(64, generator=g, dtype=torch.float64)
     return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True,
                       generator=torch.Generator().manual_seed(1))
 

@@ -57,7 +57,8 @@ def expect_error(path, program="prog", match=""):
         load_checkpoint(path, program)
     err = info.value
     assert str(path) in str(err) and err.help and "\n" not in str(err)
-    assert err.__cause__ is None and (err.__context__ is None or err.__suppress_context__)  # no foreign traceback
+    # no traceback of another type chained to it
+    assert err.__cause__ is None and (err.__context__ is None or err.__suppress_context__)
     return err
 
 
@@ -130,7 +131,8 @@ def test_optimizer_states_survive_a_checkpoint_bit_for_bit(tmp_path, make):
 def test_a_state_that_does_not_match_the_program_is_reported():
     params = (torch.ones(3),)
     tree = state_to_tree(adam().init(params))
-    with pytest.raises(CheckpointError, match=r"`opt.mu\[0\]` is \(3,\) torch.float32, the program's is \(4,\)"):
+    expected = r"`opt.mu\[0\]` is \(3,\) torch.float32, the program's is \(4,\)"
+    with pytest.raises(CheckpointError, match=expected):
         tree_to_state(tree, adam().init((torch.ones(4),)), "opt")
     with pytest.raises(CheckpointError, match="is not a SGDState"):
         tree_to_state(tree, sgd(0.1, momentum=0.9).init(params), "opt")

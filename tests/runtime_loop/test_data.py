@@ -94,6 +94,12 @@ def test_restoring_past_the_end_of_an_epoch_is_reported():
         s.restore({"epoch": 0, "index": 5})
 
 
+def test_restoring_an_unseeded_shuffle_warns():
+    s = DataStream("p", lambda: DataLoader(Counting(6), batch_size=2, shuffle=True))
+    with pytest.warns(UserWarning, match="without a seeded generator"):
+        s.restore({"epoch": 1, "index": 0})
+
+
 def test_to_device_reaches_nested_tensors():
     Pair = namedtuple("Pair", "x y")
     batch = {"a": (torch.ones(1), [torch.zeros(2), "tag"]), "b": Pair(torch.ones(1), 3)}

@@ -1,0 +1,65 @@
+"""Mixed precision: the autocast context and the loss scaler for a ``precision`` setting.
+
+``fp32`` runs as written; ``bf16`` autocasts to bfloat16 on the CPU and CUDA (no loss
+scaling: bfloat16 has float32's range); ``fp16`` autocasts to float16 on CUDA only, with
+dynamic loss scaling (``torch.amp.GradScaler``; Micikevicius et al., "Mixed Precision
+Training", ICLR 2018). :class:`ScaledStep` lets a GradScaler drive the runtime's
+functional optimizer steps::
+
+    scaler = grad_scaler_for(precision, device)
+    with autocast_for(precision, device):
+        loss = problem_loss()
+    scaler.scale(loss).backward()
+    scaler.step(ScaledStep(problem.params, problem.step))   # unscales; skips on inf/NaN
+    scaler.update()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Sequence
+
+import torch
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def _device_type(device) -> str:
+    return torch.device(device).type
+
+
+def autocast_for(precision: str, device) -> contextlib.AbstractContextManager:
+    """The autocast context for ``precision`` on ``device`` (a ``torch.device`` or string)."""
+    kind = _device_type(device)
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "bf16":
+        if kind == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError("this CUDA device does not support bf16; use precision = fp16")
+        return torch.autocast(kind, dtype=torch.bfloat16)
+    if precision == "fp16":
+        if kind != "cuda":
+            raise ValueError(f"precision fp16 needs a CUDA device, not {kind}; bf16 is the "
+                             f"mixed precision for the {kind}")
+        return torch.autocast("cuda", dtype=torch.float16)
+    raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+
+
+def grad_scaler_for(precision: str, device) -> torch.amp.GradScaler:
+    """A GradScaler for ``device``, enabled for ``fp16`` only (disabled, it passes losses
+    through and steps unconditionally)."""
+    kind = _device_type(device)
+    return torch.amp.GradScaler(kind, enabled=precision == "fp16" and kind == "cuda")
+
+
+class ScaledStep:
+    """Duck-types the part of ``torch.optim.Optimizer`` a GradScaler uses (``param_groups``
+    and ``step()``), so ``scaler.step(ScaledStep(params, step))`` unscales ``params``'
+    gradients in place and calls ``step()`` only if they are all finite."""
+
+    def __init__(self, params: Sequence[torch.Tensor], step: Callable[[], object]):
+        self.param_groups = [{"params": list(params)}]
+        self._step = step
+
+    def step(self) -> None:
+        self._step()

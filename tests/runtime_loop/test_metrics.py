@@ -1,0 +1,71 @@
+"""MetricsWriter and FiniteGuard."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mloc.runtime.metrics import FiniteGuard, MetricsWriter, NonFiniteError
+
+
+def test_writes_one_flushed_json_object_per_line(tmp_path):
+    path = tmp_path / "logs" / "metrics.jsonl"
+    w = MetricsWriter(path)
+    w.write(10, "classifier", loss=torch.tensor(0.5), lr=0.1)
+    assert json.loads(path.read_text()) == {"step": 10, "problem": "classifier", "loss": 0.5, "lr": 0.1}
+    w.write(20, "weight_net", loss=float("nan"), grads=torch.tensor([1.0, float("inf")]))
+    w.close()
+    with MetricsWriter(path) as again:                     # appends
+        again.write(30, "classifier", loss=1)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[1] == {"step": 20, "problem": "weight_net", "loss": None, "grads": [1.0, None]}
+    assert [r["step"] for r in lines] == [10, 20, 30]
+
+
+def test_only_the_main_process_writes(tmp_path):
+    w = MetricsWriter(tmp_path / "m.jsonl", enabled=False)
+    w.write(1, "p", loss=1.0)
+    w.close()
+    assert not (tmp_path / "m.jsonl").exists()
+
+
+@pytest.fixture
+def no_host_reads(monkeypatch):
+    """Make every tensor-to-host read fail (for the duration of a block)."""
+    def forbid():
+        def fail(*a, **k):
+            raise AssertionError("host sync in watch")
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy"):
+            monkeypatch.setattr(torch.Tensor, name, fail)
+    return forbid
+
+
+def test_reports_the_first_bad_step_and_problem(monkeypatch, no_host_reads):
+    guard = FiniteGuard()
+    nan, inf = float("nan"), float("inf")
+    losses = {"upper": [1.0, 2.0, 3.0, nan, 5.0], "lower": [1.0, 2.0, inf, nan, 1.0]}
+    values = {k: torch.tensor(v) for k, v in losses.items()}
+    w = torch.zeros(3)
+    no_host_reads()
+    for step in range(5):
+        guard.watch(step, "lower", values["lower"][step])
+        guard.watch(step, "lower", (w, None), what="gradient")
+        guard.watch(torch.tensor(step), "upper", values["upper"][step])
+    monkeypatch.undo()
+    with pytest.raises(NonFiniteError) as info:
+        guard.check()
+    err = info.value
+    assert (err.problem, err.step, err.what) == ("lower", 2, "loss")
+    assert str(err) == "the loss of problem `lower` became NaN or Inf at step 2" and err.help
+
+
+def test_gradients_and_a_clean_run():
+    guard = FiniteGuard()
+    guard.check()                                           # nothing watched
+    guard.watch(0, "p", (torch.ones(2), torch.ones(3)), what="gradient")
+    guard.check()
+    guard.watch(1, "p", (torch.ones(2), torch.tensor([0.0, -float("inf")])), what="gradient")
+    with pytest.raises(NonFiniteError, match="the gradient of problem `p` became NaN or Inf at step 1"):
+        guard.check()
