@@ -46,6 +46,7 @@ class Emitter:
         self.src = Path(g.info.source_path)
         self.name = self.src.name
         self.lines: list[str] = []
+        self.blocks: list[str] = []
         rel = os.path.relpath(self.src.resolve().parent, Path(out_dir).resolve())
         self.program_dir = Path(rel).as_posix()
 
@@ -54,6 +55,13 @@ class Emitter:
 
     def emit(self, text: str = "") -> None:
         self.lines.append(text)
+
+    def block(self) -> None:
+        """End a top-level block: blocks are joined by two blank lines (PEP 8)."""
+        while self.lines and self.lines[-1] == "":
+            self.lines.pop()
+        self.blocks.append("\n".join(self.lines))
+        self.lines = []
 
     # --- sections -------------------------------------------------------------------------
     def header(self) -> None:
@@ -77,37 +85,36 @@ class Emitter:
             alias = f" as {imp.bound}" if imp.bound != imp.module else ""
             self.emit(f"import {imp.module}{alias}  # noqa: E402  {self.at(imp.span)}")
         self.emit("")
+        self.emit(f"NAME = {self.g.info.name!r}")
+        self.block()
 
     def modules(self) -> None:
-        self.emit("")
         self.emit("def build_modules():")
         self.emit('    """Every problem\'s module, built in source order (the seed is set before)."""')
         self.emit("    return {")
         for p in self.g.problems():
             self.emit(f"        {p.name!r}: {render_value(p.module.call)},  {self.at(p.module.span)}")
         self.emit("    }")
-        self.emit("")
-        self.emit("")
+        self.block()
         self.emit("DATA = {")
         for p in self.g.problems():
             self.emit(f"    {p.name!r}: lambda: {render_value(p.data.call)},  {self.at(p.data.span)}")
         self.emit("}")
-        self.emit("")
+        self.block()
 
     def losses(self) -> None:
         for p in self.g.problems():
             reads = p.loss.read_names()
-            self.emit("")
             self.emit(f"def {p.name}_loss({', '.join(reads + ('batch',))}):")
             self.emit(f"    return {render_value(p.loss.call)}  {self.at(p.loss.span)}")
-        self.emit("")
+            self.block()
 
     def problems(self) -> None:
-        self.emit("")
         self.emit("PROBLEMS = (")
         for p in self.g.problems():
             self.problem_spec(p)
         self.emit(")")
+        self.block()
 
     def problem_spec(self, p: ProblemNode) -> None:
         args = dict(p.optimizer.args)
@@ -134,21 +141,19 @@ class Emitter:
         self.emit("        " + ",\n        ".join(fields) + "),")
 
     def edges(self) -> None:
-        self.emit("")
         self.emit("EDGES = (")
         for e in self.plan.edges:
             span = next(h.span for h in self.g.hierarchy_edges() if (h.upper, h.lower) == (e.upper, e.lower))
             self.emit(f"    Edge({e.upper!r}, {e.lower!r}, {_method_call(e)}),  {self.at(span)}: {e.reason}")
         self.emit(")")
         self.emit(f"SEMANTICS = {self.plan.runtime_semantics!r}")
-        self.emit("")
+        self.block()
 
     def schedule(self) -> None:
-        self.emit("")
         self.emit("def outer_step(p):")
         self.emit('    """One step of the top problem: the planner\'s schedule."""')
         self._loop_body(self.plan.schedule, 1)
-        self.emit("")
+        self.block()
 
     def _loop_body(self, loop: Loop, depth: int) -> None:
         pad = "    " * depth
@@ -165,37 +170,30 @@ class Emitter:
     def evaluations(self) -> None:
         evals = self.g.info.train.evals
         for i, e in enumerate(evals):
-            self.emit("")
             self.emit(f"def eval_{i}(p):")
             for name in e.call.read_names():
                 self.emit(f"    {name} = p.module({name!r})")
             self.emit(f"    return {render_value(e.call.call)}  {self.at(e.call.span)}")
-        self.emit("")
-        self.emit("")
+            self.block()
         items = "".join(f"\n    ({e.every}, {e.call.text!r}, eval_{i})," for i, e in enumerate(evals))
         self.emit(f"EVALUATIONS = ({items}\n)" if evals else "EVALUATIONS = ()")
+        self.block()
 
     def footer(self) -> None:
         t = self.g.info.train
         self.emit(f"DEFAULTS = RunConfig(steps={t.steps}, seed={t.seed}, device={t.device!r}, "
                   f"precision={t.precision!r})")
         self.emit(f"INTERVALS = dict(log_every={t.log_every}, checkpoint_every={t.checkpoint_every})")
-        self.emit("")
+        self.block()
         self.emit('if __name__ == "__main__":')
         self.emit("    raise SystemExit(main(globals()))")
+        self.block()
 
     def source(self) -> str:
-        self.header()
-        self.emit(f"NAME = {self.g.info.name!r}")
-        self.modules()
-        self.losses()
-        self.problems()
-        self.edges()
-        self.schedule()
-        self.evaluations()
-        self.emit("")
-        self.footer()
-        return "\n".join(self.lines) + "\n"
+        for section in (self.header, self.modules, self.losses, self.problems, self.edges,
+                        self.schedule, self.evaluations, self.footer):
+            section()
+        return "\n\n\n".join(b for b in self.blocks if b) + "\n"
 
 
 _SCHEDULE_FN = {"constant": "constant", "cosine": "cosine", "linear": "linear", "step": "step_decay",

@@ -107,7 +107,7 @@ class Program:
         self.device = resolve_device(config.device, self.dist.local_rank)
         self.step_count = 0
         self.evaluations = tuple(evaluations)
-        self.guard = FiniteGuard(self.device)
+        self.guard = FiniteGuard()
         _seed_everything(config.seed)
         self.modules = self._build_modules(build_modules)
         self.streams = {n: DataStream(n, f, device=self.device, rank=self.dist.rank, world=self.dist.world)
@@ -203,8 +203,10 @@ class Program:
         grads = tuple(p.grad for p in params)
         if lv.spec.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, lv.spec.clip_grad_norm, foreach=True)
-        watched = loss if loss is not None else torch.stack([g.sum() for g in grads]).sum()
-        self.guard.watch(self.step_count, lv.spec.name, watched)
+        if loss is not None:
+            self.guard.watch(self.step_count, lv.spec.name, loss, "loss")
+        else:
+            self.guard.watch(self.step_count, lv.spec.name, grads, "hypergradient")
         if lv.spec.schedule is not None:
             lv.lr.fill_(lv.spec.lr * lv.spec.schedule(lv.steps))
         with torch.no_grad():

@@ -22,7 +22,6 @@ from mloc.runtime.engine import Program
 from mloc.runtime.metrics import MetricsWriter
 
 CHECKPOINT = "checkpoint.pt"
-FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ def checkpoint_path(out: Path) -> Path:
 def save(program: Program, out: Path) -> Path:
     path = checkpoint_path(out)
     if program.dist.is_main:
-        save_checkpoint(path, {"format": FORMAT, **program.state_dict()})
+        save_checkpoint(path, program.state_dict(), program.name)
     program.dist.barrier()
     return path
 
@@ -46,15 +45,14 @@ def save(program: Program, out: Path) -> Path:
 def resume(program: Program, directory: Path) -> int:
     """Load `directory/checkpoint.pt` into `program`; returns the step to continue from."""
     path = checkpoint_path(directory)
-    state = load_checkpoint(path)
-    if state.get("program") != program.name:
-        raise CheckpointError(f"{path} belongs to program {state.get('program')!r}, not {program.name!r}",
-                              help="resume with the output folder of a run of this program")
+    state = load_checkpoint(path, program.name)
     try:
         program.load_state_dict(state)
+    except CheckpointError:
+        raise
     except (KeyError, ValueError, RuntimeError, TypeError, IndexError) as e:
-        raise CheckpointError(f"{path} does not match this program: {e}",
-                              help="the program changed since the checkpoint was written; start again without --resume") from None
+        raise CheckpointError(path, f"{path} does not match this program ({type(e).__name__}: {e})",
+                              "the program changed since the checkpoint was written; start again without --resume") from None
     return program.step_count
 
 
@@ -62,7 +60,7 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
     """Run until `steps` outer steps are done; returns the final losses and evaluations."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsWriter(out / "metrics.jsonl") if program.dist.is_main else None
+    metrics = MetricsWriter(out / "metrics.jsonl", enabled=program.dist.is_main)
     start, t0, last = program.step_count, time.perf_counter(), {}
     for step in range(start, steps):
         program.outer_step()
@@ -71,21 +69,20 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
             program.guard.check()
             last = program.losses()
             rate = (done - start) / max(time.perf_counter() - t0, 1e-9)
-            if metrics:
-                metrics.write({"step": done, **{f"loss/{k}": v for k, v in last.items()}, "steps_per_s": rate})
+            for name, value in last.items():
+                metrics.write(done, name, loss=value)
+            metrics.write(done, "*", steps_per_s=rate)
             if progress:
                 progress(done, steps, last, rate)
         for every, label, fn in program.evaluations:
             if done % every == 0 or done == steps:
                 value = float(fn(program))
                 last[label] = value
-                if metrics:
-                    metrics.write({"step": done, f"eval/{label}": value})
+                metrics.write(done, "*", eval=label, value=value)
         if intervals.checkpoint_every and done % intervals.checkpoint_every == 0 and done != steps:
             program.guard.check()
             save(program, out)
     program.guard.check()
     save(program, out)
-    if metrics:
-        metrics.close()
+    metrics.close()
     return last
