@@ -203,10 +203,11 @@ class Program:
         grads = tuple(p.grad for p in params)
         if lv.spec.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, lv.spec.clip_grad_norm, foreach=True)
+        step = self.step_count + 1     # 1-based, as logged
         if loss is not None:
-            self.guard.watch(self.step_count, lv.spec.name, loss, "loss")
+            self.guard.watch(step, lv.spec.name, loss, "loss")
         else:
-            self.guard.watch(self.step_count, lv.spec.name, grads, "hypergradient")
+            self.guard.watch(step, lv.spec.name, grads, "hypergradient")
         if lv.spec.schedule is not None:
             lv.lr.fill_(lv.spec.lr * lv.spec.schedule(lv.steps))
         with torch.no_grad():

@@ -1,0 +1,111 @@
+"""`mloc run`: the examples train; NaN stops a run cleanly; checkpoints resume bitwise;
+bad checkpoints are clear errors; bf16 trains."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mloc.cli import main
+from mloc.runtime.checkpoint import load_checkpoint
+from tests.conftest import PROGRAMS, ROOT
+
+SMALL = Path(__file__).parent / "run" / "small.mlo"
+
+
+def mloc(*argv, timeout=300, **kw):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "mloc", *argv], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=timeout, **kw)
+
+
+def params(run_dir: Path) -> dict:
+    state = load_checkpoint(run_dir / "checkpoint.pt", None)
+    return {f"{n}.{i}": t for n, p in state["problems"].items() for i, t in enumerate(p["params"])} | \
+           {f"{n}.module.{k}": t for n, p in state["problems"].items() for k, t in p["module"].items()}
+
+
+@pytest.mark.parametrize("program,steps", [("data_reweighting", 3), ("maml", 3), ("hpo", 2), ("trilevel", 3)])
+def test_examples_train(program, steps, tmp_path):
+    rc = main(["run", str(PROGRAMS / f"{program}.mlo"), "--steps", str(steps), "--out", str(tmp_path),
+               "--quiet", "--device", "cpu", "--precision", "fp32"])
+    assert rc == 0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert losses and all(isinstance(v, float) for v in losses)
+    assert load_checkpoint(tmp_path / "checkpoint.pt", None)["step"] == steps
+    assert (tmp_path / "train.py").is_file() and (tmp_path / "plan.json").is_file()
+
+
+def test_generated_train_py_runs_standalone_and_matches_mloc_run(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert mloc("run", str(SMALL), "--steps", "6", "--out", str(a), "--quiet").returncode == 0
+    proc = subprocess.run([sys.executable, str(a / "train.py"), "--steps", "6", "--out", str(b), "--quiet"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    pa, pb = params(a), params(b)
+    assert pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_nan_stops_with_the_problem_and_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    proc = mloc("run", str(SMALL), "--out", str(tmp_path), "--quiet",
+                "--set", "weights.loss=lib.ce_nan_after(net, batch, after=12)")
+    assert proc.returncode == 1
+    m = re.search(r"the hypergradient of problem `weights` became NaN or Inf at step (\d+)", proc.stderr)
+    assert m, proc.stderr
+    bad = int(m.group(1))
+    assert 8 <= bad <= 13 and "Traceback" not in proc.stderr
+    # checkpoints every 5 steps, written only after the finiteness check: the last good one
+    assert load_checkpoint(tmp_path / "checkpoint.pt", None)["step"] == 5 * ((bad - 1) // 5)
+    assert all(torch.isfinite(t).all() for t in params(tmp_path).values() if t.is_floating_point())
+
+
+def test_corrupt_or_truncated_checkpoint_is_a_clear_error(tmp_path):
+    assert mloc("run", str(SMALL), "--steps", "5", "--out", str(tmp_path), "--quiet").returncode == 0
+    ckpt = tmp_path / "checkpoint.pt"
+    data = ckpt.read_bytes()
+    for broken in (data[: len(data) // 2], b"\x00garbage" * 10):
+        ckpt.write_bytes(broken)
+        proc = mloc("run", str(SMALL), "--steps", "10", "--out", str(tmp_path), "--resume", str(tmp_path), "--quiet")
+        assert proc.returncode == 2, proc.stderr
+        assert "checkpoint.pt" in proc.stderr and "help:" in proc.stderr and "Traceback" not in proc.stderr
+        assert ckpt.read_bytes() == broken         # the user's file is left as it was
+
+
+def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    assert mloc("run", str(SMALL), "--out", str(full), "--quiet").returncode == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "mloc", "run", str(SMALL), "--out", str(killed), "--quiet"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if (killed / "checkpoint.pt").exists() and load_checkpoint(killed / "checkpoint.pt", None)["step"] >= 10:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    step = load_checkpoint(killed / "checkpoint.pt", None)["step"]
+    assert 10 <= step < 30, step
+    assert mloc("run", str(SMALL), "--out", str(killed), "--resume", str(killed), "--quiet").returncode == 0
+    a, b = params(full), params(killed)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bf16_run_completes_with_decreasing_loss(tmp_path):
+    proc = mloc("run", str(SMALL), "--steps", "60", "--precision", "bf16", "--out", str(tmp_path), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    net = [r["loss"] for r in records if r.get("problem") == "net"]
+    assert len(net) >= 6
+    assert sum(net[-3:]) / 3 < sum(net[:3]) / 3
