@@ -65,7 +65,8 @@ class _Plan:
     nested: dict  # exact semantics: middle -> (its `up` steps, problems below it)
     prep: tuple  # (name, problem, method, buffers, nested) in `down` order
     seed_inputs: list | None  # the seeds' tensors when no seed is unrolled (fixed)
-    shape: str  # "fused" | "single" | "general": which of the step functions runs
+    shape: str  # "bound" | "fused" | "single" | "general": which of the step functions runs
+    step: Any = None  # shape "bound": the whole step, one closure (`Hierarchy._bind`)
 
 
 def _topo(nodes: Iterable[str], preds: dict[str, set[str]], hint: str = "") -> tuple[str, ...]:
@@ -207,6 +208,7 @@ class Hierarchy:
         self._buffers = {n: tuple(b for r in p.reads for b in self.problems[r].buffers)
                          for n, p in self.problems.items()}
         self._plans: dict[str, _Plan] = {}
+        self._steps: dict[str, Any] = {}  # plans of shape "bound": top -> its step closure
 
     def _check(self):
         for p in self.problems.values():
@@ -263,9 +265,13 @@ class Hierarchy:
                      for n in down)
         fixed = not any(getattr(self.methods.get(r), "unrolls", False) for r in seeds)
         up = steps(inside)
-        plan = _Plan(top, down, up, seeds, nested, prep,
-                     _flat(self._live, seeds) if fixed else None, self._shape(down, up, seeds))
+        seed_inputs = _flat(self._live, seeds) if fixed else None
+        shape = self._shape(down, up, seeds)
+        step = self._bind(top, prep[0], seed_inputs) if shape == "bound" else None
+        plan = _Plan(top, down, up, seeds, nested, prep, seed_inputs, shape, step)
         self._plans[top] = plan
+        if step is not None:
+            self._steps[top] = step
         return plan
 
     def _reduced_below(self, inside):
@@ -283,7 +289,9 @@ class Hierarchy:
         method = self.methods[down[0]]
         if getattr(method, "fusable", False):
             return "fused"
-        return "single" if seeds == down and not getattr(method, "unrolls", False) else "general"
+        if seeds != down or getattr(method, "unrolls", False):
+            return "general"
+        return "bound" if hasattr(method, "two_level") else "single"
 
     def _check_differentiable(self, middle, below):
         for b in below:
@@ -320,8 +328,13 @@ class Hierarchy:
 
     def hypergrad(self, name: str) -> None:
         """Accumulate ``dL_name/dθ_name`` (best responses below) into ``.grad``, one backward."""
+        step = self._steps.get(name)  # a two-level finite-difference step, built once
+        if step is not None:
+            return step()
         plan = self._plans.get(name) or self.plan(name)
         if plan.shape != "general":
+            if plan.step is not None:
+                return plan.step()
             return (self._fused if plan.shape == "fused" else self._single)(plan)
         ops, points = self.linearize(plan)
         adj = self._seed(plan, points)
@@ -344,6 +357,17 @@ class Hierarchy:
         spec = method.vjp(op, v) if v is not None else None
         if spec is not None:
             _backward(spec[0], spec[1], top.params)
+
+    def _bind(self, top, lower, seeds):
+        """Shape ``"bound"``: the method's own straight-line step (``finite_diff``, ``sama``).
+
+        The same computation as :meth:`_single`, specialized once by the method into one
+        closure over everything fixed (see ``methods.finite.two_level_step``).
+        """
+        name, problem, method, buffers, _ = lower
+        upper = self.problems[top]
+        return method.two_level(problem, self._args[name], buffers, upper.loss, self._args[top],
+                                seeds, upper.params)
 
     def _fused(self, plan):
         """Two levels, reverse-mode ITD: the top's loss at ``θ_K``, one backward through

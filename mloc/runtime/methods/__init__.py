@@ -19,6 +19,10 @@ linear in ``v``: adjoints can be summed before a single application. Three optio
 class attributes let the composer plan around them: ``unrolls`` (its point is not the
 live parameters), ``fusable`` (two-level reverse-mode ``itd``: the top's loss can
 back-propagate through ``θ_K`` directly) and ``zero`` (``first_order``: skip entirely).
+A method may also offer ``two_level(lower, args, buffers, upper_loss, upper_args, seeds,
+params) -> step``: its whole two-level hypergradient step as one closure, built once per
+plan (``finite_diff`` and ``sama``, whose steps are short enough for the runtime's own
+Python to show); it must write the same ``.grad`` bits as the general path.
 """
 
 from mloc.runtime.methods.finite import finite_diff, first_order, sama
