@@ -16,6 +16,8 @@ Returns the parameter counts and saved-activation sizes the planner's cost model
 from __future__ import annotations
 
 from mloc.passes.loader import evaluate, import_modules, program_path
+from pathlib import Path
+
 from mloc.diagnostics import Diagnostic
 from mloc.ir.graph import ProgramGraph
 from mloc.passes.plan import Sizes
@@ -38,7 +40,6 @@ def trace_dataflow(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
         imp = g.info.imports[0]
         return Sizes(), [_raised(imp.span, f"importing `{imp.module}`", err)]
     modules, batches = {}, {}
-    from pathlib import Path
     with program_path(Path(g.info.source_path).resolve().parent):
         for p in g.problems():
             try:
@@ -47,27 +48,42 @@ def trace_dataflow(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
                 diags.append(_raised(p.module.span, f"`{p.module.text}`", err))
                 continue
             try:
-                batches[p.name] = intro.first_batch(evaluate(p.data.call, mods))
+                batches[p.name] = evaluate(p.data.call, mods)
             except Exception as err:  # noqa: BLE001
                 diags.append(_raised(p.data.span, f"`{p.data.text}`", err))
     sizes = Sizes(params={n: intro.param_count(m) for n, m in modules.items()})
-    owners = {id(t): n for n, m in modules.items() for t in m.parameters()}
     for p in g.problems():
         if p.name in batches and all(r in modules for r in p.loss.read_names()):
-            _check_loss(g, p, mods, modules, batches[p.name], sizes, owners, diags)
+            _check_loss(g, p, mods, modules, batches[p.name], sizes, diags)
     return sizes, diags
 
 
-def _check_loss(g, p, mods, modules, batch, sizes: Sizes, owners: dict, diags: list) -> None:
+def _probe(g, p, mods, modules: dict, data):
+    """Probe on the meta device; a loss that mixes in tensors of its own (constants made on
+    the CPU) cannot run there, and is probed once more with real modules and a real batch."""
     from mloc.runtime import introspect as intro
 
     reads = p.loss.read_names()
     fn = _loss_function(p, mods)
     try:
-        probe = intro.probe_loss(fn, [modules[r] for r in reads], batch)
+        return intro.probe_loss(fn, [modules[r] for r in reads], intro.first_batch(data)), modules
+    except RuntimeError as err:
+        if "meta" not in str(err):
+            raise
+    real = {r: evaluate(g.problem(r).module.call, mods) for r in reads}
+    return intro.probe_loss(fn, [real[r] for r in reads], next(iter(data))), real
+
+
+def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
+    from mloc.runtime import introspect as intro
+
+    reads = p.loss.read_names()
+    try:
+        probe, used = _probe(g, p, mods, modules, data)
     except Exception as err:  # noqa: BLE001
         diags.append(_raised(p.loss.span, f"the loss of `{p.name}`", err))
         return
+    owners = {id(t): n for n, m in used.items() for t in m.parameters()}
     if probe.shape != () or not probe.floating:
         what = f"shape {list(probe.shape)}" if probe.shape else "a value that is not a floating-point tensor"
         diags.append(Diagnostic("E703", f"the loss of `{p.name}` returns {what}, not a scalar", p.loss.span,
@@ -82,7 +98,7 @@ def _check_loss(g, p, mods, modules, batch, sizes: Sizes, owners: dict, diags: l
             label=f"reaches `{q}`", help=f"pass `{q}` to the loss explicitly (and declare the edge), so mloc "
                                          "can differentiate through it; a global reference hides it"))
     for i, r in enumerate(reads):
-        if i not in probe.reached and intro.param_count(modules[r]) > 0:
+        if i not in probe.reached and intro.param_count(used[r]) > 0:
             diags.append(Diagnostic(
                 "E701", f"the loss of `{p.name}` names `{r}`, but no parameter of `{r}` reaches it", spans[r],
                 label="no gradient flows from here",
