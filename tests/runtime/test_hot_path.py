@@ -9,12 +9,16 @@ from mloc.runtime import Edge, Hierarchy, Problem, cg, finite_diff, sgd
 
 RUNTIME = Path(__file__).resolve().parents[2] / "mloc" / "runtime"
 SYNCING = {"item", "tolist", "cpu", "numpy"}
+# Modules that run only at log, checkpoint or compile boundaries, where one read is the point.
+BOUNDARY = {"metrics.py", "checkpoint.py"}
 
 
 def test_runtime_never_reads_tensors_back_to_the_host():
     """`.item()` and friends block on the device every step (Betty calls one per step)."""
     found = []
     for path in RUNTIME.rglob("*.py"):
+        if path.name in BOUNDARY:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in SYNCING:
                 found.append(f"{path.name}:{node.lineno} .{node.attr}")
