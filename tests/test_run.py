@@ -109,3 +109,21 @@ def test_bf16_run_completes_with_decreasing_loss(tmp_path):
     net = [r["loss"] for r in records if r.get("problem") == "net"]
     assert len(net) >= 6
     assert sum(net[-3:]) / 3 < sum(net[:3]) / 3
+
+
+@pytest.mark.parametrize("method", ["neumann(iters=3, alpha=0.1)", "finite_diff(eps=0.01)", "sama(eps=0.01)"])
+def test_two_gloo_processes_equal_one_process_with_the_combined_batch(tmp_path, method):
+    def run(out, nproc, batch):
+        sets = ["--set", f"net.data=lib.data(seed=0, batch_size={batch}, shuffle=false)",
+                "--set", f"weights.data=lib.data(seed=10, batch_size={batch}, shuffle=false)",
+                "--set", f"weights->net.hypergrad={method}"]
+        proc = mloc("run", str(SMALL), "--steps", "10", "--out", str(out), "--quiet", "--nproc", str(nproc), *sets)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return params(out)
+
+    one, two = run(tmp_path / "one", 1, 16), run(tmp_path / "two", 2, 8)
+    assert one.keys() == two.keys()
+    for k in one:
+        if one[k].is_floating_point():
+            err = float((one[k] - two[k]).abs().max() / one[k].abs().max().clamp_min(1e-12))
+            assert err <= 1e-5, (k, err)

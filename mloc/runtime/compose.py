@@ -194,8 +194,18 @@ class Hierarchy:
     """
 
     def __init__(self, problems: Iterable[Problem], edges: Iterable[Edge],
-                 semantics: str = "per_edge"):
+                 semantics: str = "per_edge", reduce=None):
+        """``reduce`` (data parallelism): averages a tuple of tensors across replicas. It is
+        applied where a hypergradient is not linear in the per-replica batches: the seed
+        adjoints (the upper's gradient), every Hessian-vector product and SAMA's lower
+        gradient, so each replica forms the same ``q`` as one process with the whole batch
+        would; the final per-replica ``.grad`` is then averaged by the training loop. The
+        straight-line two-level shapes are not used then. Unrolled (``itd``) and ``exact``
+        nested steps stay per replica (their gradients are differentiated, not averaged)."""
+        self.reduce = reduce
         self.problems = {p.name: p for p in problems}
+        for p in self.problems.values():
+            p.reduce = reduce
         self.edges = tuple(edges)
         if semantics not in SEMANTICS:
             raise ValueError(f"semantics must be one of {SEMANTICS}, not {semantics!r}")
@@ -284,6 +294,8 @@ class Hierarchy:
 
     def _shape(self, down, up, seeds):
         """Two levels (one lower feeding only the top) get a straight-line step."""
+        if self.reduce is not None:
+            return "general"
         if len(down) != 1 or len(up) != 1 or up[0][1:] != ((), True):
             return "general"
         method = self.methods[down[0]]
@@ -322,6 +334,8 @@ class Hierarchy:
         loss = top.loss(*[points[r] for r in top.reads])
         inputs = plan.seed_inputs or _flat(points, plan.seeds)
         grads = torch.autograd.grad(loss, inputs, allow_unused=True)
+        if self.reduce is not None:
+            grads = self.reduce(tuple(torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)))
         adj = {}
         _split(grads, points, plan.seeds, adj)
         return adj

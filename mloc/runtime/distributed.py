@@ -90,6 +90,19 @@ class DistContext:
             _unflatten_into(flat, group)
 
     @torch.no_grad()
+    def mean(self, tensors: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """The average of ``tensors`` across processes (new tensors, one collective per
+        dtype); the tensors themselves are left as they are."""
+        out = [t.detach().clone() for t in tensors]
+        if self.world > 1:
+            for group in _by_dtype(out):
+                flat = _flatten(group)
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                flat.div_(self.world)
+                _unflatten_into(flat, group)
+        return tuple(out)
+
+    @torch.no_grad()
     def broadcast_params(self, tensors: Sequence[Tensor]) -> None:
         """Copy rank 0's ``tensors`` (parameters, buffers) to every rank, in place."""
         if self.world == 1:

@@ -113,7 +113,8 @@ class Program:
         self.streams = {n: DataStream(n, f, device=self.device, rank=self.dist.rank, world=self.dist.world)
                         for n, f in data.items()}
         self.live = self._build_problems(specs)
-        self.hierarchy = Hierarchy([lv.problem for lv in self.live.values()], edges, semantics)
+        reduce = self.dist.mean if self.dist.world > 1 else None
+        self.hierarchy = Hierarchy([lv.problem for lv in self.live.values()], edges, semantics, reduce)
         self.dist.broadcast_params([t for lv in self.live.values() for t in lv.problem.params])
 
     # --- building ---------------------------------------------------------------------

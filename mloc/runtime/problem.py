@@ -41,6 +41,9 @@ class Problem:
     state: Any = None
     buffers: Params = ()
     index: int = field(init=False, default=-1)
+    # Data parallelism: averages a tuple of per-replica tensors across processes (None on
+    # one process). Set by `Hierarchy(reduce=...)`; see `Hierarchy` for where it applies.
+    reduce: Callable[[Params], Params] | None = field(default=None, repr=False)
 
     def __post_init__(self):
         self.params = tuple(self.params)
@@ -82,9 +85,12 @@ class LowerOp:
         return self._grad
 
     def hvp(self, p: Params, create_graph: bool = False) -> Params:
-        """``H p`` with ``H = ∇²_θθ L`` (one backward through ``g``)."""
-        return torch.autograd.grad(self.grad(), self.theta, p, retain_graph=True,
-                                   create_graph=create_graph)
+        """``H p`` with ``H = ∇²_θθ L`` (one backward through ``g``); averaged across
+        data-parallel replicas, so every replica applies the Hessian of the whole batch."""
+        hp = torch.autograd.grad(self.grad(), self.theta, p, retain_graph=True,
+                                 create_graph=create_graph)
+        reduce = self.problem.reduce
+        return hp if reduce is None or create_graph else reduce(hp)
 
     def mixed(self, q: Params, create_graph: bool = False):
         """The BR-VJP of solution ``q = H⁻¹v``: ``-J_xᵀ q = -∂/∂x ⟨∇_θ L, q⟩``.

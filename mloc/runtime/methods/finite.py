@@ -205,6 +205,8 @@ def _preconditioned(problem, args, theta, v):
     grads = None
     if opt.diag_uses_grad:
         grads = torch.autograd.grad(problem.loss(*args), theta)
+        if problem.reduce is not None:   # the gradient of the whole data-parallel batch
+            grads = problem.reduce(grads)
     return tree.mul(opt.diag(grads, problem.state, theta), v)
 
 
