@@ -1,3 +1,13 @@
-"""mloc: a compiler for multilevel optimization (MLO) programs."""
+"""mloc: a compiler for multilevel optimization (MLO) programs.
+
+`mloc.load(path)` compiles and instantiates a program (see `mloc.api`); importing `mloc`
+itself imports neither torch nor the compiler.
+"""
 
 __version__ = "0.1.0"
+
+
+def load(path, **kwargs):
+    """Compile and instantiate a `.mlo` program: see `mloc.api.load`."""
+    from mloc.api import load as _load
+    return _load(path, **kwargs)

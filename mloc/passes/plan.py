@@ -253,7 +253,9 @@ def _actions(g: ProgramGraph, name: str, itd_into: dict, edges) -> list:
 
 
 def _mb(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / 2**20:.1f} MiB"
+    if n is None:
+        return "unknown"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 

@@ -1,0 +1,93 @@
+"""The Python API: compile a program, instantiate it, step it, inspect it, save it.
+
+    import mloc
+
+    prog = mloc.load("programs/hpo.mlo", device="cpu")      # check, trace, plan, build
+    prog.step()                                             # one outer step
+    prog.run(100)                                           # 100 more (NaN/Inf checked at the end)
+    prog.losses()                                           # {"model": 0.41, "decay": 0.57}
+    prog.module("model")                                    # the trained torch.nn.Module
+    prog.hypergradients()                                   # {"decay": {"log_decay": tensor}}
+    prog.save("hpo.pt"); prog.restore("hpo.pt")             # everything needed to resume
+    print(prog.source)                                      # the generated train.py
+
+`load` raises `mloc.api.ProgramError` carrying the diagnostics when the program has errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from mloc.codegen.compile import compile_program, load_generated
+from mloc.diagnostics import Diagnostic, render
+
+
+class ProgramError(Exception):
+    """The program has errors; `diagnostics` holds them (rendered in the message)."""
+
+    def __init__(self, diagnostics: tuple[Diagnostic, ...]):
+        self.diagnostics = diagnostics
+        super().__init__("\n" + render(diagnostics, "full"))
+
+
+class Session:
+    """A compiled, instantiated program (see the module docstring)."""
+
+    def __init__(self, compiled, program, namespace: dict):
+        self.compiled, self.program, self.namespace = compiled, program, namespace
+
+    @property
+    def source(self) -> str:
+        return self.compiled.source
+
+    @property
+    def plan(self):
+        return self.compiled.plan
+
+    @property
+    def steps_done(self) -> int:
+        return self.program.step_count
+
+    def step(self) -> None:
+        self.program.outer_step()
+
+    def run(self, steps: int) -> dict[str, float]:
+        for _ in range(steps):
+            self.program.outer_step()
+        self.program.guard.check()
+        return self.program.losses()
+
+    def losses(self) -> dict[str, float]:
+        return self.program.losses()
+
+    def module(self, name: str):
+        return self.program.module(name)
+
+    def hypergradients(self):
+        return self.program.hypergradients()
+
+    def evaluate(self) -> dict[str, float]:
+        return self.program.evaluate()
+
+    def save(self, path: str | Path) -> None:
+        from mloc.runtime.checkpoint import save_checkpoint
+        save_checkpoint(Path(path), self.program.state_dict(), self.program.name)
+
+    def restore(self, path: str | Path) -> None:
+        from mloc.runtime.checkpoint import load_checkpoint
+        self.program.load_state_dict(load_checkpoint(Path(path), self.program.name))
+
+
+def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int | None = None,
+         device: str = "cpu", precision: str | None = None, dtype: str | None = None) -> Session:
+    """Compile and instantiate the program at `path` (raises ProgramError on errors)."""
+    compiled = compile_program(str(path), tuple(set))
+    if not compiled.ok:
+        raise ProgramError(compiled.diagnostics)
+    from mloc.runtime.launch import build
+    ns = load_generated(compiled.source, str(Path(path).resolve().with_suffix(".generated.py")))
+    defaults = ns["DEFAULTS"]
+    config = replace(defaults, seed=defaults.seed if seed is None else seed, device=device,
+                     precision=precision or defaults.precision, dtype=dtype)
+    return Session(compiled, build(ns, config), ns)
