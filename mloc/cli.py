@@ -131,26 +131,36 @@ _IMAGE_SUFFIXES = {".png", ".svg", ".pdf"}
 _TEXT_SUFFIXES = {".dot": "dot", ".gv": "dot", ".mmd": "mermaid", ".json": "json", ".txt": "text"}
 
 
+def _plan_labels(args, out: Output):
+    """`--plan`: compile (this runs the program's Python) and label edges with the plan."""
+    from mloc.cli_train import planned_labels
+    return planned_labels(args, out)
+
+
 def cmd_graph(args, out: Output) -> int:
     unit = _compile(args.file)
     _report(out, unit.diagnostics, "full")
     if not unit.ok:
         out.err(f"{args.file}: failed ({_summary(unit.diagnostics)})")
         return EXIT_ERRORS
-    from mloc.ir.printer import FORMATS
+    from mloc.ir.printer import FORMATS, with_plan
+    labels = _plan_labels(args, out) if args.plan else None
+    if args.plan and labels is None:
+        return EXIT_ERRORS
+    render_fmt = lambda fmt: with_plan(FORMATS[fmt](unit.graph), fmt, labels) if labels else FORMATS[fmt](unit.graph)  # noqa: E731
     if args.output is None:
-        out.out(FORMATS[args.format or "text"](unit.graph))
+        out.out(render_fmt(args.format or "text"))
         return EXIT_OK
     target = Path(args.output)
     suffix = target.suffix.lower()
     if suffix in _IMAGE_SUFFIXES:
-        _render_image(FORMATS["dot"](unit.graph), target, suffix[1:])
+        _render_image(render_fmt("dot"), target, suffix[1:])
     else:
         fmt = args.format or _TEXT_SUFFIXES.get(suffix)
         if fmt is None:
             raise UsageError(f"cannot tell the format of {target.name} from its suffix",
                              help="use .png, .svg, .pdf, .dot, .mmd, .json or .txt, or pass --format")
-        _write(target, FORMATS[fmt](unit.graph))
+        _write(target, render_fmt(fmt))
     out.err(f"wrote {target}")
     return EXIT_OK
 
@@ -200,6 +210,7 @@ def cmd_codes(args, out: Output) -> int:
 _EXAMPLES = {
     "check": "examples:\n  mloc check programs/data_reweighting.mlo\n  mloc check programs/*.mlo --format concise",
     "graph": "examples:\n  mloc graph programs/trilevel.mlo\n  mloc graph programs/trilevel.mlo --format mermaid\n"
+             "  mloc graph programs/maml.mlo --plan --format dot\n"
              "  mloc graph programs/trilevel.mlo --output trilevel.svg   (needs Graphviz)",
     "explain": "example:\n  mloc explain E305",
     "compile": "examples:\n  mloc compile programs/hpo.mlo -o build/hpo\n  python build/hpo/train.py --steps 10",
@@ -247,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text format (default: text, or from --output's suffix)")
     p.add_argument("--output", "-o", metavar="PATH",
                    help="write to PATH instead of stdout; .png/.svg/.pdf are rendered with Graphviz")
+    p.add_argument("--plan", action="store_true",
+                   help="label edges with the planner's method, mode and memory (runs the program's Python)")
 
     from mloc.cli_train import add_commands
     add_commands(command)

@@ -153,6 +153,15 @@ def _reference_errors(ns: dict, config, grads: dict) -> dict[str, float]:
     return out
 
 
+def planned_labels(args, out: Output) -> dict | None:
+    args.set = getattr(args, "set", None)
+    compiled = _compiled(args, out)
+    if compiled is None:
+        return None
+    from mloc.passes.plan import _mb
+    return {(e.upper, e.lower): f"{e.render()} ×{e.unroll}, {_mb(e.memory)}" for e in compiled.plan.edges}
+
+
 def add_commands(command) -> None:
     """Register the commands on the CLI's subparser factory."""
     p = command("compile", "compile a program to a runnable train.py (with plan.json and graph.dot)", cmd_compile)

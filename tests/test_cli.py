@@ -160,3 +160,11 @@ def test_python_dash_m_and_version():
     assert proc.returncode == 0 and proc.stdout.startswith("mloc ")
     proc = run("check", MWN, "--format", "concise")
     assert proc.returncode == 0
+
+
+def test_graph_plan_labels_edges_with_the_planner_decisions(capsys):
+    assert main(["graph", str(PROGRAMS / "hpo.mlo"), "--plan", "--format", "dot"]) == 0
+    out = capsys.readouterr().out
+    assert '"decay" -> "model" [label="cg(iters=30, tol=1e-10) ×50, ' in out
+    assert main(["graph", str(PROGRAMS / "hpo.mlo"), "--plan"]) == 0
+    assert "plan      decay -> model  cg(iters=30, tol=1e-10) ×50" in capsys.readouterr().out

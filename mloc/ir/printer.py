@@ -108,3 +108,23 @@ def dump_json(g: ProgramGraph) -> str:
 
 
 FORMATS = {"text": dump_text, "dot": dump_dot, "mermaid": dump_mermaid, "json": dump_json}
+
+
+def with_plan(text: str, fmt: str, labels: dict[tuple[str, str], str]) -> str:
+    """Annotate a dump's hierarchy edges with the planner's decisions (`mloc graph --plan`).
+
+    `labels` maps (upper, lower) to a short text such as "sama(eps=0.01), 0.5 MiB"."""
+    import re
+
+    if fmt == "text":
+        extra = [f"plan      {u} -> {l}  {t}" for (u, l), t in sorted(labels.items())]
+        return text + "\n".join(extra) + "\n"
+    if fmt == "dot":
+        for (u, l), t in labels.items():
+            text = re.sub(rf'("{u}" -> "{l}" \[label=")[^"]*(", penwidth=2\])', rf"\g<1>{t}\2", text)
+        return text
+    if fmt == "mermaid":
+        for (u, l), t in labels.items():
+            text = re.sub(rf"(  {u} ==>\|)[^|]*(\| {l})", rf"\g<1>{t}\2", text)
+        return text
+    return text
