@@ -44,10 +44,14 @@ SMALL_UPPER = Sizes(params={"low": 1_000_000, "high": 2}, activations={"low": 8 
 
 
 def test_forward_mode_for_few_hyperparameters_and_a_long_unroll():
-    plan = plan_for("itd(mode=auto)", unroll=100, sizes=SMALL_UPPER)
+    # d = 1e6 parameters (4 MB), K = 100: reverse keeps 100 graphs (~1.2 GB), recompute 100
+    # iterates (~0.4 GB); forward keeps d·m = 2e6 numbers. Under a 100 MiB budget only
+    # forward fits; without one, reverse is fastest.
+    plan = plan_for("itd(mode=auto)", unroll=100, budget='"100MiB"', sizes=SMALL_UPPER)
     e = plan.edge("high", "low")
     assert e.mode == "forward"
-    assert "forward mode carries d×m" in e.reason
+    assert "forward mode carries d×m" in e.reason and e.memory <= 100 * MiB
+    assert plan_for("itd(mode=auto)", unroll=100, sizes=SMALL_UPPER).edge("high", "low").mode == "reverse"
     # forward keeps d·m numbers; reverse would keep 100 graphs
     reverse = plan_for("itd(mode=reverse)", unroll=100, sizes=SMALL_UPPER).edge("high", "low")
     assert e.memory < reverse.memory / 50

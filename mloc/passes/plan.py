@@ -15,7 +15,13 @@ and activation sizes the dataflow pass measured (`Sizes`), when it ran.
     cg(K)           2 G + 2 K G          activations + 4 d
     itd reverse     4 K G                K (activations + d)      (truncate T: T instead of K)
     itd recompute   8 K G                K d + activations + d
-    itd forward     2 K m G              d m + activations        (m: the upper's parameters)
+    itd forward     6 K m G              d m + activations        (m: the upper's parameters)
+
+The unrolled-mode constants are calibrated on `bench/plan_memory.py` (a 64-256-10 MLP,
+K = 50): one forward-mode direction per step costs about 3 reverse steps' worth of work
+(a JVP through a gradient), recompute about twice reverse. Without a memory budget the
+fastest mode wins (reverse); forward mode is chosen when a budget rules out keeping the K
+graphs or iterates and the upper problem has few parameters.
 """
 
 from __future__ import annotations
@@ -136,7 +142,7 @@ def _cost(method: str, args: dict, sizes: Sizes, lower: str, upper: str) -> tupl
     mode = args.get("mode")
     if mode == "forward":
         mm = m if m is not None else 1
-        return 2.0 * k * mm, mem(d * mm * b + act if known else 0)
+        return 6.0 * k * mm, mem(d * mm * b + act if known else 0)
     if mode == "recompute":
         return 8.0 * k, mem(k * d * b + act + d * b if known else 0)
     return 4.0 * k, mem(kept * (act + d * b) if known else 0)
@@ -168,14 +174,16 @@ def _itd_mode(e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str) -> E
         time, memory = _cost("itd", a, sizes, e.lower, e.upper)
         options.append((not _fits(memory, budget), time, memory or 0, mode, a))
     options.sort(key=lambda o: o[:3])
+    if options[0][0]:                  # nothing fits: the smallest, however slow
+        options.sort(key=lambda o: (o[2], o[1]))
     over, time, memory, mode, a = options[0]
     m, k = _d(sizes, e.upper), a.get("steps") or e.unroll
-    reason = {"forward": f"{why}: {m} upper parameter(s), {k} steps: forward mode carries d×m instead of "
-                         f"{k} graphs and costs no more time",
+    reason = {"forward": f"{why}: {m} upper parameter(s), {k} steps: forward mode carries d×m numbers "
+                         f"instead of {k} graphs or iterates, the only way to fit the budget",
               "reverse": f"{why}: reverse mode is fastest and fits the budget",
               "recompute": f"{why}: reverse mode's {k} graphs exceed the budget; recompute keeps only the iterates"}[mode]
     if over:
-        reason += f" (still over the budget: {_mb(memory)} > {_mb(budget)})"
+        reason = f"{why}: nothing fits the budget; {mode} needs the least memory ({_mb(memory)} > {_mb(budget)})"
     return EdgePlan(e.upper, e.lower, "itd", tuple(a.items()), e.unroll, time, memory or None, reason)
 
 
