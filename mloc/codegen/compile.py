@@ -67,7 +67,7 @@ def compile_program(path: str, overrides: tuple[str, ...] = (), out_dir: Path | 
         return Compiled(replace(unit, diagnostics=unit.diagnostics + tuple(blockers)))
     plan = plan_program(unit.graph, sizes)
     out = Path(out_dir) if out_dir is not None else Path(path).resolve().parent
-    return Compiled(unit, plan, sizes, generate(unit.graph, plan, out))
+    return Compiled(unit, plan, sizes, generate(unit.graph, plan, out, sizes))
 
 
 def load_generated(source: str, filename: str) -> dict:

@@ -41,8 +41,8 @@ def render_value(value: ast.Value, names: dict[str, str] | None = None) -> str:
 
 
 class Emitter:
-    def __init__(self, g: ProgramGraph, plan: Plan, out_dir: Path):
-        self.g, self.plan = g, plan
+    def __init__(self, g: ProgramGraph, plan: Plan, out_dir: Path, sizes=None):
+        self.g, self.plan, self.sizes = g, plan, sizes
         self.src = Path(g.info.source_path)
         self.name = self.src.name
         self.lines: list[str] = []
@@ -179,6 +179,27 @@ class Emitter:
         self.emit(f"EVALUATIONS = ({items}\n)" if evals else "EVALUATIONS = ()")
         self.block()
 
+    def traced(self) -> None:
+        """Each loss as torch.fx traced it at compile time, for reading (not executed)."""
+        codes = self.sizes.fx_code if self.sizes else {}
+        if not codes:
+            return
+        self.emit("# " + "-" * 86)
+        self.emit("# The losses as torch.fx traced them at compile time (aten operations on meta tensors):")
+        self.emit("# what each loss computes and which parameters it touches. For reading; not executed.")
+        for p in self.g.problems():
+            code = codes.get(p.name)
+            if not code:
+                continue
+            lines = code.splitlines()
+            shown = lines[:MAX_TRACE_LINES]
+            self.emit("#")
+            self.emit(f"# {p.name}_loss ({self.sizes.fx_ops.get(p.name, 0)} operations):")
+            self.lines += [f"#     {line}".rstrip() for line in shown]
+            if len(lines) > len(shown):
+                self.emit(f"#     ... ({len(lines) - len(shown)} more lines)")
+        self.block()
+
     def footer(self) -> None:
         t = self.g.info.train
         self.emit(f"DEFAULTS = RunConfig(steps={t.steps}, seed={t.seed}, device={t.device!r}, "
@@ -191,10 +212,12 @@ class Emitter:
 
     def source(self) -> str:
         for section in (self.header, self.modules, self.losses, self.problems, self.edges,
-                        self.schedule, self.evaluations, self.footer):
+                        self.schedule, self.evaluations, self.footer, self.traced):
             section()
         return "\n\n\n".join(b for b in self.blocks if b) + "\n"
 
+
+MAX_TRACE_LINES = 40
 
 _SCHEDULE_FN = {"constant": "constant", "cosine": "cosine", "linear": "linear", "step": "step_decay",
                 "exponential": "exponential"}
@@ -215,6 +238,6 @@ def _action(a: Action) -> str:
     return f"p.{a.kind}({a.problem!r}){note}"
 
 
-def generate(g: ProgramGraph, plan: Plan, out_dir: Path) -> str:
-    """The text of `train.py` for `out_dir`."""
-    return Emitter(g, plan, out_dir).source()
+def generate(g: ProgramGraph, plan: Plan, out_dir: Path, sizes=None) -> str:
+    """The text of `train.py` for `out_dir` (with the traced losses when `sizes` has them)."""
+    return Emitter(g, plan, out_dir, sizes).source()

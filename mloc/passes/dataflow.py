@@ -66,12 +66,12 @@ def _probe(g, p, mods, modules: dict, data):
     reads = p.loss.read_names()
     fn = _loss_function(p, mods)
     try:
-        return intro.probe_loss(fn, [modules[r] for r in reads], intro.first_batch(data)), modules
+        return intro.probe_loss(fn, [modules[r] for r in reads], intro.first_batch(data), reads), modules
     except RuntimeError as err:
         if "meta" not in str(err):
             raise
     real = {r: evaluate(g.problem(r).module.call, mods) for r in reads}
-    return intro.probe_loss(fn, [real[r] for r in reads], next(iter(data))), real
+    return intro.probe_loss(fn, [real[r] for r in reads], next(iter(data)), reads), real
 
 
 def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
@@ -90,6 +90,9 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
                                 help="reduce it, e.g. with `.mean()` or `.sum()`"))
         return
     sizes.activations[p.name] = probe.activation_bytes
+    sizes.fx_ops[p.name] = probe.fx_ops
+    if probe.fx_code:
+        sizes.fx_code[p.name] = probe.fx_code
     spans = dict(p.loss.reads)
     hidden = sorted({owners[i] for i in probe.leaves if i in owners} - set(reads))
     for q in hidden:

@@ -42,6 +42,8 @@ class Sizes:
     params: dict[str, int] = field(default_factory=dict)
     activations: dict[str, int] = field(default_factory=dict)
     element_bytes: int = 4
+    fx_ops: dict[str, int] = field(default_factory=dict)     # aten operations in each loss
+    fx_code: dict[str, str] = field(default_factory=dict)    # each loss as torch.fx traced it
 
 
 @dataclass(frozen=True)

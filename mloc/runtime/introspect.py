@@ -33,6 +33,7 @@ class LossProbe:
     floating: bool
     activation_bytes: int
     fx_ops: int
+    fx_code: str = ""               # the traced graph's Python code (aten level)
 
 
 def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
@@ -72,7 +73,7 @@ def _reached_leaves(loss: torch.Tensor) -> set[int]:
     return leaves
 
 
-def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch) -> LossProbe:
+def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequence[str] = ()) -> LossProbe:
     """Evaluate `fn(*modules, batch)` on meta tensors (exceptions propagate to the caller)."""
     saved = [0]
 
@@ -86,17 +87,29 @@ def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch) -> LossProbe:
         return LossProbe(frozenset(), frozenset(), (), False, saved[0], 0)
     leaves = _reached_leaves(loss) if loss.grad_fn is not None else set()
     reached = frozenset(i for i, m in enumerate(modules) if any(id(p) in leaves for p in m.parameters()))
-    return LossProbe(reached, frozenset(leaves), tuple(loss.shape), loss.is_floating_point(), saved[0],
-                     _fx_ops(fn, modules, batch))
+    ops, code = _fx_trace(fn, modules, batch, names)
+    return LossProbe(reached, frozenset(leaves), tuple(loss.shape), loss.is_floating_point(), saved[0], ops, code)
 
 
-def _fx_ops(fn: Callable, modules: Sequence[nn.Module], batch) -> int:
-    """Number of aten operations in the loss's FX graph (0 if it cannot be traced)."""
+def _fx_trace(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequence[str]) -> tuple[int, str]:
+    """The loss's FX graph: its number of aten operations and its code ((0, "") if it cannot
+    be traced, e.g. data-dependent control flow; the probe above is the check). The
+    parameters the trace captured are renamed after the problems' own parameter names."""
+    import re
+
     from torch.fx.experimental.proxy_tensor import make_fx
 
     try:
         with torch.no_grad():
             gm = make_fx(lambda b: fn(*modules, b))(batch)
-    except Exception:  # noqa: BLE001 - tracing is best effort; the probe above is the check
-        return 0
-    return sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    except Exception:  # noqa: BLE001
+        return 0, ""
+    owner = {id(t): f"{prob}.{n}" for prob, m in zip(names, modules) for n, t in m.named_parameters()}
+    rename = {}
+    for attr, value in [*gm.named_parameters(), *gm.named_buffers()]:
+        if id(value) in owner:
+            rename[attr] = owner[id(value)]
+    code = gm.code.strip()
+    code = re.sub(r"self\.(_param_constant\d+)", lambda m: rename.get(m.group(1), m.group(0)), code)
+    code = re.sub(r"\b(_param_constant\d+)\b", lambda m: rename.get(m.group(1), m.group(0)).replace(".", "_"), code)
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function"), code

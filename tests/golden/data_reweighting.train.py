@@ -82,3 +82,59 @@ INTERVALS = dict(log_every=50, checkpoint_every=1000)
 
 if __name__ == "__main__":
     raise SystemExit(main(globals()))
+
+
+# --------------------------------------------------------------------------------------
+# The losses as torch.fx traced them at compile time (aten operations on meta tensors):
+# what each loss computes and which parameters it touches. For reading; not executed.
+#
+# classifier_loss (20 operations):
+#     def forward(self, b):
+#         b_1, b_2, = fx_pytree.tree_flatten_spec([b], self._in_spec)
+#         classifier_net_0_weight = classifier.net.0.weight
+#         t = torch.ops.aten.t.default(classifier_net_0_weight);  classifier_net_0_weight = None
+#         classifier_net_0_bias = classifier.net.0.bias
+#         addmm = torch.ops.aten.addmm.default(classifier_net_0_bias, b_1, t);  classifier_net_0_bias = b_1 = t = None
+#         relu = torch.ops.aten.relu.default(addmm);  addmm = None
+#         classifier_net_2_weight = classifier.net.2.weight
+#         t_1 = torch.ops.aten.t.default(classifier_net_2_weight);  classifier_net_2_weight = None
+#         classifier_net_2_bias = classifier.net.2.bias
+#         addmm_1 = torch.ops.aten.addmm.default(classifier_net_2_bias, relu, t_1);  classifier_net_2_bias = relu = t_1 = None
+#         _log_softmax = torch.ops.aten._log_softmax.default(addmm_1, 1, False);  addmm_1 = None
+#         nll_loss_forward = torch.ops.aten.nll_loss_forward.default(_log_softmax, b_2, None, 0, -100);  _log_softmax = b_2 = None
+#         getitem = nll_loss_forward[0]
+#         getitem_1 = nll_loss_forward[1];  nll_loss_forward = getitem_1 = None
+#         detach = torch.ops.aten.detach.default(getitem)
+#         unsqueeze = torch.ops.aten.unsqueeze.default(detach, -1);  detach = None
+#         weight_net_net_0_weight = weight_net.net.0.weight
+#         t_2 = torch.ops.aten.t.default(weight_net_net_0_weight);  weight_net_net_0_weight = None
+#         weight_net_net_0_bias = weight_net.net.0.bias
+#         addmm_2 = torch.ops.aten.addmm.default(weight_net_net_0_bias, unsqueeze, t_2);  weight_net_net_0_bias = unsqueeze = t_2 = None
+#         relu_1 = torch.ops.aten.relu.default(addmm_2);  addmm_2 = None
+#         weight_net_net_2_weight = weight_net.net.2.weight
+#         t_3 = torch.ops.aten.t.default(weight_net_net_2_weight);  weight_net_net_2_weight = None
+#         weight_net_net_2_bias = weight_net.net.2.bias
+#         addmm_3 = torch.ops.aten.addmm.default(weight_net_net_2_bias, relu_1, t_3);  weight_net_net_2_bias = relu_1 = t_3 = None
+#         sigmoid = torch.ops.aten.sigmoid.default(addmm_3);  addmm_3 = None
+#         squeeze = torch.ops.aten.squeeze.dim(sigmoid, -1);  sigmoid = None
+#         mul = torch.ops.aten.mul.Tensor(squeeze, getitem);  squeeze = getitem = None
+#         mean = torch.ops.aten.mean.default(mul);  mul = None
+#         return pytree.tree_unflatten([mean], self._out_spec)
+#
+# weight_net_loss (9 operations):
+#     def forward(self, b):
+#         b_1, b_2, = fx_pytree.tree_flatten_spec([b], self._in_spec)
+#         classifier_net_0_weight = classifier.net.0.weight
+#         t = torch.ops.aten.t.default(classifier_net_0_weight);  classifier_net_0_weight = None
+#         classifier_net_0_bias = classifier.net.0.bias
+#         addmm = torch.ops.aten.addmm.default(classifier_net_0_bias, b_1, t);  classifier_net_0_bias = b_1 = t = None
+#         relu = torch.ops.aten.relu.default(addmm);  addmm = None
+#         classifier_net_2_weight = classifier.net.2.weight
+#         t_1 = torch.ops.aten.t.default(classifier_net_2_weight);  classifier_net_2_weight = None
+#         classifier_net_2_bias = classifier.net.2.bias
+#         addmm_1 = torch.ops.aten.addmm.default(classifier_net_2_bias, relu, t_1);  classifier_net_2_bias = relu = t_1 = None
+#         _log_softmax = torch.ops.aten._log_softmax.default(addmm_1, 1, False);  addmm_1 = None
+#         nll_loss_forward = torch.ops.aten.nll_loss_forward.default(_log_softmax, b_2, None, 1, -100);  _log_softmax = b_2 = None
+#         getitem = nll_loss_forward[0]
+#         getitem_1 = nll_loss_forward[1];  nll_loss_forward = getitem_1 = None
+#         return pytree.tree_unflatten([getitem], self._out_spec)

@@ -83,3 +83,40 @@ INTERVALS = dict(log_every=10, checkpoint_every=None)
 
 if __name__ == "__main__":
     raise SystemExit(main(globals()))
+
+
+# --------------------------------------------------------------------------------------
+# The losses as torch.fx traced them at compile time (aten operations on meta tensors):
+# what each loss computes and which parameters it touches. For reading; not executed.
+#
+# model_loss (12 operations):
+#     def forward(self, b):
+#         b_1, b_2, = fx_pytree.tree_flatten_spec([b], self._in_spec)
+#         model_linear_weight = model.linear.weight
+#         t = torch.ops.aten.t.default(model_linear_weight);  model_linear_weight = None
+#         model_linear_bias = model.linear.bias
+#         addmm = torch.ops.aten.addmm.default(model_linear_bias, b_1, t);  model_linear_bias = b_1 = t = None
+#         squeeze = torch.ops.aten.squeeze.dim(addmm, -1);  addmm = None
+#         binary_cross_entropy_with_logits = torch.ops.aten.binary_cross_entropy_with_logits.default(squeeze, b_2);  squeeze = b_2 = None
+#         _param_constant0_1 = model.linear.weight
+#         squeeze_1 = torch.ops.aten.squeeze.dim(_param_constant0_1, 0);  _param_constant0_1 = None
+#         decay_log_decay = decay.log_decay
+#         exp = torch.ops.aten.exp.default(decay_log_decay);  decay_log_decay = None
+#         pow_1 = torch.ops.aten.pow.Tensor_Scalar(squeeze_1, 2);  squeeze_1 = None
+#         mul = torch.ops.aten.mul.Tensor(exp, pow_1);  exp = pow_1 = None
+#         sum_1 = torch.ops.aten.sum.default(mul);  mul = None
+#         mul_1 = torch.ops.aten.mul.Tensor(sum_1, 0.5);  sum_1 = None
+#         div = torch.ops.aten.div.Tensor(mul_1, 200);  mul_1 = None
+#         add = torch.ops.aten.add.Tensor(binary_cross_entropy_with_logits, div);  binary_cross_entropy_with_logits = div = None
+#         return pytree.tree_unflatten([add], self._out_spec)
+#
+# decay_loss (4 operations):
+#     def forward(self, b):
+#         b_1, b_2, = fx_pytree.tree_flatten_spec([b], self._in_spec)
+#         model_linear_weight = model.linear.weight
+#         t = torch.ops.aten.t.default(model_linear_weight);  model_linear_weight = None
+#         model_linear_bias = model.linear.bias
+#         addmm = torch.ops.aten.addmm.default(model_linear_bias, b_1, t);  model_linear_bias = b_1 = t = None
+#         squeeze = torch.ops.aten.squeeze.dim(addmm, -1);  addmm = None
+#         binary_cross_entropy_with_logits = torch.ops.aten.binary_cross_entropy_with_logits.default(squeeze, b_2);  squeeze = b_2 = None
+#         return pytree.tree_unflatten([binary_cross_entropy_with_logits], self._out_spec)

@@ -83,3 +83,48 @@ INTERVALS = dict(log_every=20, checkpoint_every=None)
 
 if __name__ == "__main__":
     raise SystemExit(main(globals()))
+
+
+# --------------------------------------------------------------------------------------
+# The losses as torch.fx traced them at compile time (aten operations on meta tensors):
+# what each loss computes and which parameters it touches. For reading; not executed.
+#
+# meta_loss (9 operations):
+#     def forward(self, b):
+#         b_1, b_2, = fx_pytree.tree_flatten_spec([b], self._in_spec)
+#         adapt_net_0_weight = adapt.net.0.weight
+#         t = torch.ops.aten.t.default(adapt_net_0_weight);  adapt_net_0_weight = None
+#         adapt_net_0_bias = adapt.net.0.bias
+#         addmm = torch.ops.aten.addmm.default(adapt_net_0_bias, b_1, t);  adapt_net_0_bias = b_1 = t = None
+#         relu = torch.ops.aten.relu.default(addmm);  addmm = None
+#         adapt_net_2_weight = adapt.net.2.weight
+#         t_1 = torch.ops.aten.t.default(adapt_net_2_weight);  adapt_net_2_weight = None
+#         adapt_net_2_bias = adapt.net.2.bias
+#         addmm_1 = torch.ops.aten.addmm.default(adapt_net_2_bias, relu, t_1);  adapt_net_2_bias = relu = t_1 = None
+#         relu_1 = torch.ops.aten.relu.default(addmm_1);  addmm_1 = None
+#         adapt_net_4_weight = adapt.net.4.weight
+#         t_2 = torch.ops.aten.t.default(adapt_net_4_weight);  adapt_net_4_weight = None
+#         adapt_net_4_bias = adapt.net.4.bias
+#         addmm_2 = torch.ops.aten.addmm.default(adapt_net_4_bias, relu_1, t_2);  adapt_net_4_bias = relu_1 = t_2 = None
+#         mse_loss = torch.ops.aten.mse_loss.default(addmm_2, b_2);  addmm_2 = b_2 = None
+#         return pytree.tree_unflatten([mse_loss], self._out_spec)
+#
+# adapt_loss (9 operations):
+#     def forward(self, b):
+#         b_1, b_2, = fx_pytree.tree_flatten_spec([b], self._in_spec)
+#         adapt_net_0_weight = adapt.net.0.weight
+#         t = torch.ops.aten.t.default(adapt_net_0_weight);  adapt_net_0_weight = None
+#         adapt_net_0_bias = adapt.net.0.bias
+#         addmm = torch.ops.aten.addmm.default(adapt_net_0_bias, b_1, t);  adapt_net_0_bias = b_1 = t = None
+#         relu = torch.ops.aten.relu.default(addmm);  addmm = None
+#         adapt_net_2_weight = adapt.net.2.weight
+#         t_1 = torch.ops.aten.t.default(adapt_net_2_weight);  adapt_net_2_weight = None
+#         adapt_net_2_bias = adapt.net.2.bias
+#         addmm_1 = torch.ops.aten.addmm.default(adapt_net_2_bias, relu, t_1);  adapt_net_2_bias = relu = t_1 = None
+#         relu_1 = torch.ops.aten.relu.default(addmm_1);  addmm_1 = None
+#         adapt_net_4_weight = adapt.net.4.weight
+#         t_2 = torch.ops.aten.t.default(adapt_net_4_weight);  adapt_net_4_weight = None
+#         adapt_net_4_bias = adapt.net.4.bias
+#         addmm_2 = torch.ops.aten.addmm.default(adapt_net_4_bias, relu_1, t_2);  adapt_net_4_bias = relu_1 = t_2 = None
+#         mse_loss = torch.ops.aten.mse_loss.default(addmm_2, b_2);  addmm_2 = b_2 = None
+#         return pytree.tree_unflatten([mse_loss], self._out_spec)

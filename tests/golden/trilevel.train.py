@@ -95,3 +95,97 @@ INTERVALS = dict(log_every=10, checkpoint_every=None)
 
 if __name__ == "__main__":
     raise SystemExit(main(globals()))
+
+
+# --------------------------------------------------------------------------------------
+# The losses as torch.fx traced them at compile time (aten operations on meta tensors):
+# what each loss computes and which parameters it touches. For reading; not executed.
+#
+# classifier_loss (20 operations):
+#     def forward(self, b):
+#         b_1, b_2, = fx_pytree.tree_flatten_spec([b], self._in_spec)
+#         classifier_net_0_weight = classifier.net.0.weight
+#         t = torch.ops.aten.t.default(classifier_net_0_weight);  classifier_net_0_weight = None
+#         classifier_net_0_bias = classifier.net.0.bias
+#         addmm = torch.ops.aten.addmm.default(classifier_net_0_bias, b_1, t);  classifier_net_0_bias = b_1 = t = None
+#         relu = torch.ops.aten.relu.default(addmm);  addmm = None
+#         classifier_net_2_weight = classifier.net.2.weight
+#         t_1 = torch.ops.aten.t.default(classifier_net_2_weight);  classifier_net_2_weight = None
+#         classifier_net_2_bias = classifier.net.2.bias
+#         addmm_1 = torch.ops.aten.addmm.default(classifier_net_2_bias, relu, t_1);  classifier_net_2_bias = relu = t_1 = None
+#         _log_softmax = torch.ops.aten._log_softmax.default(addmm_1, 1, False);  addmm_1 = None
+#         nll_loss_forward = torch.ops.aten.nll_loss_forward.default(_log_softmax, b_2, None, 0, -100);  _log_softmax = b_2 = None
+#         getitem = nll_loss_forward[0]
+#         getitem_1 = nll_loss_forward[1];  nll_loss_forward = getitem_1 = None
+#         detach = torch.ops.aten.detach.default(getitem)
+#         unsqueeze = torch.ops.aten.unsqueeze.default(detach, -1);  detach = None
+#         weight_net_net_0_weight = weight_net.net.0.weight
+#         t_2 = torch.ops.aten.t.default(weight_net_net_0_weight);  weight_net_net_0_weight = None
+#         weight_net_net_0_bias = weight_net.net.0.bias
+#         addmm_2 = torch.ops.aten.addmm.default(weight_net_net_0_bias, unsqueeze, t_2);  weight_net_net_0_bias = unsqueeze = t_2 = None
+#         relu_1 = torch.ops.aten.relu.default(addmm_2);  addmm_2 = None
+#         weight_net_net_2_weight = weight_net.net.2.weight
+#         t_3 = torch.ops.aten.t.default(weight_net_net_2_weight);  weight_net_net_2_weight = None
+#         weight_net_net_2_bias = weight_net.net.2.bias
+#         addmm_3 = torch.ops.aten.addmm.default(weight_net_net_2_bias, relu_1, t_3);  weight_net_net_2_bias = relu_1 = t_3 = None
+#         sigmoid = torch.ops.aten.sigmoid.default(addmm_3);  addmm_3 = None
+#         squeeze = torch.ops.aten.squeeze.dim(sigmoid, -1);  sigmoid = None
+#         mul = torch.ops.aten.mul.Tensor(squeeze, getitem);  squeeze = getitem = None
+#         mean = torch.ops.aten.mean.default(mul);  mul = None
+#         return pytree.tree_unflatten([mean], self._out_spec)
+#
+# weight_net_loss (24 operations):
+#     def forward(self, b):
+#         b_1, b_2, = fx_pytree.tree_flatten_spec([b], self._in_spec)
+#         classifier_net_0_weight = classifier.net.0.weight
+#         t = torch.ops.aten.t.default(classifier_net_0_weight);  classifier_net_0_weight = None
+#         classifier_net_0_bias = classifier.net.0.bias
+#         addmm = torch.ops.aten.addmm.default(classifier_net_0_bias, b_1, t);  classifier_net_0_bias = b_1 = t = None
+#         relu = torch.ops.aten.relu.default(addmm);  addmm = None
+#         classifier_net_2_weight = classifier.net.2.weight
+#         t_1 = torch.ops.aten.t.default(classifier_net_2_weight);  classifier_net_2_weight = None
+#         classifier_net_2_bias = classifier.net.2.bias
+#         addmm_1 = torch.ops.aten.addmm.default(classifier_net_2_bias, relu, t_1);  classifier_net_2_bias = relu = t_1 = None
+#         _log_softmax = torch.ops.aten._log_softmax.default(addmm_1, 1, False);  addmm_1 = None
+#         nll_loss_forward = torch.ops.aten.nll_loss_forward.default(_log_softmax, b_2, None, 1, -100);  _log_softmax = b_2 = None
+#         getitem = nll_loss_forward[0]
+#         getitem_1 = nll_loss_forward[1];  nll_loss_forward = getitem_1 = None
+#         strength_log_strength = strength.log_strength
+#         exp = torch.ops.aten.exp.default(strength_log_strength);  strength_log_strength = None
+#         weight_net_net_0_weight = weight_net.net.0.weight
+#         pow_1 = torch.ops.aten.pow.Tensor_Scalar(weight_net_net_0_weight, 2);  weight_net_net_0_weight = None
+#         sum_1 = torch.ops.aten.sum.default(pow_1);  pow_1 = None
+#         add = torch.ops.aten.add.Tensor(sum_1, 0);  sum_1 = None
+#         weight_net_net_0_bias = weight_net.net.0.bias
+#         pow_2 = torch.ops.aten.pow.Tensor_Scalar(weight_net_net_0_bias, 2);  weight_net_net_0_bias = None
+#         sum_2 = torch.ops.aten.sum.default(pow_2);  pow_2 = None
+#         add_1 = torch.ops.aten.add.Tensor(add, sum_2);  add = sum_2 = None
+#         weight_net_net_2_weight = weight_net.net.2.weight
+#         pow_3 = torch.ops.aten.pow.Tensor_Scalar(weight_net_net_2_weight, 2);  weight_net_net_2_weight = None
+#         sum_3 = torch.ops.aten.sum.default(pow_3);  pow_3 = None
+#         add_2 = torch.ops.aten.add.Tensor(add_1, sum_3);  add_1 = sum_3 = None
+#         weight_net_net_2_bias = weight_net.net.2.bias
+#         pow_4 = torch.ops.aten.pow.Tensor_Scalar(weight_net_net_2_bias, 2);  weight_net_net_2_bias = None
+#         sum_4 = torch.ops.aten.sum.default(pow_4);  pow_4 = None
+#         add_3 = torch.ops.aten.add.Tensor(add_2, sum_4);  add_2 = sum_4 = None
+#         mul = torch.ops.aten.mul.Tensor(exp, add_3);  exp = add_3 = None
+#         add_4 = torch.ops.aten.add.Tensor(getitem, mul);  getitem = mul = None
+#         return pytree.tree_unflatten([add_4], self._out_spec)
+#
+# strength_loss (9 operations):
+#     def forward(self, b):
+#         b_1, b_2, = fx_pytree.tree_flatten_spec([b], self._in_spec)
+#         classifier_net_0_weight = classifier.net.0.weight
+#         t = torch.ops.aten.t.default(classifier_net_0_weight);  classifier_net_0_weight = None
+#         classifier_net_0_bias = classifier.net.0.bias
+#         addmm = torch.ops.aten.addmm.default(classifier_net_0_bias, b_1, t);  classifier_net_0_bias = b_1 = t = None
+#         relu = torch.ops.aten.relu.default(addmm);  addmm = None
+#         classifier_net_2_weight = classifier.net.2.weight
+#         t_1 = torch.ops.aten.t.default(classifier_net_2_weight);  classifier_net_2_weight = None
+#         classifier_net_2_bias = classifier.net.2.bias
+#         addmm_1 = torch.ops.aten.addmm.default(classifier_net_2_bias, relu, t_1);  classifier_net_2_bias = relu = t_1 = None
+#         _log_softmax = torch.ops.aten._log_softmax.default(addmm_1, 1, False);  addmm_1 = None
+#         nll_loss_forward = torch.ops.aten.nll_loss_forward.default(_log_softmax, b_2, None, 1, -100);  _log_softmax = b_2 = None
+#         getitem = nll_loss_forward[0]
+#         getitem_1 = nll_loss_forward[1];  nll_loss_forward = getitem_1 = None
+#         return pytree.tree_unflatten([getitem], self._out_spec)
