@@ -77,3 +77,16 @@ def test_failing_constructor(tmp_path):
     c = compile_case(tmp_path, fail=", fail=true")
     assert codes(c) == [("E702", 4, 17)]
     assert "ValueError: width must be even" in c.diagnostics[0].message
+
+
+def test_init_between_different_architectures(tmp_path):
+    text = PROGRAM.format(loss="weighted", reads="high, ", fail="", upper_loss="val")
+    text = text.replace("    optimizer = sgd(lr=0.1)\n}", "    optimizer = sgd(lr=0.1)\n    init = high\n}", 1)
+    path = HERE / f"_case_{tmp_path.name}.mlo"
+    path.write_text(text)
+    try:
+        c = compile_program(str(path), out_dir=tmp_path)
+    finally:
+        path.unlink()
+    assert codes(c) == [("E705", 8, 12)]
+    assert "`fc.weight` [1, 4] vs `log_scale` [4]" in c.diagnostics[0].message

@@ -52,10 +52,28 @@ def trace_dataflow(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
             except Exception as err:  # noqa: BLE001
                 diags.append(_raised(p.data.span, f"`{p.data.text}`", err))
     sizes = Sizes(params={n: intro.param_count(m) for n, m in modules.items()})
+    _check_init_shapes(g, modules, diags)
     for p in g.problems():
         if p.name in batches and all(r in modules for r in p.loss.read_names()):
             _check_loss(g, p, mods, modules, batches[p.name], sizes, diags)
     return sizes, diags
+
+
+def _check_init_shapes(g, modules: dict, diags: list) -> None:
+    """`init = U` evaluates this module with U's parameters (plus an adaptation): the two
+    modules must have parameters of the same names and shapes."""
+    for p in g.problems():
+        if p.init is None or p.name not in modules or p.init[0] not in modules:
+            continue
+        own = [(n, tuple(t.shape)) for n, t in modules[p.name].named_parameters()]
+        base = [(n, tuple(t.shape)) for n, t in modules[p.init[0]].named_parameters()]
+        if own != base:
+            first = next(((a, b) for a, b in zip(own, base) if a != b), None)
+            detail = f"`{first[0][0]}` {list(first[0][1])} vs `{first[1][0]}` {list(first[1][1])}" if first \
+                else f"{len(own)} vs {len(base)} parameters"
+            diags.append(Diagnostic("E705", f"`{p.name}` starts from `{p.init[0]}`'s parameters, but their "
+                                    f"parameters differ ({detail})", p.init[1], label="different shapes",
+                                    help=f"build `{p.name}`'s module with the same architecture as `{p.init[0]}`'s"))
 
 
 def _probe(g, p, mods, modules: dict, data):
