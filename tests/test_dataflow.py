@@ -28,9 +28,9 @@ high -> low {{ hypergrad = neumann(iters=3, alpha=0.1) }}
 """
 
 
-def compile_case(tmp_path, loss="weighted", reads="high, ", fail="", upper_loss="val"):
+def compile_case(tmp_path, loss="weighted", reads="high, ", fail="", upper_loss="val", edit=lambda text: text):
     path = HERE / f"_case_{tmp_path.name}.mlo"
-    path.write_text(PROGRAM.format(loss=loss, reads=reads, fail=fail, upper_loss=upper_loss))
+    path.write_text(edit(PROGRAM.format(loss=loss, reads=reads, fail=fail, upper_loss=upper_loss)))
     try:
         return compile_program(str(path), out_dir=tmp_path)
     finally:
@@ -80,13 +80,7 @@ def test_failing_constructor(tmp_path):
 
 
 def test_init_between_different_architectures(tmp_path):
-    text = PROGRAM.format(loss="weighted", reads="high, ", fail="", upper_loss="val")
-    text = text.replace("    optimizer = sgd(lr=0.1)\n}", "    optimizer = sgd(lr=0.1)\n    init = high\n}", 1)
-    path = HERE / f"_case_{tmp_path.name}.mlo"
-    path.write_text(text)
-    try:
-        c = compile_program(str(path), out_dir=tmp_path)
-    finally:
-        path.unlink()
+    c = compile_case(tmp_path, edit=lambda text: text.replace(
+        "    optimizer = sgd(lr=0.1)\n}", "    optimizer = sgd(lr=0.1)\n    init = high\n}", 1))
     assert codes(c) == [("E705", 8, 12)]
     assert "`fc.weight` [1, 4] vs `log_scale` [4]" in c.diagnostics[0].message
