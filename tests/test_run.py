@@ -127,3 +127,12 @@ def test_two_gloo_processes_equal_one_process_with_the_combined_batch(tmp_path, 
         if one[k].is_floating_point():
             err = float((one[k] - two[k]).abs().max() / one[k].abs().max().clamp_min(1e-12))
             assert err <= 1e-5, (k, err)
+
+
+def test_an_error_in_the_programs_code_during_training_points_at_it(tmp_path):
+    proc = mloc("run", str(SMALL), "--out", str(tmp_path), "--quiet",
+                "--set", "weights.loss=lib.ce_raising_after(net, batch, after=12)")
+    assert proc.returncode == 1, proc.stderr
+    assert "error[E702]: the program's code raised ValueError during step" in proc.stderr
+    assert "small.py" in proc.stderr and "labels out of range" in proc.stderr
+    assert "Traceback" not in proc.stderr

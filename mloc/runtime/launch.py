@@ -50,6 +50,19 @@ def parser(defaults: RunConfig) -> argparse.ArgumentParser:
     return p
 
 
+def _user_error(err: Exception, when: str) -> int:
+    """Report an exception raised by the program's code (exit 1); re-raise mloc's own."""
+    frames = _user_frames(err)
+    if not frames:
+        raise err
+    print(f"error[E702]: the program's code raised {type(err).__name__} during {when}: {err}", file=sys.stderr)
+    for line in frames[-4:]:
+        print(f"  --> {line}", file=sys.stderr)
+    print("  = help: fix the code at the last location above; the checkpoint on disk (if any) is the "
+          "last good state", file=sys.stderr)
+    return 1
+
+
 def main(ns: dict, argv: list[str] | None = None) -> int:
     defaults: RunConfig = ns["DEFAULTS"]
     args = parser(defaults).parse_args(argv)
@@ -61,8 +74,26 @@ def main(ns: dict, argv: list[str] | None = None) -> int:
     return run(ns, config, Path(args.out), args.resume, quiet=args.quiet)
 
 
+def _user_frames(err: BaseException) -> list[str]:
+    """`file:line in function` for the frames of the traceback that are the user's code
+    (not mloc's runtime, not torch, not the standard library)."""
+    import traceback
+
+    mloc_dir = str(Path(__file__).resolve().parents[1])
+    frames = []
+    for f in traceback.extract_tb(err.__traceback__):
+        path = str(Path(f.filename).resolve()) if f.filename and not f.filename.startswith("<") else ""
+        if not path or path.startswith(mloc_dir) or "site-packages" in path or "/lib/python3" in path:
+            continue
+        frames.append(f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}")
+    return frames
+
+
 def run(ns: dict, config: RunConfig, out: Path, resume_dir: str | None, quiet: bool = False) -> int:
-    program = build(ns, config)
+    try:
+        program = build(ns, config)
+    except Exception as err:  # noqa: BLE001 - user code raising while the program is built
+        return _user_error(err, "building the program")
     try:
         if resume_dir:
             resume(program, Path(resume_dir))
@@ -76,6 +107,8 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: str | None, quiet: b
         print(f"error: {e}\n  = help: the last good checkpoint is {out / 'checkpoint.pt'} (if one was "
               "written); lower the learning rate, clip gradients or check the data", file=sys.stderr)
         return 1
+    except Exception as err:  # noqa: BLE001 - the program's own code raising during training
+        return _user_error(err, f"step {program.step_count + 1}")
     finally:
         program.dist.close()
     return 0

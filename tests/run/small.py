@@ -56,3 +56,11 @@ def ce_nan_after(net, batch, after: int = 7):
 def accuracy(net, data):
     x, y = data.dataset.tensors
     return (net(x).argmax(-1) == y).float().mean().item()
+
+
+def ce_raising_after(net, batch, after: int = 7):
+    """The clean loss, until the `after`-th call: then a ValueError (a bug in user code)."""
+    STEP["n"] += 1
+    if STEP["n"] > after:
+        raise ValueError("labels out of range")
+    return ce(net, batch)
