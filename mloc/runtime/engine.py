@@ -37,7 +37,7 @@ from mloc.runtime.compose import Edge, Hierarchy
 from mloc.runtime.data import DataStream
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.metrics import FiniteGuard
-from mloc.runtime.precision import autocast_for
+from mloc.runtime.precision import autocast_factory
 from mloc.runtime.problem import Problem
 
 
@@ -90,6 +90,7 @@ class _Live:
     problem: Problem
     slots: list[str]
     lr: Any
+    autocast: Callable[[], Any] = None   # the problem's precision context, built once
     batch: tuple = ()
     last_loss: torch.Tensor | None = None
     steps: int = 0
@@ -113,6 +114,7 @@ class Program:
         self.streams = {n: DataStream(n, f, device=self.device, rank=self.dist.rank, world=self.dist.world)
                         for n, f in data.items()}
         self.live = self._build_problems(specs)
+        self._cast = getattr(torch, config.dtype) if config.dtype else None
         reduce = self.dist.mean if self.dist.world > 1 else None
         self.hierarchy = Hierarchy([lv.problem for lv in self.live.values()], edges, semantics, reduce)
         self.dist.broadcast_params([t for lv in self.live.values() for t in lv.problem.params])
@@ -139,7 +141,8 @@ class Program:
                 t.requires_grad_(n in slots and spec.init is None)
             lr = torch.tensor(spec.lr, device=self.device) if spec.schedule else spec.lr
             problem = Problem(spec.name, params, None, (), spec.optimizer(lr))
-            live[spec.name] = _Live(spec, module, problem, slots, lr)
+            autocast = autocast_factory(spec.precision or self.config.precision, self.device)
+            live[spec.name] = _Live(spec, module, problem, slots, lr, autocast)
         for lv in live.values():
             self._bind(lv, live)
         return live
@@ -160,8 +163,8 @@ class Program:
     def draw(self, name: str) -> None:
         """Draw the next batch of `name` (its loss uses it until the next draw)."""
         batch = self.streams[name].next()
-        if self.config.dtype:
-            batch = _cast_floating(batch, getattr(torch, self.config.dtype))
+        if self._cast is not None:
+            batch = _cast_floating(batch, self._cast)
         self.live[name].batch = batch
 
     def lower_step(self, name: str, draw: bool = True) -> None:
@@ -169,26 +172,33 @@ class Program:
         lv = self.live[name]
         if draw:
             self.draw(name)
-        with autocast_for(lv.spec.precision or self.config.precision, self.device.type):
+        params = lv.problem.params
+        with lv.autocast():
             loss = lv.problem.loss(*self.hierarchy._args[name])
-        grads = torch.autograd.grad(loss, lv.problem.params, allow_unused=True)
-        for p, g in zip(lv.problem.params, grads):
-            p.grad = torch.zeros_like(p) if g is None else g
-        lv.last_loss = loss.detach()
-        self._commit(lv, loss)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        if any(g is None for g in grads):
+            grads = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads))
+        lv.last_loss = loss = loss.detach()
+        if self.dist.world > 1 or lv.spec.clip_grad_norm is not None:
+            for p, g in zip(params, grads):      # the all-reduce and the clipping act on .grad
+                p.grad = g
+            self._commit(lv, loss, None)
+        else:
+            self._commit(lv, loss, grads)        # straight from autograd; .grad stays free
 
     def upper_step(self, name: str) -> None:
         """Hypergradient of `name` through every problem below it, then its optimizer step."""
         lv = self.live[name]
         self.draw(name)
-        for p in lv.problem.params:
+        params = lv.problem.params
+        for p in params:
             p.grad = None
-        with autocast_for(lv.spec.precision or self.config.precision, self.device.type):
+        with lv.autocast():
             self.hierarchy.hypergrad(name)
-        for p in lv.problem.params:
+        for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        self._commit(lv, None)
+        self._commit(lv, None, None)
 
     def reset(self, name: str) -> None:
         """Start `name` again from its `init` problem's parameters (δ = 0, fresh optimizer)."""
@@ -198,21 +208,35 @@ class Program:
                 p.zero_()
         lv.problem.state = lv.problem.optimizer.init(lv.problem.params)
 
-    def _commit(self, lv: _Live, loss) -> None:
-        params = lv.problem.params
-        self.dist.allreduce_grads(params)
-        grads = tuple(p.grad for p in params)
-        if lv.spec.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, lv.spec.clip_grad_norm, foreach=True)
+    def _commit(self, lv: _Live, loss, grads) -> None:
+        """Watch, then commit one optimizer step from ``grads`` (None: from ``.grad``, which
+        is all-reduced and clipped first, and freed after the step, as a hand-written loop
+        drops its gradients)."""
+        problem, spec = lv.problem, lv.spec
+        params = problem.params
+        from_grad = grads is None
+        if from_grad:
+            if self.dist.world > 1:
+                self.dist.allreduce_grads(params)
+            if spec.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, spec.clip_grad_norm, foreach=True)
+            grads = tuple(p.grad for p in params)
         step = self.step_count + 1     # 1-based, as logged
         if loss is not None:
-            self.guard.watch(step, lv.spec.name, loss, "loss")
+            self.guard.watch(step, spec.name, loss, "loss")
         else:
-            self.guard.watch(step, lv.spec.name, grads, "hypergradient")
-        if lv.spec.schedule is not None:
-            lv.lr.fill_(lv.spec.lr * lv.spec.schedule(lv.steps))
+            self.guard.watch(step, spec.name, grads, "hypergradient")
+        if spec.schedule is not None:
+            lv.lr.fill_(spec.lr * spec.schedule(lv.steps))
+        opt = problem.optimizer
         with torch.no_grad():
-            lv.problem.step()
+            if opt.step_ is not None:      # torch.optim's in-place step
+                problem.state = opt.step_(grads, problem.state, params)
+            else:
+                problem.state = optim.step(opt, params, problem.state, grads)
+        if from_grad:
+            for p in params:
+                p.grad = None
         lv.steps += 1
 
     # --- driving ----------------------------------------------------------------------
@@ -239,7 +263,7 @@ class Program:
         for name, lv in self.live.items():
             if not lv.batch:
                 continue
-            with autocast_for(lv.spec.precision or self.config.precision, self.device.type):
+            with lv.autocast():
                 value = lv.problem.loss(*self.hierarchy._args[name])
             out[name] = float(value)
         return out
@@ -277,7 +301,7 @@ class Program:
         problems = {}
         for name, lv in self.live.items():
             problems[name] = {"params": [p.detach().clone() for p in lv.problem.params],
-                              "optimizer": state_to_tree(lv.problem.state),
+                              "optimizer": state_to_tree(_cloned(lv.problem.state)),
                               "module": {k: v.detach().clone() for k, v in lv.module.state_dict().items()},
                               "steps": lv.steps}
         return {"program": self.name, "step": self.step_count, "problems": problems,
@@ -291,13 +315,28 @@ class Program:
             with torch.no_grad():
                 for p, v in zip(lv.problem.params, saved["params"]):
                     p.copy_(v)
-            lv.problem.state = tree_to_state(saved["optimizer"], lv.problem.state)
+            # copies: commits overwrite the state's tensors in place (optim.Optimizer.step_)
+            lv.problem.state = _cloned(tree_to_state(saved["optimizer"], lv.problem.state))
             lv.steps = int(saved["steps"])
         for n, s in self.streams.items():
             s.restore(state["data"][n])
         for name, lv in self.live.items():
             lv.batch = ()
         restore_rng(state["rng"])
+
+
+def _cloned(state):
+    """``state`` (NamedTuples, tuples, lists, dicts of tensors and numbers) with every tensor
+    copied, so a snapshot does not change when a commit overwrites the live tensors."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)(*(_cloned(v) for v in state))
+    if isinstance(state, (tuple, list)):
+        return type(state)(_cloned(v) for v in state)
+    if isinstance(state, dict):
+        return {k: _cloned(v) for k, v in state.items()}
+    return state
 
 
 def _cast_floating(batch, dtype):

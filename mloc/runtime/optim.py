@@ -34,13 +34,23 @@ from mloc.runtime.tree import Params
 
 
 class Optimizer(NamedTuple):
-    """A functional optimizer: pure ``init``/``update`` plus SAMA's ``diag``."""
+    """A functional optimizer: pure ``init``/``update`` plus SAMA's ``diag``.
+
+    ``step_(grads, state, params) -> state``, when given, commits one step in place (the
+    parameters and the state's tensors are overwritten) with exactly ``torch.optim``'s
+    single-tensor operations, so a committed run is bit-identical to ``torch.optim``'s;
+    :func:`step` uses it, and it leaves a state that ``update`` and ``diag`` read as they
+    would the functional one. It is ``None`` when a hyperparameter is a tensor (a learning
+    rate schedule, a learnable hyperparameter): ``torch.optim`` would read such a tensor
+    back to the host, so those commits take the functional path.
+    """
 
     init: Callable[[Params], Any]
     update: Callable[[Params, Any, Params], tuple[Params, Any]]
     diag: Callable[[Params | None, Any, Params], tuple]
     diag_uses_grad: bool
     hyper: dict
+    step_: Callable[[Params, Any, Params], Any] | None = None
 
 
 class SGDState(NamedTuple):
@@ -56,6 +66,11 @@ class AdamState(NamedTuple):
 
 def _is_zero(x) -> bool:
     return not isinstance(x, Tensor) and x == 0
+
+
+def _numbers(*values) -> bool:
+    """No tensor among ``values`` (the in-place commits take plain numbers only)."""
+    return not any(isinstance(v, Tensor) for v in values)
 
 
 def apply_updates(params: Params, updates: Params) -> Params:
@@ -104,9 +119,27 @@ def sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0) -> Op
             c = 1 + momentum * c if nesterov else c
         return (lr * c,) * len(params)
 
+    def step_(grads, state, params):
+        # torch.optim.sgd._single_tensor_sgd, operation for operation
+        first, bufs = state.count == 0, []
+        for i, (p, g) in enumerate(zip(params, grads)):
+            if weight_decay != 0:
+                g = g.add(p, alpha=weight_decay)
+            if has_momentum:
+                if first:
+                    buf = g.detach().clone()
+                else:
+                    buf = state.momentum[i]
+                    buf.mul_(momentum).add_(g, alpha=1 - dampening)
+                bufs.append(buf)
+                g = g.add(buf, alpha=momentum) if nesterov else buf
+            p.add_(g, alpha=-lr)
+        return SGDState(state.count + 1, tuple(bufs))
+
     hyper = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                  dampening=dampening)
-    return Optimizer(init, update, diag, False, hyper)
+    inplace = step_ if _numbers(lr, momentum, weight_decay, dampening) else None
+    return Optimizer(init, update, diag, False, hyper, inplace)
 
 
 def _adam(lr, betas, eps, weight_decay, decoupled: bool) -> Optimizer:
@@ -145,8 +178,28 @@ def _adam(lr, betas, eps, weight_decay, decoupled: bool) -> Optimizer:
             out.append(lr / c1 * ((1 - b1) / d - curv))
         return tuple(out)
 
+    def step_(grads, state, params):
+        # torch.optim.adam._single_tensor_adam (decoupled_weight_decay for AdamW), operation
+        # for operation; the step count is a Python int (torch.optim reads its step tensor
+        # back to the host: the same float)
+        t = state.count + 1
+        step_size = lr / (1 - b1**t)
+        root_c2 = (1 - b2**t) ** 0.5
+        for p, g, m, v in zip(params, grads, state.mu, state.nu):
+            if weight_decay != 0:
+                if decoupled:
+                    p.mul_(1 - lr * weight_decay)
+                else:
+                    g = g.add(p, alpha=weight_decay)
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v.sqrt() / root_c2).add_(eps)
+            p.addcdiv_(m, denom, value=-step_size)
+        return AdamState(t, state.mu, state.nu)
+
     hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-    return Optimizer(init, update, diag, True, hyper)
+    inplace = step_ if _numbers(lr, b1, b2, eps, weight_decay) else None
+    return Optimizer(init, update, diag, True, hyper, inplace)
 
 
 def adam(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0) -> Optimizer:
@@ -194,10 +247,14 @@ def with_state_tensors(state, tensors: Params):
 def step(opt: Optimizer, params: Params, state, grads: Params | None = None):
     """One in-place training step from ``.grad`` (or ``grads``); returns the new state.
 
-    Generated loops call this to commit a step; nothing here is differentiated.
+    Generated loops call this to commit a step; nothing here is differentiated. With
+    ``opt.step_`` the step is ``torch.optim``'s in-place one (the state's tensors are
+    overwritten); otherwise ``params += update(grads, state, params)``.
     """
     if grads is None:
         grads = tuple(p.grad for p in params)
+    if opt.step_ is not None:
+        return opt.step_(grads, state, params)
     updates, state = opt.update(grads, state, params)
     for p, u in zip(params, updates):
         p.add_(u)

@@ -45,6 +45,20 @@ def autocast_for(precision: str, device) -> contextlib.AbstractContextManager:
     raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
 
 
+_NULL = contextlib.nullcontext()    # reusable: entering it does nothing
+
+
+def autocast_factory(precision: str, device) -> Callable[[], contextlib.AbstractContextManager]:
+    """A function returning :func:`autocast_for`'s context, with ``precision`` and ``device``
+    checked once: a training loop builds it once per problem instead of once per step
+    (for ``fp32``, a shared ``nullcontext``)."""
+    context = autocast_for(precision, device)          # validates; raises like it
+    if isinstance(context, contextlib.nullcontext):
+        return lambda: _NULL
+    kind, dtype = context.device, context.fast_dtype
+    return lambda: torch.autocast(kind, dtype=dtype)
+
+
 def grad_scaler_for(precision: str, device) -> torch.amp.GradScaler:
     """A GradScaler for ``device``, enabled for ``fp16`` only (disabled, it passes losses
     through and steps unconditionally)."""

@@ -97,12 +97,83 @@ def test_differentiable_in_a_tensor_learning_rate(make):
 
 
 def test_step_commits_the_functional_update_in_place():
+    """A tensor learning rate (what a schedule sets) has no in-place path: `step` commits
+    the functional update."""
     p = torch.nn.Parameter(torch.ones(3, dtype=F64))
     p.grad = torch.tensor([1.0, 2.0, 3.0], dtype=F64)
-    opt = adam(0.1)
+    opt = adam(torch.tensor(0.1, dtype=F64))
+    assert opt.step_ is None
     state = optim.step(opt, (p,), opt.init((p,)))
     want = apply_updates((torch.ones(3, dtype=F64),), opt.update((p.grad,), opt.init((p,)), (p,))[0])
     assert torch.equal(p.detach(), want[0]) and state.count == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("name,kw", CONFIGS)
+def test_step_is_torch_optim_bit_for_bit(name, kw, dtype):
+    """`step` (the in-place commit) equals torch.optim's single-tensor step exactly, in
+    parameters and in the state's buffers, over several steps."""
+    shapes = [(3, 4), (4,), ()]
+    g = torch.Generator().manual_seed(9)
+    ours = tuple(torch.randn(s, generator=g, dtype=dtype) for s in shapes)
+    theirs = [p.clone().requires_grad_() for p in ours]
+    opt, ref = OPTIMIZERS[name](**kw), TORCH[name](theirs, foreach=False, **kw)
+    assert opt.step_ is not None
+    state = opt.init(ours)
+    for grads in grads_sequence(0, shapes, 7):
+        grads = tuple(t.to(dtype) for t in grads)
+        state = optim.step(opt, ours, state, grads)
+        for p, t in zip(theirs, grads):
+            p.grad = t.clone()
+        ref.step()
+        assert all(torch.equal(a, b.detach()) for a, b in zip(ours, theirs))
+    assert state.count == 7
+    if name == "sgd" and kw.get("momentum"):
+        bufs = [ref.state[p]["momentum_buffer"] for p in theirs]
+        assert all(torch.equal(a, b) for a, b in zip(state.momentum, bufs))
+    if name != "sgd":
+        assert all(torch.equal(a, ref.state[p]["exp_avg"]) for a, p in zip(state.mu, theirs))
+        assert all(torch.equal(a, ref.state[p]["exp_avg_sq"]) for a, p in zip(state.nu, theirs))
+
+
+@pytest.mark.parametrize("name,kw", CONFIGS)
+def test_update_and_diag_read_the_state_the_in_place_step_leaves(name, kw):
+    """After in-place commits, the functional `update` and `diag` (what unrolled methods and
+    SAMA read) give what they give from the functional trajectory's state, to rounding;
+    and the grads the commit read are left as they were."""
+    shapes = [(3, 4), (4,)]
+    start = tuple(torch.randn(s, generator=torch.Generator().manual_seed(2), dtype=F64) for s in shapes)
+    opt = OPTIMIZERS[name](**kw)
+    seq = grads_sequence(1, shapes, 5)
+    inplace, st_in = tuple(p.clone() for p in start), opt.init(start)
+    functional, st_fn = start, opt.init(start)
+    for grads in seq[:4]:
+        kept = tuple(t.clone() for t in grads)
+        st_in = optim.step(opt, inplace, st_in, grads)
+        assert all(torch.equal(a, b) for a, b in zip(grads, kept))
+        updates, st_fn = opt.update(grads, st_fn, functional)
+        functional = apply_updates(functional, updates)
+    close = lambda a, b: all(  # noqa: E731
+        torch.linalg.vector_norm(torch.as_tensor(x) - torch.as_tensor(y))
+        <= 1e-12 * torch.linalg.vector_norm(torch.as_tensor(y)) for x, y in zip(a, b))
+    assert st_in.count == st_fn.count == 4
+    assert close(inplace, functional)
+    assert close(optim.state_tensors(st_in), optim.state_tensors(st_fn))
+    assert close(opt.update(seq[4], st_in, inplace)[0], opt.update(seq[4], st_fn, functional)[0])
+    assert close(opt.diag(seq[4], st_in, inplace), opt.diag(seq[4], st_fn, functional))
+
+
+def test_tensor_hyperparameters_take_the_functional_commit():
+    lr = torch.tensor(0.1, dtype=F64)
+    for opt in (sgd(lr, momentum=0.9), sgd(0.1, momentum=torch.tensor(0.9, dtype=F64)),
+                adam(lr), adamw(0.01, weight_decay=torch.tensor(0.1, dtype=F64))):
+        assert opt.step_ is None
+        p = (torch.ones(3, dtype=F64),)
+        state = opt.init(p)
+        for k in range(3):
+            want = apply_updates(p, opt.update((torch.full((3,), k + 1.0, dtype=F64),), state, p)[0])
+            state = optim.step(opt, p, state, (torch.full((3,), k + 1.0, dtype=F64),))
+            assert torch.equal(p[0], want[0])
 
 
 def test_names_the_language_checker_validates():

@@ -69,3 +69,42 @@ def test_gradients_and_a_clean_run():
     guard.watch(1, "p", (torch.ones(2), torch.tensor([0.0, -float("inf")])), what="gradient")
     with pytest.raises(NonFiniteError, match="the gradient of problem `p` became NaN or Inf at step 1"):
         guard.check()
+
+
+def test_a_full_buffer_keeps_the_first_failure(monkeypatch, no_host_reads):
+    """More watches than the buffer holds between checks: the first failure, from an
+    earlier fill of the buffer, is still the one reported; watches never read the device
+    until the buffer is full."""
+    guard = FiniteGuard(capacity=4)
+    nan = float("nan")
+    no_host_reads()
+    for step in range(1, 4):                                # 3 + 1 watches: fits
+        guard.watch(step, "a", torch.tensor(nan if step == 3 else 1.0))
+    guard.watch(3, "b", (torch.ones(2), torch.tensor([nan])), what="gradient")
+    monkeypatch.undo()
+    for step in range(4, 30):                               # folds several times
+        guard.watch(step, "a", torch.tensor(float("inf") if step in (7, 20) else 1.0))
+        guard.watch(step, "b", (torch.ones(2), torch.ones(3)), what="gradient")
+    for _ in range(2):                                      # and keeps raising it
+        with pytest.raises(NonFiniteError) as info:
+            guard.check()
+        assert (info.value.problem, info.value.step, info.value.what) == ("a", 3, "loss")
+
+
+def test_integer_tensors_and_non_scalar_losses():
+    guard = FiniteGuard()
+    guard.watch(1, "p", torch.arange(3))
+    guard.watch(1, "p", (torch.arange(3), torch.ones(2, dtype=torch.bfloat16)), what="gradient")
+    guard.watch(2, "p", torch.tensor([1.0, 2.0]))
+    guard.check()
+    guard.watch(3, "p", (torch.ones(2, dtype=torch.float16), torch.tensor([-float("inf")])), what="gradient")
+    guard.watch(4, "p", torch.tensor([1.0, float("nan")]))
+    with pytest.raises(NonFiniteError, match="the gradient of problem `p` became NaN or Inf at step 3"):
+        guard.check()
+
+
+def test_finite_values_too_large_for_float32_are_finite():
+    guard = FiniteGuard()
+    guard.watch(1, "p", torch.tensor(1e300, dtype=torch.float64))
+    guard.watch(1, "p", (torch.full((3,), 1e300, dtype=torch.float64), torch.ones(1)), what="gradient")
+    guard.check()
