@@ -69,6 +69,7 @@ import mwn_hand  # noqa: E402  (puts programs/ on sys.path)
 import reweighting as lib  # noqa: E402
 from hypergrad import peak_bytes  # noqa: E402
 from mloc.codegen.compile import compile_program, load_generated  # noqa: E402
+from mloc.runtime import optim  # noqa: E402
 from mloc.runtime.engine import RunConfig  # noqa: E402
 from mloc.runtime.launch import build  # noqa: E402
 
@@ -220,11 +221,16 @@ def breakdown(method: str, program, reps: int = 400) -> dict:
     hyper = [torch.randn_like(p) * 1e-3 for p in upper.problem.params]
     zero = [torch.zeros_like(p) for p in lower.problem.params]
 
-    def mloc_adam():
-        for p, g in zip(upper.problem.params, hyper):
-            p.grad = g
+    def commit(lv, grads):  # as `Program._commit` commits (the watch is timed apart)
+        opt = lv.problem.optimizer
         with torch.no_grad():
-            upper.problem.step()
+            if opt.step_ is not None:
+                lv.problem.state = opt.step_(grads, lv.problem.state, lv.problem.params)
+            else:
+                lv.problem.state = optim.step(opt, lv.problem.params, lv.problem.state, grads)
+
+    def mloc_adam():
+        commit(upper, hyper)
 
     def hand_adam():
         saved = loop.hypergradient
@@ -236,10 +242,7 @@ def breakdown(method: str, program, reps: int = 400) -> dict:
             loop.hypergradient, loop._next = saved, nxt
 
     def mloc_sgd():
-        for p, g in zip(lower.problem.params, zero):
-            p.grad = g
-        with torch.no_grad():
-            lower.problem.step()
+        commit(lower, zero)
 
     def hand_sgd():
         with torch.no_grad():

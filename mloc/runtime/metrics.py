@@ -4,12 +4,12 @@
 "classifier", "loss": 0.41, ...}``) and flushes it, on the main process only.
 
 :class:`FiniteGuard` watches losses and gradients. :meth:`FiniteGuard.watch` only queues
-device work (one value per watch, the loss or the largest absolute gradient entry, copied
-into a preallocated buffer that stays on the device): it never calls ``.item()``, so the
-training loop does not synchronise with the device every step. :meth:`FiniteGuard.check`,
-called at log and checkpoint boundaries, reads the buffer with one transfer, finds the
-first non-finite value and raises :class:`NonFiniteError` naming the step and problem (in
-watch order) it came from.
+device work (it keeps one 0-dim value per watch on the device: the loss itself, or the
+largest absolute gradient entry): it never calls ``.item()``, so the training loop does not
+synchronise with the device every step. :meth:`FiniteGuard.check`, called at log and
+checkpoint boundaries, reads the kept values with one transfer, finds the first non-finite
+one and raises :class:`NonFiniteError` naming the step and problem (in watch order) it
+came from.
 """
 
 from __future__ import annotations
@@ -81,19 +81,18 @@ class NonFiniteError(Exception):
 
 
 class FiniteGuard:
-    """Records, on the device, one value per watch; :meth:`check` finds the first
+    """Keeps, on the device, one value per watch; :meth:`check` finds the first
     ``(step, problem, what)`` whose tensors were not finite and raises it (see the module
     docstring)."""
 
-    CAPACITY = 4096     # watches recorded between two checks before a fold (see _fold)
+    CAPACITY = 4096     # watches kept between two checks before a fold (see _fold)
 
     def __init__(self, capacity: int | None = None):
         self._capacity = capacity or self.CAPACITY
         self._keys: dict[tuple[str, str], int] = {}
         self._names: list[tuple[str, str]] = []
-        self._buf: Tensor | None = None         # one value per watch, in watch order
-        self._rows: list[Tensor] = []           # 0-dim views of _buf, made once
-        self._records: list[tuple[int | Tensor, int]] = []   # (step, code) of each row
+        self._values: list[Tensor] = []          # one 0-dim device tensor per watch, in order
+        self._records: list[tuple[int | Tensor, int]] = []   # (step, code) of each value
         self._first: tuple[int, int] | None = None  # found by a fold, not yet raised
 
     def watch(self, step: int | Tensor, problem: str, tensors: Tensor | Sequence[Tensor | None],
@@ -102,17 +101,21 @@ class FiniteGuard:
         skipped) are all finite at ``step`` (an int, or a 0-dim integer tensor on the device
         or the CPU). Queues device work only: no ``.item()``, no host sync.
 
-        One value per call is written into a preallocated device buffer: a 0-dim loss
-        itself (one copy), else the largest absolute value of the tensors (one
-        ``_foreach_norm(ord=inf)``, a ``stack``, an ``amax`` and the copy; NaN propagates
-        through all of them and a maximum of finite numbers cannot overflow). The value is
-        finite exactly when every entry of every tensor is."""
+        One 0-dim value per call is kept on the device: a 0-dim loss itself (no kernel),
+        else the largest absolute value of the tensors (one ``_foreach_norm(ord=inf)``, a
+        ``stack`` and an ``amax``; NaN propagates through all of them and a maximum of
+        finite numbers cannot overflow). It is finite exactly when every entry of every
+        tensor is. A 0-dim tensor that was never modified and is no view is kept as it is
+        (it must not be modified in place afterwards; the engine's detached losses never
+        are); any other is copied."""
         if isinstance(tensors, Tensor):
             value = tensors
             if value.dim():
                 if not _inexact(value):
                     return
                 value = torch.linalg.vector_norm(value, math.inf)
+            elif value._version or value._base is not None:
+                value = value.clone()        # a tensor that may change later: its value now
         else:
             try:        # the common case (a problem's gradients), with no Python per tensor
                 value = torch.stack(torch._foreach_norm(tensors, math.inf)).amax()
@@ -123,45 +126,38 @@ class FiniteGuard:
                 value = torch.stack([torch.linalg.vector_norm(t, math.inf) for t in ts]).amax()
         if value.requires_grad:
             value = value.detach()
-        n = len(self._records)
-        if n == len(self._rows):
-            if self._buf is None:
-                # float64 holds any finite float16/bfloat16/float32/float64 value (MPS has
-                # no float64, and no float64 losses either)
-                dtype = torch.float32 if value.device.type == "mps" else torch.float64
-                self._buf = torch.zeros(self._capacity, dtype=dtype, device=value.device)
-                self._rows = list(self._buf.unbind())
-            else:
-                self._fold()
-                n = 0
+        if len(self._values) == self._capacity:
+            self._fold()
         code = self._keys.get((problem, what))
         if code is None:
             code = self._keys[(problem, what)] = len(self._names)
             self._names.append((problem, what))
         if isinstance(step, Tensor):
             step = step.detach().clone()        # its value now, as the device sees it
-        self._rows[n].copy_(value)
+        self._values.append(value)
         self._records.append((step, code))
 
     def _scan(self) -> tuple[int, int] | None:
-        """The first recorded ``(step, code)`` whose value is not finite (one transfer), and
-        forget the records."""
-        n = len(self._records)
-        if not n:
+        """The first kept ``(step, code)`` whose value is not finite (one transfer), and
+        forget what was kept."""
+        values, records = self._values, self._records
+        self._values, self._records = [], []
+        if not values:
             return None
-        values = self._buf[:n].tolist()
-        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-        found = None
-        if bad is not None:
-            step, code = self._records[bad]
-            found = (int(step), code)
-        self._records = []
-        return found
+        try:
+            read = torch.stack(values).tolist()        # promotes to the widest dtype
+        except RuntimeError:                            # values on several devices
+            read = [v.item() for v in values]
+        bad = next((i for i, v in enumerate(read) if not math.isfinite(v)), None)
+        if bad is None:
+            return None
+        step, code = records[bad]
+        return int(step), code
 
     def _fold(self) -> None:
-        """The buffer is full (``capacity`` watches without a check): read it now, keep the
-        first failure on the host and start over. One host sync per ``capacity`` watches;
-        a training loop that checks at its log interval never gets here."""
+        """``capacity`` watches without a check: read them now, keep the first failure on
+        the host and start over. One host sync per ``capacity`` watches; a training loop
+        that checks at its log interval never gets here."""
         found = self._scan()
         if self._first is None:
             self._first = found
