@@ -171,29 +171,32 @@ def planned_labels(args, out: Output) -> dict | None:
 def add_commands(command) -> None:
     """Register the commands on the CLI's subparser factory."""
     p = command("compile", "compile a program to a runnable train.py (with plan.json and graph.dot)", cmd_compile)
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="the .mlo program")
     p.add_argument("-o", "--output", default="build", metavar="DIR", help="output folder (default: build)")
     p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")
 
     p = command("plan", "show how mloc will train a program: methods, modes, memory, schedule", cmd_plan)
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="the .mlo program")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")
 
     p = command("run", "compile and train a program", cmd_run)
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("--steps", type=int, help="outer steps (default: the program's)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--device", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
-    p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")
-    p.add_argument("--nproc", type=int, default=1, help="data-parallel processes (launched with torchrun)")
-    p.add_argument("--out", default="runs/latest", metavar="DIR", help="train.py, metrics.jsonl, checkpoint.pt")
-    p.add_argument("--resume", metavar="DIR", help="continue the run whose --out was DIR")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("file", metavar="FILE", help="the .mlo program")
+    p.add_argument("--steps", type=int, help="outer (top-level) steps; default: the train block's")
+    p.add_argument("--seed", type=int, help="random seed; default: the train block's")
+    p.add_argument("--device", help="cpu, cuda, cuda:N or auto; default: the train block's")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="autocast precision; default: the train block's")
+    p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE",
+                   help="change a field for this run, checked like the file: PROBLEM.FIELD, UPPER->LOWER.FIELD, "
+                        "train.FIELD or a setting (repeatable)")
+    p.add_argument("--nproc", type=int, default=1, help="data-parallel processes, launched with torchrun (default 1)")
+    p.add_argument("--out", default="runs/latest", metavar="DIR",
+                   help="where train.py, metrics.jsonl and checkpoint.pt go (default: runs/latest)")
+    p.add_argument("--resume", metavar="DIR", help="continue from DIR/checkpoint.pt (the --out of an earlier run)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
 
     p = command("hypergrad", "compute each upper problem's hypergradient at the initial state", cmd_hypergrad)
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="the .mlo program")
     p.add_argument("--json", action="store_true", help="print the full values as JSON")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None)
     p.add_argument("--seed", type=int)
