@@ -88,9 +88,16 @@ def cmd_run(args, out: Output) -> int:
     if args.resume and not (Path(args.resume) / "checkpoint.pt").is_file():
         raise UsageError(f"{args.resume} holds no checkpoint.pt", help="pass the --out folder of an earlier run")
     out_dir = Path(args.out)
+    if (out_dir / "checkpoint.pt").exists() and not args.resume and not args.overwrite:
+        raise UsageError(f"{out_dir} already holds a run (checkpoint.pt); it is left as it is",
+                         help=f"continue it with `--resume {out_dir}`, start over with `--overwrite`, "
+                              "or choose another --out")
     compiled = _compiled(args, out, out_dir)
     if compiled is None:
         return EXIT_ERRORS
+    if args.overwrite and not args.resume:
+        for name in ("checkpoint.pt", "metrics.jsonl"):
+            (out_dir / name).unlink(missing_ok=True)
     train = write_outputs(compiled, out_dir)
     opts = _run_options(args) + ["--out", str(out_dir)] + (["--resume", args.resume] if args.resume else [])
     if args.nproc > 1:
@@ -193,6 +200,8 @@ def add_commands(command) -> None:
     p.add_argument("--out", default="runs/latest", metavar="DIR",
                    help="where train.py, metrics.jsonl and checkpoint.pt go (default: runs/latest)")
     p.add_argument("--resume", metavar="DIR", help="continue from DIR/checkpoint.pt (the --out of an earlier run)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in an --out folder that already holds a run (its checkpoint and metrics are replaced)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
     p = command("hypergrad", "compute each upper problem's hypergradient at the initial state", cmd_hypergrad)

@@ -136,3 +136,13 @@ def test_an_error_in_the_programs_code_during_training_points_at_it(tmp_path):
     assert "error[E702]: the program's code raised ValueError during step" in proc.stderr
     assert "small.py" in proc.stderr and "labels out of range" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_new_run_never_overwrites_an_earlier_one_unasked(tmp_path):
+    assert mloc("run", str(SMALL), "--steps", "5", "--out", str(tmp_path), "--quiet").returncode == 0
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    proc = mloc("run", str(SMALL), "--steps", "7", "--out", str(tmp_path), "--quiet")
+    assert proc.returncode == 2 and "already holds a run" in proc.stderr and "--resume" in proc.stderr
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
+    assert mloc("run", str(SMALL), "--steps", "7", "--out", str(tmp_path), "--quiet", "--overwrite").returncode == 0
+    assert load_checkpoint(tmp_path / "checkpoint.pt", None)["step"] == 7
