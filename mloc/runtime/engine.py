@@ -37,7 +37,7 @@ from mloc.runtime.compose import Edge, Hierarchy
 from mloc.runtime.data import DataStream
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.metrics import FiniteGuard
-from mloc.runtime.precision import autocast_factory
+from mloc.runtime.precision import ScaledStep, autocast_factory, grad_scaler_for
 from mloc.runtime.problem import Problem
 
 
@@ -91,6 +91,7 @@ class _Live:
     slots: list[str]
     lr: Any
     autocast: Callable[[], Any] = None   # the problem's precision context, built once
+    scaler: Any = None                   # a GradScaler for fp16 on CUDA, else None
     batch: tuple = ()
     last_loss: torch.Tensor | None = None
     steps: int = 0
@@ -141,8 +142,11 @@ class Program:
                 t.requires_grad_(n in slots and spec.init is None)
             lr = torch.tensor(spec.lr, device=self.device) if spec.schedule else spec.lr
             problem = Problem(spec.name, params, None, (), spec.optimizer(lr))
-            autocast = autocast_factory(spec.precision or self.config.precision, self.device)
-            live[spec.name] = _Live(spec, module, problem, slots, lr, autocast)
+            precision = spec.precision or self.config.precision
+            autocast = autocast_factory(precision, self.device)
+            scaler = grad_scaler_for(precision, self.device)
+            live[spec.name] = _Live(spec, module, problem, slots, lr, autocast,
+                                    scaler if scaler.is_enabled() else None)
         for lv in live.values():
             self._bind(lv, live)
         return live
@@ -175,6 +179,8 @@ class Program:
         params = lv.problem.params
         with lv.autocast():
             loss = lv.problem.loss(*self.hierarchy._args[name])
+        if lv.scaler is not None:
+            return self._scaled_lower_step(lv, loss)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         if any(g is None for g in grads):
             grads = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads))
@@ -185,6 +191,30 @@ class Program:
             self._commit(lv, loss, None)
         else:
             self._commit(lv, loss, grads)        # straight from autograd; .grad stays free
+
+    def _scaled_lower_step(self, lv: _Live, loss) -> None:
+        """fp16 on CUDA: dynamic loss scaling (Micikevicius et al., 2018). The scaled loss is
+        differentiated, the gradients unscaled (after the all-reduce), and the step skipped
+        when they overflowed, the scale then halved; otherwise it grows every 2000 steps.
+        Overflow is the scaler's business, so only the loss is watched for NaN/Inf here.
+        (Hypergradient steps are not loss-scaled: the runtime forms them in fp32 masters.)"""
+        params, scaler = lv.problem.params, lv.scaler
+        grads = torch.autograd.grad(scaler.scale(loss), params, allow_unused=True)
+        for p, g in zip(params, grads):
+            p.grad = torch.zeros_like(p) if g is None else g
+        if self.dist.world > 1:
+            self.dist.allreduce_grads(params)
+        proxy = ScaledStep(params, lambda: self._apply(lv, tuple(p.grad for p in params)))
+        scaler.unscale_(proxy)
+        if lv.spec.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, lv.spec.clip_grad_norm, foreach=True)
+        lv.last_loss = loss = loss.detach()
+        self.guard.watch(self.step_count + 1, lv.spec.name, loss, "loss")
+        scaler.step(proxy)
+        scaler.update()
+        for p in params:
+            p.grad = None
+        lv.steps += 1
 
     def upper_step(self, name: str) -> None:
         """Hypergradient of `name` through every problem below it, then its optimizer step."""
@@ -226,18 +256,23 @@ class Program:
             self.guard.watch(step, spec.name, loss, "loss")
         else:
             self.guard.watch(step, spec.name, grads, "hypergradient")
+        self._apply(lv, grads)
+        if from_grad:
+            for p in params:
+                p.grad = None
+        lv.steps += 1
+
+    def _apply(self, lv: _Live, grads) -> None:
+        """The optimizer step itself (learning-rate schedule, then the update, in place)."""
+        problem, spec = lv.problem, lv.spec
         if spec.schedule is not None:
             lv.lr.fill_(spec.lr * spec.schedule(lv.steps))
         opt = problem.optimizer
         with torch.no_grad():
             if opt.step_ is not None:      # torch.optim's in-place step
-                problem.state = opt.step_(grads, problem.state, params)
+                problem.state = opt.step_(grads, problem.state, problem.params)
             else:
-                problem.state = optim.step(opt, params, problem.state, grads)
-        if from_grad:
-            for p in params:
-                p.grad = None
-        lv.steps += 1
+                problem.state = optim.step(opt, problem.params, problem.state, grads)
 
     # --- driving ----------------------------------------------------------------------
     def outer_step(self) -> None:
