@@ -4,8 +4,8 @@
 "classifier", "loss": 0.41, ...}``) and flushes it, on the main process only.
 
 :class:`FiniteGuard` watches losses and gradients. :meth:`FiniteGuard.watch` only queues
-device work (it keeps one 0-dim value per watch on the device: the loss itself, or the
-largest absolute gradient entry): it never calls ``.item()``, so the training loop does not
+device work (it keeps 0-dim values on the device: the loss itself, or each gradient
+tensor's largest absolute entry from one fused kernel): it never calls ``.item()``, so the training loop does not
 synchronise with the device every step. :meth:`FiniteGuard.check`, called at log and
 checkpoint boundaries, reads the kept values with one transfer, finds the first non-finite
 one and raises :class:`NonFiniteError` naming the step and problem (in watch order) it
@@ -81,11 +81,11 @@ class NonFiniteError(Exception):
 
 
 class FiniteGuard:
-    """Keeps, on the device, one value per watch; :meth:`check` finds the first
-    ``(step, problem, what)`` whose tensors were not finite and raises it (see the module
-    docstring)."""
+    """Keeps, on the device, one 0-dim value per watched tensor; :meth:`check` finds the
+    first ``(step, problem, what)`` whose tensors were not finite and raises it (see the
+    module docstring)."""
 
-    CAPACITY = 4096     # watches kept between two checks before a fold (see _fold)
+    CAPACITY = 4096     # values kept between two checks before a fold (see _fold)
 
     def __init__(self, capacity: int | None = None):
         self._capacity = capacity or self.CAPACITY
@@ -101,10 +101,10 @@ class FiniteGuard:
         skipped) are all finite at ``step`` (an int, or a 0-dim integer tensor on the device
         or the CPU). Queues device work only: no ``.item()``, no host sync.
 
-        One 0-dim value per call is kept on the device: a 0-dim loss itself (no kernel),
-        else the largest absolute value of the tensors (one ``_foreach_norm(ord=inf)``, a
-        ``stack`` and an ``amax``; NaN propagates through all of them and a maximum of
-        finite numbers cannot overflow). It is finite exactly when every entry of every
+        0-dim values are kept on the device: a 0-dim loss itself (no kernel), else the
+        largest absolute value of each tensor (one fused ``_foreach_norm(ord=inf)`` for a
+        problem's gradients, kept as they come; NaN propagates through it and a maximum of
+        finite numbers cannot overflow). A value is finite exactly when every entry of its
         tensor is. A 0-dim tensor that was never modified and is no view is kept as it is
         (it must not be modified in place afterwards; the engine's detached losses never
         are); any other is copied."""
@@ -117,16 +117,21 @@ class FiniteGuard:
             elif value._version or value._base is not None:
                 value = value.clone()        # a tensor that may change later: its value now
         else:
-            try:        # the common case (a problem's gradients), with no Python per tensor
-                value = torch.stack(torch._foreach_norm(tensors, math.inf)).amax()
+            try:        # the common case (a problem's gradients): one fused kernel, kept as is
+                norms = torch._foreach_norm(tensors, math.inf)
             except (TypeError, RuntimeError):   # None entries, integer tensors, an empty list
+                norms = None
+            if norms is None:
                 ts = [t for t in tensors if t is not None and _inexact(t)]
                 if not ts:
                     return
-                value = torch.stack([torch.linalg.vector_norm(t, math.inf) for t in ts]).amax()
-        if value.requires_grad:
-            value = value.detach()
-        if len(self._values) == self._capacity:
+                norms = [torch.linalg.vector_norm(t, math.inf) for t in ts]
+            self._keep(step, problem, what, norms)
+            return
+        self._keep(step, problem, what, (value.detach() if value.requires_grad else value,))
+
+    def _keep(self, step, problem: str, what: str, values: Sequence[Tensor]) -> None:
+        if len(self._values) + len(values) > self._capacity:
             self._fold()
         code = self._keys.get((problem, what))
         if code is None:
@@ -134,8 +139,8 @@ class FiniteGuard:
             self._names.append((problem, what))
         if isinstance(step, Tensor):
             step = step.detach().clone()        # its value now, as the device sees it
-        self._values.append(value)
-        self._records.append((step, code))
+        self._values.extend(values)
+        self._records.extend([(step, code)] * len(values))
 
     def _scan(self) -> tuple[int, int] | None:
         """The first kept ``(step, code)`` whose value is not finite (one transfer), and
@@ -155,8 +160,8 @@ class FiniteGuard:
         return int(step), code
 
     def _fold(self) -> None:
-        """``capacity`` watches without a check: read them now, keep the first failure on
-        the host and start over. One host sync per ``capacity`` watches; a training loop
+        """``capacity`` values without a check: read them now, keep the first failure on
+        the host and start over. One host sync per ``capacity`` values; a training loop
         that checks at its log interval never gets here."""
         found = self._scan()
         if self._first is None:

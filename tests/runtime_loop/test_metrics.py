@@ -75,10 +75,10 @@ def test_a_full_buffer_keeps_the_first_failure(monkeypatch, no_host_reads):
     """More watches than the buffer holds between checks: the first failure, from an
     earlier fill of the buffer, is still the one reported; watches never read the device
     until the buffer is full."""
-    guard = FiniteGuard(capacity=4)
+    guard = FiniteGuard(capacity=5)
     nan = float("nan")
     no_host_reads()
-    for step in range(1, 4):                                # 3 + 1 watches: fits
+    for step in range(1, 4):                                # 3 values + 2 gradient norms: fits
         guard.watch(step, "a", torch.tensor(nan if step == 3 else 1.0))
     guard.watch(3, "b", (torch.ones(2), torch.tensor([nan])), what="gradient")
     monkeypatch.undo()
