@@ -131,12 +131,6 @@ _IMAGE_SUFFIXES = {".png", ".svg", ".pdf"}
 _TEXT_SUFFIXES = {".dot": "dot", ".gv": "dot", ".mmd": "mermaid", ".json": "json", ".txt": "text"}
 
 
-def _plan_labels(args, out: Output):
-    """`--plan`: compile (this runs the program's Python) and label edges with the plan."""
-    from mloc.cli_train import planned_labels
-    return planned_labels(args, out)
-
-
 def cmd_graph(args, out: Output) -> int:
     unit = _compile(args.file)
     _report(out, unit.diagnostics, "full")
@@ -144,7 +138,9 @@ def cmd_graph(args, out: Output) -> int:
         out.err(f"{args.file}: failed ({_summary(unit.diagnostics)})")
         return EXIT_ERRORS
     from mloc.ir.printer import FORMATS, with_plan
-    labels = _plan_labels(args, out) if args.plan else None
+    if args.plan:   # compiling runs the program's Python; kept out of plain `graph`
+        from mloc.cli_train import planned_labels
+    labels = planned_labels(args, out) if args.plan else None
     if args.plan and labels is None:
         return EXIT_ERRORS
     render_fmt = lambda fmt: with_plan(FORMATS[fmt](unit.graph), fmt, labels) if labels else FORMATS[fmt](unit.graph)  # noqa: E731
@@ -243,13 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="color diagnostics (default: auto, when writing to a terminal)")
         return p
 
-    from mloc.passes.pipeline_names import PASS_NAMES
+    from mloc.passes.pipeline import PASSES
+    pass_names = tuple(PASSES)
     p = command("check", "check .mlo files without running anything (no torch, no user code)", cmd_check)
     p.add_argument("files", nargs="+", metavar="FILE", help=".mlo files to check")
     p.add_argument("--format", choices=("full", "concise", "json"), default="full",
                    help="diagnostics: full (source and carets), concise (one line each) or json (one object per line)")
-    p.add_argument("--print-after", choices=PASS_NAMES, metavar="PASS",
-                   help=f"print the program after a pass: {', '.join(PASS_NAMES)}")
+    p.add_argument("--print-after", choices=pass_names, metavar="PASS",
+                   help=f"print the program after a pass: {', '.join(pass_names)}")
     p.add_argument("--time-passes", action="store_true", help="print how long each pass took")
 
     p = command("graph", "print or render a program's dependency graph", cmd_graph)

@@ -17,7 +17,7 @@ from mloc.cli import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, Output, UsageError, _repo
 from mloc.codegen.compile import Compiled, compile_program, load_generated
 from mloc.codegen.overrides import OverrideError
 from mloc.ir.printer import dump_dot
-from mloc.passes.plan import plan_table, plan_to_json
+from mloc.passes.plan import format_bytes, plan_table, plan_to_json
 
 
 def _compiled(args, out: Output, out_dir: Path | None = None) -> Compiled | None:
@@ -127,7 +127,7 @@ def cmd_hypergrad(args, out: Output) -> int:
                      dtype=args.dtype)
     program = build(ns, config)
     grads = program.hypergradients()
-    errors = _reference_errors(ns, config, grads) if args.check else {}
+    errors = _reference_errors(ns, config, grads, compiled.sizes.params) if args.check else {}
     if args.json:
         out.out(json.dumps({up: {k: v.tolist() for k, v in g.items()} | (
             {"_relative_error": errors[up]} if up in errors else {}) for up, g in grads.items()}))
@@ -141,15 +141,13 @@ def cmd_hypergrad(args, out: Output) -> int:
     return EXIT_OK
 
 
-def _reference_errors(ns: dict, config, grads: dict) -> dict[str, float]:
+def _reference_errors(ns: dict, config, grads: dict, sizes: dict[str, int]) -> dict[str, float]:
     """Relative error of each upper's hypergradient against the same program with every
     implicit edge solved by CG to convergence: 2·d iterations for a lower problem with d
-    parameters (CG is exact after d in exact arithmetic; the runtime masks converged
+    parameters (as the dataflow pass counted them) (CG is exact after d in exact arithmetic; the runtime masks converged
     steps rather than stopping, so the count is bounded), at most 1000."""
     from mloc.runtime import Edge, cg
     from mloc.runtime.launch import build
-
-    sizes = {n: sum(p.numel() for p in lv.problem.params) for n, lv in build(ns, config).live.items()}
 
     def reference(e):
         if type(e.method).__name__ == "itd":
@@ -171,8 +169,7 @@ def planned_labels(args, out: Output) -> dict | None:
     compiled = _compiled(args, out)
     if compiled is None:
         return None
-    from mloc.passes.plan import _mb
-    return {(e.upper, e.lower): f"{e.render()} ×{e.unroll}, {_mb(e.memory)}" for e in compiled.plan.edges}
+    return {(e.upper, e.lower): f"{e.render()} ×{e.unroll}, {format_bytes(e.memory)}" for e in compiled.plan.edges}
 
 
 def add_commands(command) -> None:

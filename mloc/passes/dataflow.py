@@ -133,4 +133,4 @@ def _loss_function(p, mods):
     def fn(*modules_and_batch):
         *modules, batch = modules_and_batch
         return evaluate(p.loss.call, {**mods, **dict(zip(reads, modules)), "batch": batch})
-    return lambda *a: fn(*a)
+    return fn

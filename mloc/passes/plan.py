@@ -164,7 +164,7 @@ def _plan_edge(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantic
     time, memory = _cost(e.method.name, args, sizes, e.lower, e.upper)
     reason = f"as written; lower optimizer {lower.optimizer.name}"
     if not _fits(memory, budget):
-        reason += f"; over the memory budget ({_mb(memory)} > {_mb(budget)})"
+        reason += f"; over the memory budget ({format_bytes(memory)} > {format_bytes(budget)})"
     return EdgePlan(e.upper, e.lower, e.method.name, tuple(args.items()), e.unroll, time, memory, reason)
 
 
@@ -185,7 +185,7 @@ def _itd_mode(e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str) -> E
               "reverse": f"{why}: reverse mode is fastest and fits the budget",
               "recompute": f"{why}: reverse mode's {k} graphs exceed the budget; recompute keeps only the iterates"}[mode]
     if over:
-        reason = f"{why}: nothing fits the budget; {mode} needs the least memory ({_mb(memory)} > {_mb(budget)})"
+        reason = f"{why}: nothing fits the budget; {mode} needs the least memory ({format_bytes(memory)} > {format_bytes(budget)})"
     return EdgePlan(e.upper, e.lower, "itd", tuple(a.items()), e.unroll, time, memory or None, reason)
 
 
@@ -211,7 +211,7 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) ->
     name, args = candidates[-1]
     time, memory = _cost(name, args, sizes, e.lower, e.upper)
     return EdgePlan(e.upper, e.lower, name, tuple(args.items()), e.unroll, time, memory,
-                    f"auto: nothing fits the budget ({_mb(budget)}); the smallest method")
+                    f"auto: nothing fits the budget ({format_bytes(budget)}); the smallest method")
 
 
 def _periods(g: ProgramGraph, edges: tuple[EdgePlan, ...]) -> dict[str, int]:
@@ -262,7 +262,8 @@ def _actions(g: ProgramGraph, name: str, itd_into: dict, edges) -> list:
     return out
 
 
-def _mb(n: int | None) -> str:
+def format_bytes(n: int | None) -> str:
+    """`12.3 MiB`, `4.0 KiB`, or `unknown`."""
     if n is None:
         return "unknown"
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
@@ -297,13 +298,13 @@ def plan_table(plan: Plan) -> str:
     rows = [("edge", "method", "mode", "memory", "time (G)", "reason")]
     for e in plan.edges:
         rows.append((f"{e.upper} -> {e.lower}", e.render().split("(")[0] + _args_text(e), e.mode or "-",
-                     _mb(e.memory) if e.memory is not None else "unknown", f"{e.time_g:g}", e.reason))
+                     format_bytes(e.memory) if e.memory is not None else "unknown", f"{e.time_g:g}", e.reason))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 6)
     lines.append("")
     lines.append(f"semantics: {plan.runtime_semantics} ({plan.semantics_reason})")
-    lines.append(f"memory budget: {_mb(plan.memory_budget) if plan.memory_budget else 'none'}")
+    lines.append(f"memory budget: {format_bytes(plan.memory_budget) if plan.memory_budget else 'none'}")
     lines.append("composition order (adjoints, bottom-up): " + " -> ".join(plan.order))
     lines.append("schedule, one outer step:")
     lines += _schedule_lines(plan.schedule, 1)

@@ -161,19 +161,25 @@ class DataStream:
             pass
 
 
+def map_tensors(batch: Any, fn) -> Any:
+    """``batch`` with ``fn`` applied to every tensor, through tuples (named too), lists and
+    dicts; anything else is returned as it is."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(map_tensors(b, fn) for b in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_tensors(b, fn) for b in batch)
+    if isinstance(batch, dict):
+        return {k: map_tensors(v, fn) for k, v in batch.items()}
+    return batch
+
+
 def to_device(batch: Any, device: torch.device | None) -> Any:
-    """``batch`` with every tensor moved to ``device``, through tuples (named too), lists, dicts."""
+    """``batch`` with every tensor moved to ``device`` (``None``: unchanged)."""
     if device is None:
         return batch
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(to_device(b, device) for b in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    return batch
+    return map_tensors(batch, lambda t: t.to(device, non_blocking=True))
 
 
 def distributed_loader(loader: DataLoader, rank: int, world: int, seed: int = 0) -> DataLoader:

@@ -34,7 +34,7 @@ from mloc.runtime import optim
 from mloc.runtime.binding import BoundLoss, select_parameters
 from mloc.runtime.checkpoint import capture_rng, restore_rng, state_to_tree, tree_to_state
 from mloc.runtime.compose import Edge, Hierarchy
-from mloc.runtime.data import DataStream
+from mloc.runtime.data import DataStream, map_tensors
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.metrics import FiniteGuard
 from mloc.runtime.precision import ScaledStep, autocast_factory, grad_scaler_for
@@ -375,13 +375,7 @@ def _cloned(state):
 
 
 def _cast_floating(batch, dtype):
-    if isinstance(batch, torch.Tensor):
-        return batch.to(dtype) if batch.is_floating_point() else batch
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_cast_floating(b, dtype) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _cast_floating(v, dtype) for k, v in batch.items()}
-    return batch
+    return map_tensors(batch, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def _seed_everything(seed: int) -> None:

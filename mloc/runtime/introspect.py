@@ -24,6 +24,8 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
+from mloc.runtime.data import map_tensors
+
 
 @dataclass(frozen=True)
 class LossProbe:
@@ -42,13 +44,7 @@ def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
 
 
 def to_meta(batch):
-    if isinstance(batch, torch.Tensor):
-        return batch.to("meta")
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_meta(b) for b in batch)
-    if isinstance(batch, dict):
-        return {k: to_meta(v) for k, v in batch.items()}
-    return batch
+    return map_tensors(batch, lambda t: t.to("meta"))
 
 
 def first_batch(data):
