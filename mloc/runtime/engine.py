@@ -87,11 +87,12 @@ class _Live:
 
     spec: ProblemSpec
     module: nn.Module
-    problem: Problem
+    params: tuple                        # the trainable tensors (δ for an `init` problem)
     slots: list[str]
     lr: Any
     autocast: Callable[[], Any] = None   # the problem's precision context, built once
     scaler: Any = None                   # a GradScaler for fp16 on CUDA, else None
+    problem: Problem | None = None       # set once every problem's parameters exist
     batch: tuple = ()
     last_loss: torch.Tensor | None = None
     steps: int = 0
@@ -111,11 +112,11 @@ class Program:
         self.evaluations = tuple(evaluations)
         self.guard = FiniteGuard()
         _seed_everything(config.seed)
+        self._cast = getattr(torch, config.dtype) if config.dtype else None
         self.modules = self._build_modules(build_modules)
         self.streams = {n: DataStream(n, f, device=self.device, rank=self.dist.rank, world=self.dist.world)
                         for n, f in data.items()}
         self.live = self._build_problems(specs)
-        self._cast = getattr(torch, config.dtype) if config.dtype else None
         reduce = self.dist.mean if self.dist.world > 1 else None
         self.hierarchy = Hierarchy([lv.problem for lv in self.live.values()], edges, semantics, reduce)
         self.dist.broadcast_params([t for lv in self.live.values() for t in lv.problem.params])
@@ -123,9 +124,8 @@ class Program:
     # --- building ---------------------------------------------------------------------
     def _build_modules(self, build: Callable[[], dict]) -> dict[str, nn.Module]:
         modules = build()
-        dtype = getattr(torch, self.config.dtype) if self.config.dtype else None
         for m in modules.values():
-            m.to(device=self.device, dtype=dtype) if dtype else m.to(self.device)
+            m.to(device=self.device, dtype=self._cast) if self._cast else m.to(self.device)
         return modules
 
     def _build_problems(self, specs: Sequence[ProblemSpec]) -> dict[str, _Live]:
@@ -141,27 +141,25 @@ class Program:
             for n, t in named.items():
                 t.requires_grad_(n in slots and spec.init is None)
             lr = torch.tensor(spec.lr, device=self.device) if spec.schedule else spec.lr
-            problem = Problem(spec.name, params, None, (), spec.optimizer(lr))
             precision = spec.precision or self.config.precision
             autocast = autocast_factory(precision, self.device)
             scaler = grad_scaler_for(precision, self.device)
-            live[spec.name] = _Live(spec, module, problem, slots, lr, autocast,
+            live[spec.name] = _Live(spec, module, params, slots, lr, autocast,
                                     scaler if scaler.is_enabled() else None)
-        for lv in live.values():
-            self._bind(lv, live)
+        for lv in live.values():    # every problem's parameters exist now: bind the losses
+            lv.problem = self._problem(lv, live)
         return live
 
-    def _bind(self, lv: _Live, live: dict[str, _Live]) -> None:
-        """Give the runtime problem its loss closure and the reads it implies."""
+    def _problem(self, lv: _Live, live: dict[str, _Live]) -> Problem:
+        """The runtime problem: its loss closure and the reads it implies."""
         reads = list(lv.spec.reads)
         extra = [live[r].spec.init for r in reads if live[r].spec.init and live[r].spec.init not in reads]
         runtime_reads = reads + list(dict.fromkeys(extra))
         offsets = {i: runtime_reads.index(live[r].spec.init) for i, r in enumerate(reads) if live[r].spec.init}
         bound = BoundLoss(lv.spec.loss, [live[r].module for r in reads], [live[r].slots for r in reads],
-                          [live[r].problem.params for r in runtime_reads], lambda: (lv.batch,),
+                          [live[r].params for r in runtime_reads], lambda: (lv.batch,),
                           offsets, module_count=len(reads))
-        lv.problem.loss, lv.problem.reads = bound, tuple(runtime_reads)
-        lv.problem.__post_init__()
+        return Problem(lv.spec.name, lv.params, bound, tuple(runtime_reads), lv.spec.optimizer(lv.lr))
 
     # --- the schedule's vocabulary ------------------------------------------------------
     def draw(self, name: str) -> None:
