@@ -5,10 +5,19 @@ A `.mlo` loss is ordinary Python over the problems' `torch.nn.Module`s:
 `loss(*params)`, one parameter tuple per problem it reads, because hypergradient methods
 evaluate it at points that are not the modules' own parameters (θ ± εv, unrolled θ_k, or
 θ_meta + δ for a problem that starts from another's weights). `BoundLoss` bridges the two
-with `torch.func.functional_call` on one container module holding every module the loss
-reads, so attribute access inside the user's code (`model.linear.weight`,
-`module.parameters()`) also sees the substituted tensors. When every tuple passed is the
-modules' own parameters (plain training steps), the user's function is called directly.
+by substituting the tensors into the modules for the duration of the call, as
+`torch.func.functional_call` does, so attribute access inside the user's code
+(`model.linear.weight`, `module.parameters()`) also sees the substituted tensors. When
+every tuple passed is the modules' own parameters (plain training steps), the user's
+function is called directly.
+
+The substitution is specialized once per loss (:class:`_Slots`): every place a parameter
+lives (its submodule's ``_parameters`` dict and key, tied aliases included) is found at
+construction, so a call swaps the tensors in and out with a few dictionary writes. That
+is `functional_call`'s own mechanism (``swap_tensor``) without its per-call walk over
+every submodule, name resolution and tie detection, several hundred Python calls per
+hypergradient step that a hand-written loop pays too. Modules with parametrizations
+(`torch.nn.utils.parametrize`) go through `functional_call`, which handles them.
 """
 
 from __future__ import annotations
@@ -33,6 +42,36 @@ class _Container(nn.Module):
         return self.fn(*self.mods, *extra)
 
 
+class _Slots:
+    """Where each substituted parameter lives: for key ``mods.i.name``, every
+    ``(submodule._parameters, attr)`` pair holding that tensor (a tied parameter lives in
+    several), found once."""
+
+    def __init__(self, container: nn.Module, keys: Sequence[str]):
+        places: dict[int, list[tuple[dict, str]]] = {}
+        for module in container.modules():      # each module once (a shared one too)
+            for attr, t in module._parameters.items():
+                if t is not None:
+                    places.setdefault(id(t), []).append((module._parameters, attr))
+        named = dict(container.named_parameters(remove_duplicate=False))
+        self.places = [tuple(places[id(named[k])]) if k in named else None for k in keys]
+        self.complete = all(p is not None for p in self.places)
+
+    def call(self, fn: Callable, args: tuple, values: Sequence[Tensor]):
+        """``fn(*args)`` with the tensors at ``keys`` replaced by ``values``; the modules'
+        own parameters are put back afterwards, also when ``fn`` raises."""
+        saved = []
+        try:
+            for places, v in zip(self.places, values):
+                for d, attr in places:
+                    saved.append((d, attr, d[attr]))
+                    d[attr] = v
+            return fn(*args)
+        finally:
+            for d, attr, t in reversed(saved):
+                d[attr] = t
+
+
 class BoundLoss:
     """`loss(*params)` for the runtime; `params[i]` are the parameters of `reads[i]`.
 
@@ -49,32 +88,46 @@ class BoundLoss:
         self.container = _Container(fn, modules)
         count = len(modules) if module_count is None else module_count
         self.keys = [tuple(f"mods.{i}.{s}" for s in slots[i]) for i in range(count)]
-        self.own = [p if type(p) is tuple else tuple(p) for p in own]   # keep identities
+        self.owned = [p if type(p) is tuple else tuple(p) for p in own]   # keep identities
         self.batch_of = batch_of
         self.offsets = dict(offsets or {})
         self.fn, self.modules = fn, tuple(modules)
+        flat = [k for keys in self.keys for k in keys]
+        slots = _Slots(self.container, flat)
+        parametrized = any(torch.nn.utils.parametrize.is_parametrized(m) for m in self.container.modules())
+        self._slots = slots if slots.complete and not parametrized else None
 
     def _is_own(self, params: Sequence[Params]) -> bool:
         if self.offsets:
             return False
-        for given, own in zip(params, self.own):
+        for given, own in zip(params, self.owned):
             if given is own:    # the problems' own tuples, as the training steps pass them
                 continue
             if len(given) != len(own) or any(a is not b for a, b in zip(given, own)):
                 return False
         return True
 
+    def own(self) -> Tensor:
+        """The loss at the problems' own parameters (what a plain training step evaluates):
+        the user's function on the modules themselves, with no check of the arguments."""
+        if self.offsets:
+            return self(*self.owned)
+        return self.fn(*self.modules, *self.batch_of())
+
     def __call__(self, *params: Params) -> Tensor:
         extra = self.batch_of()
         if self._is_own(params):
             return self.fn(*self.modules, *extra)
-        mapping: dict[str, Tensor] = {}
-        for i, keys in enumerate(self.keys):
-            values = params[i]
+        values: list[Tensor] = []
+        for i in range(len(self.keys)):
+            given = params[i]
             if i in self.offsets:
                 base = params[self.offsets[i]]
-                values = tuple(b + d for b, d in zip(base, values))
-            mapping.update(zip(keys, values))
+                given = tuple(b + d for b, d in zip(base, given))
+            values.extend(given)
+        if self._slots is not None:
+            return self._slots.call(self.fn, (*self.modules, *extra), values)
+        mapping = dict(zip((k for keys in self.keys for k in keys), values))
         return torch.func.functional_call(self.container, mapping, extra, strict=False)
 
 

@@ -134,14 +134,20 @@ def _concat(specs):
     return [t for s in specs for t in s[0]], [t for s in specs for t in s[1]]
 
 
-def _backward(outs, cots, params):
-    """The one final backward into ``params``' ``.grad`` (DDP synchronises once)."""
+def _backward(outs, cots, params, accumulate=True):
+    """The one final backward into ``params``: accumulated into their ``.grad`` (as
+    ``loss.backward()`` does), or, with ``accumulate=False``, returned (``None`` for a
+    parameter no output reaches, and ``None`` instead of the tuple when none does)."""
     for t in outs:
         if not t.requires_grad:
             outs, cots = _reaching(outs, cots)
             break
-    if outs:
+    if not outs:
+        return None
+    if accumulate:
         torch.autograd.backward(outs, cots, inputs=params)
+        return None
+    return torch.autograd.grad(outs, params, cots, allow_unused=True)
 
 
 def _pull(specs, theta, create_graph):
@@ -183,6 +189,10 @@ class ReducedOp(LowerOp):
 
     def mixed(self, q, create_graph=False):
         _, cot, specs = self._pass(q, True, create_graph)
+        return _concat([(self.grad(), cot)] + specs)
+
+    def mixed_negated(self, neg_q, create_graph=False):
+        _, cot, specs = self._pass(neg_q, False, create_graph)
         return _concat([(self.grad(), cot)] + specs)
 
 
@@ -340,16 +350,21 @@ class Hierarchy:
         _split(grads, points, plan.seeds, adj)
         return adj
 
-    def hypergrad(self, name: str) -> None:
-        """Accumulate ``dL_name/dθ_name`` (best responses below) into ``.grad``, one backward."""
+    def hypergrad(self, name: str, accumulate: bool = True):
+        """Accumulate ``dL_name/dθ_name`` (best responses below) into ``.grad``, one backward.
+
+        With ``accumulate=False`` nothing is written: the hypergradient is returned, one
+        entry per parameter (``None`` for a parameter with no path to the loss; ``None``
+        instead of the tuple when no parameter has one). The training loop takes it this
+        way, as a hand-written loop takes ``autograd.grad``'s result."""
         step = self._steps.get(name)  # a two-level finite-difference step, built once
         if step is not None:
-            return step()
+            return step(accumulate)
         plan = self._plans.get(name) or self.plan(name)
         if plan.shape != "general":
             if plan.step is not None:
-                return plan.step()
-            return (self._fused if plan.shape == "fused" else self._single)(plan)
+                return plan.step(accumulate)
+            return (self._fused if plan.shape == "fused" else self._single)(plan, accumulate)
         ops, points = self.linearize(plan)
         adj = self._seed(plan, points)
         direct = adj.pop(name, None)
@@ -358,9 +373,10 @@ class Hierarchy:
         if direct is not None:
             specs.append((params, direct))
         if specs:
-            _backward(*(specs[0] if len(specs) == 1 else _concat(specs)), params)
+            return _backward(*(specs[0] if len(specs) == 1 else _concat(specs)), params, accumulate)
+        return None
 
-    def _single(self, plan):
+    def _single(self, plan, accumulate=True):
         """Two levels, the top's loss reads only the lower: seed, one BR-VJP, one backward."""
         (name, problem, method, buffers, _), = plan.prep
         op = LowerOp(problem, self._args[name], buffers)  # argument lists built once
@@ -370,7 +386,8 @@ class Hierarchy:
         v = tree.fill_none(v, op.theta)
         spec = method.vjp(op, v) if v is not None else None
         if spec is not None:
-            _backward(spec[0], spec[1], top.params)
+            return _backward(spec[0], spec[1], top.params, accumulate)
+        return None
 
     def _bind(self, top, lower, seeds):
         """Shape ``"bound"``: the method's own straight-line step (``finite_diff``, ``sama``).
@@ -383,14 +400,14 @@ class Hierarchy:
         return method.two_level(problem, self._args[name], buffers, upper.loss, self._args[top],
                                 seeds, upper.params)
 
-    def _fused(self, plan):
+    def _fused(self, plan, accumulate=True):
         """Two levels, reverse-mode ITD: the top's loss at ``θ_K``, one backward through
         it and the unrolled steps (the seed and the sweep fused, as one writes it by hand)."""
         (name, problem, method, buffers, _), = plan.prep
         theta = method.unroll(LowerOp(problem, self._args[name], buffers))
         top = self.problems[plan.top]
         args = [theta if r == name else self._live[r] for r in top.reads]
-        _backward((top.loss(*args),), (None,), top.params)
+        return _backward((top.loss(*args),), (None,), top.params, accumulate)
 
     def hypergrad_paths(self, name: str):
         """Reference: the hypergradient as a sum over paths, each re-applying its BR-VJPs.

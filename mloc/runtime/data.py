@@ -91,7 +91,23 @@ class DataStream:
 
     def next(self) -> Any:
         """The next batch, on the stream's device; starts a new epoch when one is exhausted."""
-        return to_device(self._draw(), self.device)
+        it = self._it
+        if it is None:
+            return to_device(self._draw(), self.device)
+        try:        # the common case, inlined: the epoch goes on, the batch is already there
+            batch = next(it)
+        except StopIteration:
+            return to_device(self._draw(), self.device)
+        self._index += 1
+        device = self.device
+        if device is None:
+            return batch
+        if type(batch) is tuple and device.type == "cpu":
+            for t in batch:
+                if type(t) is not torch.Tensor or not t.is_cpu:
+                    return to_device(batch, device)
+            return batch
+        return to_device(batch, device)
 
     def _draw(self) -> Any:
         if self._it is None:
@@ -179,6 +195,13 @@ def to_device(batch: Any, device: torch.device | None) -> Any:
     """``batch`` with every tensor moved to ``device`` (``None``: unchanged)."""
     if device is None:
         return batch
+    if type(batch) is tuple or type(batch) is list:  # the common case, already there: as it is
+        cpu = device.type == "cpu"
+        for t in batch:
+            if type(t) is not torch.Tensor or not (t.is_cpu if cpu else t.device == device):
+                break
+        else:
+            return batch
     return map_tensors(batch, lambda t: t.to(device, non_blocking=True))
 
 

@@ -37,7 +37,7 @@ from mloc.runtime.compose import Edge, Hierarchy
 from mloc.runtime.data import DataStream, map_tensors
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.metrics import FiniteGuard
-from mloc.runtime.precision import ScaledStep, autocast_factory, grad_scaler_for
+from mloc.runtime.precision import NULL_CONTEXT as _NULL, ScaledStep, autocast_factory, grad_scaler_for
 from mloc.runtime.problem import Problem
 
 
@@ -120,6 +120,8 @@ class Program:
         reduce = self.dist.mean if self.dist.world > 1 else None
         self.hierarchy = Hierarchy([lv.problem for lv in self.live.values()], edges, semantics, reduce)
         self.dist.broadcast_params([t for lv in self.live.values() for t in lv.problem.params])
+        self._lower_fns: dict[str, Callable[[bool], None]] = {}    # built at first use
+        self._upper_fns: dict[str, Callable[[], None]] = {}
 
     # --- building ---------------------------------------------------------------------
     def _build_modules(self, build: Callable[[], dict]) -> dict[str, nn.Module]:
@@ -169,26 +171,76 @@ class Program:
             batch = _cast_floating(batch, self._cast)
         self.live[name].batch = batch
 
+    def _drawer(self, name: str) -> Callable[[], None]:
+        """:meth:`draw` for one problem, bound once."""
+        if self._cast is not None:
+            return lambda: self.draw(name)
+        lv, next_batch = self.live[name], self.streams[name].next
+
+        def draw() -> None:
+            lv.batch = next_batch()
+        return draw
+
     def lower_step(self, name: str, draw: bool = True) -> None:
         """One gradient step of `name` on its own loss (the lowest problems)."""
-        lv = self.live[name]
-        if draw:
-            self.draw(name)
-        params = lv.problem.params
-        with lv.autocast():
-            loss = lv.problem.loss(*self.hierarchy._args[name])
-        if lv.scaler is not None:
-            return self._scaled_lower_step(lv, loss)
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-        if any(g is None for g in grads):
-            grads = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads))
-        lv.last_loss = loss = loss.detach()
-        if self.dist.world > 1 or lv.spec.clip_grad_norm is not None:
+        fn = self._lower_fns.get(name)
+        if fn is None:
+            fn = self._lower_fns[name] = self._lower_step_fn(self.live[name])
+        fn(draw)
+
+    def _lower_step_fn(self, lv: _Live) -> Callable[[bool], None]:
+        """`lower_step` for one problem, specialized at its first step: everything fixed for
+        the run (the loss at the problem's own parameters, the optimizer's commit, the
+        guard, whether there is a precision context, a loss scaler, an all-reduce or
+        clipping) is resolved once, so a plain fp32 step runs the lines a hand-written
+        loop would, plus keeping the detached loss for the NaN/Inf check."""
+        name, spec, problem = lv.spec.name, lv.spec, lv.problem
+        params, loss_at_own, autocast = problem.params, problem.loss.own, lv.autocast
+        draw, grad = self._drawer(name), torch.autograd.grad
+        keep_loss, commit = self.guard.loss_watcher(name), self._committer(lv)
+        bound = problem.loss
+        if not bound.offsets:           # the user's loss on the modules, called directly
+            fn, modules = bound.fn, bound.modules
+
+            def loss_at_own():
+                return fn(*modules, lv.batch)
+        plain = (self.dist.world == 1 and spec.clip_grad_norm is None and lv.scaler is None
+                 and autocast() is _NULL)
+
+        def fill(grads):        # rare: part of the problem's parameters is unused
+            return tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads))
+
+        def plain_step(fresh: bool = True) -> None:
+            if fresh:
+                draw()
+            loss = loss_at_own()
+            grads = grad(loss, params, allow_unused=True)
+            for g in grads:
+                if g is None:
+                    grads = fill(grads)
+                    break
+            lv.last_loss = loss = loss.data     # detached (the cheapest way)
+            keep_loss(self.step_count + 1, loss)
+            commit(grads)
+            lv.steps += 1
+
+        def step(fresh: bool = True) -> None:
+            if fresh:
+                draw()
+            with autocast():
+                loss = loss_at_own()
+            if lv.scaler is not None:
+                return self._scaled_lower_step(lv, loss)
+            grads = grad(loss, params, allow_unused=True)
+            for g in grads:
+                if g is None:
+                    grads = fill(grads)
+                    break
+            lv.last_loss = loss = loss.detach()
             for p, g in zip(params, grads):      # the all-reduce and the clipping act on .grad
                 p.grad = g
             self._commit(lv, loss, None)
-        else:
-            self._commit(lv, loss, grads)        # straight from autograd; .grad stays free
+        return plain_step if plain else step
 
     def _scaled_lower_step(self, lv: _Live, loss) -> None:
         """fp16 on CUDA: dynamic loss scaling (Micikevicius et al., 2018). The scaled loss is
@@ -216,17 +268,55 @@ class Program:
 
     def upper_step(self, name: str) -> None:
         """Hypergradient of `name` through every problem below it, then its optimizer step."""
-        lv = self.live[name]
-        self.draw(name)
-        params = lv.problem.params
-        for p in params:
-            p.grad = None
-        with lv.autocast():
-            self.hierarchy.hypergrad(name)
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        self._commit(lv, None, None)
+        fn = self._upper_fns.get(name)
+        if fn is None:
+            fn = self._upper_fns[name] = self._upper_step_fn(self.live[name])
+        fn()
+
+    def _upper_step_fn(self, lv: _Live) -> Callable[[], None]:
+        """`upper_step` for one problem, specialized at its first step (see
+        :meth:`_lower_step_fn`)."""
+        name, spec = lv.spec.name, lv.spec
+        params, autocast, draw = lv.problem.params, lv.autocast, self._drawer(name)
+        hypergrad, commit = self.hierarchy.hypergrad, self._committer(lv)
+        watch = self.guard.grads_watcher(name, "hypergradient")
+        plain = self.dist.world == 1 and spec.clip_grad_norm is None
+        fp32 = autocast() is _NULL
+
+        def zeros_for(grads):      # parameters with no path to the loss get zeros
+            if grads is None:
+                return [torch.zeros_like(p) for p in params]
+            return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+        def plain_step() -> None:
+            draw()
+            if fp32:
+                grads = hypergrad(name, False)
+            else:
+                with autocast():
+                    grads = hypergrad(name, False)
+            if grads is None:
+                grads = zeros_for(grads)
+            else:
+                for g in grads:
+                    if g is None:
+                        grads = zeros_for(grads)
+                        break
+            watch(self.step_count + 1, grads)
+            commit(grads)
+            lv.steps += 1
+
+        def step() -> None:        # through .grad: the all-reduce and the clipping act on it
+            draw()
+            for p in params:
+                p.grad = None
+            with autocast():
+                hypergrad(name)
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self._commit(lv, None, None)
+        return plain_step if plain else step
 
     def reset(self, name: str) -> None:
         """Start `name` again from its `init` problem's parameters (δ = 0, fresh optimizer)."""
@@ -262,15 +352,29 @@ class Program:
 
     def _apply(self, lv: _Live, grads) -> None:
         """The optimizer step itself (learning-rate schedule, then the update, in place)."""
+        self._committer(lv)(grads)
+
+    def _committer(self, lv: _Live) -> Callable[[Sequence[torch.Tensor]], None]:
+        """``commit(grads)``: the learning-rate schedule, then the optimizer's update, in
+        place (``torch.optim``'s step when the optimizer has one). The optimizer state is
+        read from and written to ``lv.problem`` at every call (a restore replaces it)."""
         problem, spec = lv.problem, lv.spec
-        if spec.schedule is not None:
-            lv.lr.fill_(spec.lr * spec.schedule(lv.steps))
-        opt = problem.optimizer
-        with torch.no_grad():
-            if opt.step_ is not None:      # torch.optim's in-place step
-                problem.state = opt.step_(grads, problem.state, problem.params)
-            else:
-                problem.state = optim.step(opt, problem.params, problem.state, grads)
+        no_grad = torch.no_grad()      # one context object, entered once per commit
+        opt, schedule, lr = problem.optimizer, spec.schedule, lv.lr
+        params = problem.params
+        inplace = opt.step_         # torch.optim's form for the device, chosen once
+        if inplace is not None:
+            inplace = getattr(inplace, "single" if self.device.type == "cpu" else "multi", inplace)
+
+        def commit(grads) -> None:
+            if schedule is not None:
+                lr.fill_(spec.lr * schedule(lv.steps))
+            with no_grad:
+                if inplace is not None:
+                    problem.state = inplace(grads, problem.state, params)
+                else:
+                    problem.state = optim.step(opt, params, problem.state, grads)
+        return commit
 
     # --- driving ----------------------------------------------------------------------
     def outer_step(self) -> None:

@@ -15,7 +15,7 @@ skips a gradient evaluation when it can.
 
 States are small NamedTuples: a Python ``count`` of steps taken (no host sync to read it)
 and tuples of tensors. :func:`state_tensors` / :func:`with_state_tensors` flatten them for
-unrolled differentiation. The numerics follow ``torch.optim`` (single-tensor path)
+unrolled differentiation. The numerics follow ``torch.optim``
 operation for operation, so a functional run matches the stateful one to rounding.
 
 A later optimizer (Shampoo: matrix statistics, a non-differentiable root every k steps)
@@ -38,7 +38,10 @@ class Optimizer(NamedTuple):
 
     ``step_(grads, state, params) -> state``, when given, commits one step in place (the
     parameters and the state's tensors are overwritten) with exactly ``torch.optim``'s
-    single-tensor operations, so a committed run is bit-identical to ``torch.optim``'s;
+    operations: its single-tensor loop on the CPU, its multi-tensor (``_foreach``) form
+    elsewhere, as ``torch.optim`` chooses by default (``step_.single`` and ``step_.multi``
+    are the two forms). A committed run is bit-identical to ``torch.optim``'s on the CPU,
+    with ``foreach=False`` or ``True``;
     :func:`step` uses it, and it leaves a state that ``update`` and ``diag`` read as they
     would the functional one. It is ``None`` when a hyperparameter is a tensor (a learning
     rate schedule, a learnable hyperparameter): ``torch.optim`` would read such a tensor
@@ -71,6 +74,21 @@ def _is_zero(x) -> bool:
 def _numbers(*values) -> bool:
     """No tensor among ``values`` (the in-place commits take plain numbers only)."""
     return not any(isinstance(v, Tensor) for v in values)
+
+
+def _by_device(single_, multi_):
+    """The in-place step: ``torch.optim``'s default choice between its two forms, made per
+    call from where the parameters live. On the CPU, the single-tensor loop (there a
+    foreach op only loops over the same single-tensor ops in C++, and a step's few extra
+    kernel paths cost more than the Python loop they save); elsewhere (CUDA), the
+    multi-tensor one: one kernel launch per operation for all tensors. Both give the same
+    numbers on the CPU (tested)."""
+    def step_(grads, state, params):
+        if params and params[0].device.type != "cpu":
+            return multi_(grads, state, params)
+        return single_(grads, state, params)
+    step_.single, step_.multi = single_, multi_
+    return step_
 
 
 def apply_updates(params: Params, updates: Params) -> Params:
@@ -119,7 +137,13 @@ def sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0) -> Op
             c = 1 + momentum * c if nesterov else c
         return (lr * c,) * len(params)
 
-    def step_(grads, state, params):
+    def plain_(grads, state, params):
+        # no momentum, no weight decay: the whole of _single_tensor_sgd is this line
+        for p, g in zip(params, grads):
+            p.add_(g, alpha=-lr)
+        return SGDState(state.count + 1, ())
+
+    def single_(grads, state, params):
         # torch.optim.sgd._single_tensor_sgd, operation for operation
         first, bufs = state.count == 0, []
         for i, (p, g) in enumerate(zip(params, grads)):
@@ -136,9 +160,31 @@ def sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0) -> Op
             p.add_(g, alpha=-lr)
         return SGDState(state.count + 1, tuple(bufs))
 
+    def multi_(grads, state, params):
+        # torch.optim.sgd._multi_tensor_sgd, operation for operation, except that the
+        # caller's gradients are never written to
+        if not params:
+            return SGDState(state.count + 1, state.momentum)
+        grads = list(grads)
+        if weight_decay != 0:
+            grads = torch._foreach_add(grads, list(params), alpha=weight_decay)
+        bufs = ()
+        if has_momentum:
+            if state.count == 0:
+                bufs = tuple(g.detach().clone() for g in grads)
+            else:
+                bufs = state.momentum
+                torch._foreach_mul_(bufs, momentum)
+                torch._foreach_add_(bufs, grads, alpha=1 - dampening)
+            grads = torch._foreach_add(grads, bufs, alpha=momentum) if nesterov else bufs
+        torch._foreach_add_(params, grads, alpha=-lr)
+        return SGDState(state.count + 1, tuple(bufs))
+
     hyper = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
                  dampening=dampening)
-    inplace = step_ if _numbers(lr, momentum, weight_decay, dampening) else None
+    simple = not has_momentum and weight_decay == 0
+    inplace = (_by_device(plain_ if simple else single_, multi_)
+               if _numbers(lr, momentum, weight_decay, dampening) else None)
     return Optimizer(init, update, diag, False, hyper, inplace)
 
 
@@ -178,7 +224,7 @@ def _adam(lr, betas, eps, weight_decay, decoupled: bool) -> Optimizer:
             out.append(lr / c1 * ((1 - b1) / d - curv))
         return tuple(out)
 
-    def step_(grads, state, params):
+    def single_(grads, state, params):
         # torch.optim.adam._single_tensor_adam (decoupled_weight_decay for AdamW), operation
         # for operation; the step count is a Python int (torch.optim reads its step tensor
         # back to the host: the same float)
@@ -197,8 +243,29 @@ def _adam(lr, betas, eps, weight_decay, decoupled: bool) -> Optimizer:
             p.addcdiv_(m, denom, value=-step_size)
         return AdamState(t, state.mu, state.nu)
 
+    def multi_(grads, state, params):
+        # torch.optim.adam._multi_tensor_adam, operation for operation
+        t = state.count + 1
+        if not params:
+            return AdamState(t, state.mu, state.nu)
+        step_size = lr / (1 - b1**t)
+        root_c2 = (1 - b2**t) ** 0.5
+        if weight_decay != 0:
+            if decoupled:
+                torch._foreach_mul_(params, 1 - lr * weight_decay)
+            else:
+                grads = torch._foreach_add(grads, params, alpha=weight_decay)
+        torch._foreach_lerp_(state.mu, grads, 1 - b1)
+        torch._foreach_mul_(state.nu, b2)
+        torch._foreach_addcmul_(state.nu, grads, grads, 1 - b2)
+        denom = torch._foreach_sqrt(state.nu)
+        torch._foreach_div_(denom, root_c2)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(params, state.mu, denom, -step_size)
+        return AdamState(t, state.mu, state.nu)
+
     hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-    inplace = step_ if _numbers(lr, b1, b2, eps, weight_decay) else None
+    inplace = _by_device(single_, multi_) if _numbers(lr, b1, b2, eps, weight_decay) else None
     return Optimizer(init, update, diag, True, hyper, inplace)
 
 

@@ -45,7 +45,7 @@ def autocast_for(precision: str, device) -> contextlib.AbstractContextManager:
     raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
 
 
-_NULL = contextlib.nullcontext()    # reusable: entering it does nothing
+NULL_CONTEXT = contextlib.nullcontext()    # reusable: entering it does nothing
 
 
 def autocast_factory(precision: str, device) -> Callable[[], contextlib.AbstractContextManager]:
@@ -54,7 +54,7 @@ def autocast_factory(precision: str, device) -> Callable[[], contextlib.Abstract
     (for ``fp32``, a shared ``nullcontext``)."""
     context = autocast_for(precision, device)          # validates; raises like it
     if isinstance(context, contextlib.nullcontext):
-        return lambda: _NULL
+        return lambda: NULL_CONTEXT
     kind, dtype = context.device, context.fast_dtype
     return lambda: torch.autocast(kind, dtype=dtype)
 

@@ -98,4 +98,8 @@ class LowerOp:
         Returned as a VJP spec ``(outputs, cotangents)``: the contribution to an upper's
         parameters ``x`` is ``autograd.grad(outputs, x, cotangents)``.
         """
-        return self.grad(), tuple(-qi for qi in q)
+        return self.mixed_negated(tuple([-qi for qi in q]), create_graph)
+
+    def mixed_negated(self, neg_q: Params, create_graph: bool = False):
+        """:meth:`mixed` given ``-q`` (a method that forms ``-q`` directly saves a negation)."""
+        return self.grad(), neg_q

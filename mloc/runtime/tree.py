@@ -32,7 +32,10 @@ def norm(a: Sequence[Tensor]) -> Tensor:
 
 
 def axpy(alpha, x: Sequence[Tensor], y: Sequence[Tensor]) -> Params:
-    """``alpha * x + y``; ``alpha`` is a number or a 0-dim tensor."""
+    """``alpha * x + y``; ``alpha`` is a number or a 0-dim tensor. For a number, one fused
+    kernel per tensor (``torch.add(y, x, alpha=alpha)``, a multiply-add) instead of two."""
+    if isinstance(alpha, (int, float)):
+        return tuple([torch.add(yi, xi, alpha=alpha) for xi, yi in zip(x, y)])
     return tuple([alpha * xi + yi for xi, yi in zip(x, y)])
 
 

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import torch
 
-from mloc.runtime import Edge, Hierarchy, Problem, cg, finite_diff, sgd
+import pytest
+
+from mloc.runtime import Edge, Hierarchy, Problem, cg, finite_diff, itd, neumann, sama, sgd
 
 RUNTIME = Path(__file__).resolve().parents[2] / "mloc" / "runtime"
 SYNCING = {"item", "tolist", "cpu", "numpy"}
@@ -38,3 +40,60 @@ def test_hypergrad_accumulates_like_backward():
         hier.hypergrad("lam")
         assert torch.allclose(lam.grad, 2 * once)
         assert w.grad is None  # nothing leaks into the lower's .grad
+
+
+def _three_level(method_low, method_mid):
+    """u -> m -> w (u reads m and w: the general path with feedback), float64."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
+    m = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
+    low = Problem("w", (w,), lambda w, m: ((w[0] - m[0]) ** 2).sum() + (w[0] ** 4).sum() / 10,
+                  ("w", "m"), sgd(0.1))
+    mid = Problem("m", (m,), lambda m, u, w: ((m[0] - u[0]) ** 2).sum() + (w[0] * m[0]).sum(),
+                  ("m", "u", "w"), sgd(0.1))
+    top = Problem("u", (u,), lambda m, w: (m[0] * w[0]).sum() + (m[0] ** 2).sum(), ("m", "w"))
+    return [low, mid, top], [Edge("m", "w", method_low), Edge("u", "m", method_mid)], u
+
+
+def _two_level(method):
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    lam = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    unused = torch.zeros(2, dtype=torch.float64, requires_grad=True)   # no path to the loss
+    lower = Problem("w", (w,), lambda w, l: ((w[0] - l[0]) ** 2).sum() + (w[0] ** 4).sum(), ("w", "lam"),
+                    sgd(0.1))
+    upper = Problem("lam", (lam, unused), lambda w: ((w[0] - 1) ** 2).sum(), ("w",))
+    return [lower, upper], [Edge("lam", "w", method)], lam
+
+
+@pytest.mark.parametrize("case", ["finite_diff", "sama", "cg", "neumann", "itd", "three_level"])
+def test_returned_hypergradient_equals_the_accumulated_one(case):
+    """`hypergrad(name, accumulate=False)` (what the training loop takes) returns exactly
+    what `hypergrad(name)` accumulates into `.grad`, on every shape of step (the bound
+    finite-difference step, a single BR-VJP, the fused unrolled sweep, the general
+    composer), writes no `.grad`, and marks a parameter with no path as None."""
+    if case == "three_level":
+        problems, edges, _ = _three_level(cg(4), neumann(3))
+        top = "u"
+    else:
+        method = {"finite_diff": finite_diff(), "sama": sama(), "cg": cg(3), "neumann": neumann(3),
+                  "itd": itd(3)}[case]
+        problems, edges, _ = _two_level(method)
+        top = "lam"
+    hier = Hierarchy(problems, edges)
+    params = next(p for p in problems if p.name == top).params
+    for p in params:
+        p.grad = None
+    returned = hier.hypergrad(top, accumulate=False)
+    assert all(p.grad is None for p in params)
+    hier.hypergrad(top)
+    for p, r in zip(params, returned):
+        if p.grad is None:
+            assert r is None
+        else:
+            assert torch.equal(p.grad, r)
+    if case != "three_level":
+        assert returned[1] is None and params[1].grad is None
+    assert hier._plans[top].shape == {"finite_diff": "bound", "sama": "bound", "cg": "single",
+                                      "neumann": "single", "itd": "fused", "three_level": "general"}[case]

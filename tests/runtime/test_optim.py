@@ -108,21 +108,29 @@ def test_step_commits_the_functional_update_in_place():
     assert torch.equal(p.detach(), want[0]) and state.count == 1
 
 
+@pytest.mark.parametrize("form", ["default", "single", "multi"])
+@pytest.mark.parametrize("foreach", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("name,kw", CONFIGS)
-def test_step_is_torch_optim_bit_for_bit(name, kw, dtype):
-    """`step` (the in-place commit) equals torch.optim's single-tensor step exactly, in
-    parameters and in the state's buffers, over several steps."""
+def test_step_is_torch_optim_bit_for_bit(name, kw, dtype, foreach, form):
+    """The in-place commit, in each of its forms (the single-tensor loop, the multi-tensor
+    foreach form used on CUDA, and the default choice `step` makes), equals torch.optim's
+    step exactly, single-tensor and multi-tensor, in parameters and in the state's
+    buffers, over several steps."""
     shapes = [(3, 4), (4,), ()]
     g = torch.Generator().manual_seed(9)
     ours = tuple(torch.randn(s, generator=g, dtype=dtype) for s in shapes)
     theirs = [p.clone().requires_grad_() for p in ours]
-    opt, ref = OPTIMIZERS[name](**kw), TORCH[name](theirs, foreach=False, **kw)
+    opt, ref = OPTIMIZERS[name](**kw), TORCH[name](theirs, foreach=foreach, **kw)
     assert opt.step_ is not None
+    if form != "default":
+        opt = opt._replace(step_=getattr(opt.step_, form))
     state = opt.init(ours)
     for grads in grads_sequence(0, shapes, 7):
         grads = tuple(t.to(dtype) for t in grads)
+        kept = tuple(t.clone() for t in grads)
         state = optim.step(opt, ours, state, grads)
+        assert all(torch.equal(a, b) for a, b in zip(grads, kept))     # gradients are read only
         for p, t in zip(theirs, grads):
             p.grad = t.clone()
         ref.step()
@@ -248,3 +256,14 @@ def test_a_matrix_statistics_optimizer_fits_the_interface():
     assert lam.grad is not None
     with pytest.raises(ValueError, match="diagonal"):
         Hierarchy([lower, upper], [Edge("lam", "w", sama())]).hypergrad("lam")
+
+
+@pytest.mark.parametrize("form", ["single", "multi"])
+@pytest.mark.parametrize("name,kw", CONFIGS)
+def test_in_place_step_of_a_problem_without_parameters(name, kw, form):
+    """A problem whose trainable glob selects nothing still counts its steps."""
+    opt = OPTIMIZERS[name](**kw)
+    state = opt.init(())
+    for _ in range(2):
+        state = getattr(opt.step_, form)((), state, ())
+    assert state.count == 2

@@ -108,3 +108,52 @@ def test_finite_values_too_large_for_float32_are_finite():
     guard.watch(1, "p", torch.tensor(1e300, dtype=torch.float64))
     guard.watch(1, "p", (torch.full((3,), 1e300, dtype=torch.float64), torch.ones(1)), what="gradient")
     guard.check()
+
+
+def test_watching_gradients_changes_none_of_them():
+    """The fused check runs with an unscale factor of exactly 1: values, dtypes and NaN/Inf
+    entries are left as they were."""
+    guard = FiniteGuard()
+    grads = [torch.randn(5, 3), torch.tensor([1e-45, -0.0, 3.0e38]), torch.randn(4, dtype=torch.float64),
+             torch.randn(2, dtype=torch.bfloat16), torch.tensor([float("nan"), float("inf"), 1.0])]
+    kept = [g.clone() for g in grads]
+    guard.watch(1, "p", grads[:4], what="gradient")
+    guard.check()
+    guard.watch(2, "p", grads, what="gradient")
+    for g, k in zip(grads, kept):
+        assert g.dtype == k.dtype and torch.equal(g.isnan(), k.isnan())
+        assert torch.equal(torch.nan_to_num(g), torch.nan_to_num(k))
+        assert torch.equal(torch.signbit(g), torch.signbit(k))
+    with pytest.raises(NonFiniteError, match="at step 2"):
+        guard.check()
+
+
+def test_bound_watchers_report_like_watch(monkeypatch, no_host_reads):
+    """`loss_watcher`/`grads_watcher` (what the engine binds once per problem) keep the same
+    record as `watch`, read nothing from the device, and hand anything unusual (a
+    non-scalar or grad-requiring loss, a tensor step, None entries) to `watch`."""
+    guard = FiniteGuard(capacity=8)
+    loss_of, grads_of = guard.loss_watcher("lower"), guard.grads_watcher("upper", "hypergradient")
+    nan = float("nan")
+    w = torch.ones(3)
+    no_host_reads()
+    grads_of(1, [w])            # no pool yet: through watch, which makes it
+    loss_of(1, torch.tensor(1.0))
+    loss_of(2, torch.tensor([1.0, 2.0]))                   # not 0-dim: watch reduces it
+    loss_of(2, torch.tensor(1.0, requires_grad=True))       # requires grad: watch detaches it
+    grads_of(torch.tensor(2), [w, None])                    # tensor step, None entry
+    grads_of(3, [w, torch.tensor([0.0, nan])])
+    loss_of(4, torch.tensor(nan))
+    monkeypatch.undo()
+    with pytest.raises(NonFiniteError) as info:
+        guard.check()
+    assert (info.value.problem, info.value.step, info.value.what) == ("upper", 3, "hypergradient")
+    clean = FiniteGuard(capacity=8)
+    loss_of, grads_of = clean.loss_watcher("lower"), clean.grads_watcher("upper", "hypergradient")
+    for step in range(1, 20):                               # folds past the capacity, stays clean
+        loss_of(step, torch.tensor(1.0))
+        grads_of(step, [w])
+    clean.check()
+    grads_of(20, [torch.tensor([float("inf")])])
+    with pytest.raises(NonFiniteError, match="at step 20"):
+        clean.check()

@@ -112,13 +112,13 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
     def loss_at(point):  # only for the guarded path
         return loss(*before, point, *after)
 
-    def step():
+    def step(accumulate=True):
         q = grad(upper_loss(*upper_args), seeds, allow_unused=True)
         for g in q:
             if g is None:  # rare: the upper's loss ignores part of θ
                 q = tree.fill_none(q, theta)
                 if q is None:
-                    return
+                    return None
                 break
         if scaled:
             q = _preconditioned(lower, args, theta, q)
@@ -140,10 +140,15 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
         else:
             lp, lm = loss(*before, plus, *after), loss(*before, minus, *after)
         if lp.requires_grad and lm.requires_grad:
-            backward((lp, lm), (-c, c), inputs=params)
+            outs, cots = (lp, lm), (-c, c)
         elif lp.requires_grad or lm.requires_grad:  # as the composer's `_backward`
-            backward((lp,) if lp.requires_grad else (lm,), (-c,) if lp.requires_grad else (c,),
-                     inputs=params)
+            outs, cots = ((lp,), (-c,)) if lp.requires_grad else ((lm,), (c,))
+        else:
+            return None
+        if accumulate:
+            backward(outs, cots, inputs=params)
+            return None
+        return grad(outs, params, cots, allow_unused=True)
 
     return step
 

@@ -79,8 +79,16 @@ class neumann(_Implicit):
     alpha: float = 0.1
 
     def solve(self, op, v, create_graph=False):
+        return tree.scale(self.alpha, self._series(op, v, create_graph))
+
+    def vjp(self, op, v, create_graph: bool = False):
+        # the BR-VJP's cotangent -q = -α·Σ: one scaling instead of scaling, then negating
+        return op.mixed_negated(tree.scale(-self.alpha, self._series(op, v, create_graph)), create_graph)
+
+    def _series(self, op, v, create_graph):
+        """``Σ_{j=0}^{K} (I - αH)^j v``."""
         p = acc = v
         for _ in range(self.iters):
             p = tree.axpy(-self.alpha, op.hvp(p, create_graph), p)
             acc = tree.add(acc, p)
-        return tree.scale(self.alpha, acc)
+        return acc
