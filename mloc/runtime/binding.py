@@ -114,6 +114,46 @@ class BoundLoss:
             return self(*self.owned)
         return self.fn(*self.modules, *self.batch_of())
 
+    def own_with_constants(self, index: int) -> Callable[[], Tensor] | None:
+        """``own()`` for a plain training step of read ``index``: the loss at the problems'
+        own parameters, with the parameters of every *other* module it reads (those that
+        require grad) bound as constants, detached aliases made once (they share storage,
+        so they follow in-place optimizer steps). A step differentiates its own parameters
+        only, so autograd then records nothing for the other modules' layers (in
+        Meta-Weight-Net, the weight net's forward in every classifier step); the gradient
+        is the same tensor operation for operation. ``None`` when there is nothing to bind
+        (no other module has such parameters) or the substitution does not apply (an
+        ``init`` offset, a parametrized module, a parameter shared with read ``index``)."""
+        if self.offsets or self._slots is None:
+            return None
+        mine = {id(t) for t in self.modules[index].parameters()}
+        places, aliases = [], []
+        for i, module in enumerate(self.modules):
+            if i == index:
+                continue
+            for sub in module.modules():
+                for attr, t in sub._parameters.items():
+                    if t is None or not t.requires_grad:
+                        continue
+                    if id(t) in mine:
+                        return None
+                    places.append((sub._parameters, attr))
+                    aliases.append(t.detach())
+        if not places:
+            return None
+        fn, modules, batch_of = self.fn, self.modules, self.batch_of
+
+        def loss() -> Tensor:
+            saved = [d[a] for d, a in places]
+            try:
+                for (d, a), t in zip(places, aliases):
+                    d[a] = t
+                return fn(*modules, *batch_of())
+            finally:
+                for (d, a), t in zip(places, saved):
+                    d[a] = t
+        return loss
+
     def __call__(self, *params: Params) -> Tensor:
         extra = self.batch_of()
         if self._is_own(params):

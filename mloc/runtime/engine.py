@@ -199,7 +199,11 @@ class Program:
         draw, grad = self._drawer(name), torch.autograd.grad
         keep_loss, commit = self.guard.loss_watcher(name), self._committer(lv)
         bound = problem.loss
-        if not bound.offsets:           # the user's loss on the modules, called directly
+        reads = lv.spec.reads
+        constant_others = bound.own_with_constants(reads.index(name)) if name in reads else None
+        if constant_others is not None:   # the other problems' parameters as constants
+            loss_at_own = constant_others
+        elif not bound.offsets:           # the user's loss on the modules, called directly
             fn, modules = bound.fn, bound.modules
 
             def loss_at_own():

@@ -160,3 +160,32 @@ def test_parametrized_modules_go_through_functional_call():
 class _Symmetric(nn.Module):
     def forward(self, w):
         return w.triu() + w.triu(1).t()
+
+
+def test_other_modules_as_constants_give_the_same_gradient_and_record_no_graph_for_them():
+    """`own_with_constants(i)` (a plain training step of read i): the same loss value and the
+    same gradient for read i's parameters, bit for bit, while the other module's layers are
+    not recorded by autograd (its parameters get no gradient, and no graph node reaches
+    them); the aliases follow in-place updates of the other module's parameters."""
+    model, other = _make()
+    batch = torch.randn(5, 4, dtype=F64)
+    slots = [select_parameters(model, ("*",), ()), select_parameters(other, ("*",), ())]
+    own = [tuple(dict(model.named_parameters())[s] for s in slots[0]),
+           tuple(dict(other.named_parameters())[s] for s in slots[1])]
+    bound = BoundLoss(loss_fn, [model, other], slots, own, lambda: (batch,))
+    fast = bound.own_with_constants(0)
+    assert fast is not None
+    for _ in range(2):
+        a, b = fast(), bound.own()
+        assert torch.equal(a, b)
+        ga = torch.autograd.grad(a, own[0])
+        gb = torch.autograd.grad(b, own[0])
+        assert all(torch.equal(x, y) for x, y in zip(ga, gb))
+        assert torch.autograd.grad(a, own[1], allow_unused=True) == (None, None)
+        assert all(x is y for x, y in zip(other.parameters(), own[1]))      # put back
+        with torch.no_grad():                                               # an optimizer step
+            for p in own[1]:
+                p.add_(1.0)
+    assert bound.own_with_constants(1) is not None
+    lonely = BoundLoss(lambda m, b: m(b).sum(), [model], [slots[0]], [own[0]], lambda: (batch,))
+    assert lonely.own_with_constants(0) is None                             # nothing to bind
