@@ -69,7 +69,6 @@ import mwn_hand  # noqa: E402  (puts programs/ on sys.path)
 import reweighting as lib  # noqa: E402
 from hypergrad import peak_bytes  # noqa: E402
 from mloc.codegen.compile import compile_program, load_generated  # noqa: E402
-from mloc.runtime import optim  # noqa: E402
 from mloc.runtime.engine import RunConfig  # noqa: E402
 from mloc.runtime.launch import build  # noqa: E402
 
@@ -221,13 +220,8 @@ def breakdown(method: str, program, reps: int = 400) -> dict:
     hyper = [torch.randn_like(p) * 1e-3 for p in upper.problem.params]
     zero = [torch.zeros_like(p) for p in lower.problem.params]
 
-    def commit(lv, grads):  # as `Program._commit` commits (the watch is timed apart)
-        opt = lv.problem.optimizer
-        with torch.no_grad():
-            if opt.step_ is not None:
-                lv.problem.state = opt.step_(grads, lv.problem.state, lv.problem.params)
-            else:
-                lv.problem.state = optim.step(opt, lv.problem.params, lv.problem.state, grads)
+    def commit(lv, grads):  # the engine's commit (the watch is timed apart)
+        program._committer(lv)(grads)
 
     def mloc_adam():
         commit(upper, hyper)
@@ -249,10 +243,12 @@ def breakdown(method: str, program, reps: int = 400) -> dict:
             for p, g in zip(loop.theta, zero):
                 p.add_(g, alpha=-loop.lr)
 
-    def mloc_hyper():
-        for p in upper.problem.params:
-            p.grad = None
-        program.hierarchy.hypergrad("weight_net")
+    def mloc_hyper():       # returned, as the engine's upper step takes it
+        program.hierarchy.hypergrad("weight_net", False)
+
+    watch_loss = program.guard.loss_watcher("classifier")
+    watch_grads = program.guard.grads_watcher("weight_net", "hypergradient")
+    program.guard.watch(0, "weight_net", hyper, "hypergradient")   # makes the flag pool
 
     parts = {
         "lower step (draw, loss, grad, SGD)": (lambda: program.lower_step("classifier"), loop.lower_step),
@@ -261,8 +257,8 @@ def breakdown(method: str, program, reps: int = 400) -> dict:
         "  hypergradient": (mloc_hyper, lambda: loop.hypergradient(val)),
         "  SGD commit (4 tensors)": (mloc_sgd, hand_sgd),
         "  Adam commit (4 tensors)": (mloc_adam, hand_adam),
-        "  FiniteGuard.watch(loss)": (lambda: program.guard.watch(0, "classifier", lower.last_loss, "loss"), None),
-        "  FiniteGuard.watch(4 grads)": (lambda: program.guard.watch(0, "weight_net", hyper, "hypergradient"), None),
+        "  NaN/Inf watch of the loss": (lambda: watch_loss(0, lower.last_loss), None),
+        "  NaN/Inf watch of the hypergradient (4 tensors)": (lambda: watch_grads(0, hyper), None),
     }
     jobs = [(label, i, fn) for label, fns in parts.items() for i, fn in enumerate(fns) if fn is not None]
     times = {(label, i): [] for label, i, _ in jobs}
