@@ -221,7 +221,7 @@ def breakdown(method: str, program, reps: int = 400) -> dict:
     zero = [torch.zeros_like(p) for p in lower.problem.params]
 
     def commit(lv, grads):  # the engine's commit (the watch is timed apart)
-        program._committer(lv)(grads)
+        lv.commit(grads)
 
     def mloc_adam():
         commit(upper, hyper)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from mloc.runtime import optim
+from mloc.runtime import optim, tree
 from mloc.runtime.binding import BoundLoss, select_parameters
 from mloc.runtime.checkpoint import capture_rng, restore_rng, state_to_tree, tree_to_state
 from mloc.runtime.compose import Edge, Hierarchy
@@ -93,6 +93,7 @@ class _Live:
     autocast: Callable[[], Any] = None   # the problem's precision context, built once
     scaler: Any = None                   # a GradScaler for fp16 on CUDA, else None
     problem: Problem | None = None       # set once every problem's parameters exist
+    commit: Callable | None = None       # commit(grads): the optimizer step, bound once
     batch: tuple = ()
     last_loss: torch.Tensor | None = None
     steps: int = 0
@@ -150,6 +151,7 @@ class Program:
                                     scaler if scaler.is_enabled() else None)
         for lv in live.values():    # every problem's parameters exist now: bind the losses
             lv.problem = self._problem(lv, live)
+            lv.commit = self._committer(lv)
         return live
 
     def _problem(self, lv: _Live, live: dict[str, _Live]) -> Problem:
@@ -197,7 +199,7 @@ class Program:
         name, spec, problem = lv.spec.name, lv.spec, lv.problem
         params, loss_at_own, autocast = problem.params, problem.loss.own, lv.autocast
         draw, grad = self._drawer(name), torch.autograd.grad
-        keep_loss, commit = self.guard.loss_watcher(name), self._committer(lv)
+        keep_loss, commit = self.guard.loss_watcher(name), lv.commit
         bound = problem.loss
         reads = lv.spec.reads
         constant_others = bound.own_with_constants(reads.index(name)) if name in reads else None
@@ -211,17 +213,14 @@ class Program:
         plain = (self.dist.world == 1 and spec.clip_grad_norm is None and lv.scaler is None
                  and autocast() is _NULL)
 
-        def fill(grads):        # rare: part of the problem's parameters is unused
-            return tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads))
-
         def plain_step(fresh: bool = True) -> None:
             if fresh:
                 draw()
             loss = loss_at_own()
             grads = grad(loss, params, allow_unused=True)
             for g in grads:
-                if g is None:
-                    grads = fill(grads)
+                if g is None:   # rare: part of the problem's parameters is unused
+                    grads = tree.dense(grads, params)
                     break
             lv.last_loss = loss = loss.data     # detached (the cheapest way)
             keep_loss(self.step_count + 1, loss)
@@ -237,8 +236,8 @@ class Program:
                 return self._scaled_lower_step(lv, loss)
             grads = grad(loss, params, allow_unused=True)
             for g in grads:
-                if g is None:
-                    grads = fill(grads)
+                if g is None:   # rare: part of the problem's parameters is unused
+                    grads = tree.dense(grads, params)
                     break
             lv.last_loss = loss = loss.detach()
             for p, g in zip(params, grads):      # the all-reduce and the clipping act on .grad
@@ -258,7 +257,7 @@ class Program:
             p.grad = torch.zeros_like(p) if g is None else g
         if self.dist.world > 1:
             self.dist.allreduce_grads(params)
-        proxy = ScaledStep(params, lambda: self._apply(lv, tuple(p.grad for p in params)))
+        proxy = ScaledStep(params, lambda: lv.commit(tuple(p.grad for p in params)))
         scaler.unscale_(proxy)
         if lv.spec.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, lv.spec.clip_grad_norm, foreach=True)
@@ -282,15 +281,10 @@ class Program:
         :meth:`_lower_step_fn`)."""
         name, spec = lv.spec.name, lv.spec
         params, autocast, draw = lv.problem.params, lv.autocast, self._drawer(name)
-        hypergrad, commit = self.hierarchy.hypergrad, self._committer(lv)
+        hypergrad, commit = self.hierarchy.hypergrad, lv.commit
         watch = self.guard.grads_watcher(name, "hypergradient")
         plain = self.dist.world == 1 and spec.clip_grad_norm is None
         fp32 = autocast() is _NULL
-
-        def zeros_for(grads):      # parameters with no path to the loss get zeros
-            if grads is None:
-                return [torch.zeros_like(p) for p in params]
-            return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
         def plain_step() -> None:
             draw()
@@ -299,12 +293,12 @@ class Program:
             else:
                 with autocast():
                     grads = hypergrad(name, False)
-            if grads is None:
-                grads = zeros_for(grads)
+            if grads is None:   # parameters with no path to the loss get zeros
+                grads = tree.zeros(params)
             else:
                 for g in grads:
                     if g is None:
-                        grads = zeros_for(grads)
+                        grads = tree.dense(grads, params)
                         break
             watch(self.step_count + 1, grads)
             commit(grads)
@@ -348,15 +342,11 @@ class Program:
             self.guard.watch(step, spec.name, loss, "loss")
         else:
             self.guard.watch(step, spec.name, grads, "hypergradient")
-        self._apply(lv, grads)
+        lv.commit(grads)
         if from_grad:
             for p in params:
                 p.grad = None
         lv.steps += 1
-
-    def _apply(self, lv: _Live, grads) -> None:
-        """The optimizer step itself (learning-rate schedule, then the update, in place)."""
-        self._committer(lv)(grads)
 
     def _committer(self, lv: _Live) -> Callable[[Sequence[torch.Tensor]], None]:
         """``commit(grads)``: the learning-rate schedule, then the optimizer's update, in

@@ -79,13 +79,18 @@ def _reference(fn, modules, slots, values, batch):
     return torch.func.functional_call(container, mapping, (batch,), strict=False)
 
 
-def test_substituted_call_equals_functional_call_in_value_and_gradient():
+def _bound_pair():
+    """`loss_fn` over (Tied, Linear), bound: (bound, model, other, slots, own, batch)."""
     model, other = _make()
     batch = torch.randn(5, 4, dtype=F64)
     slots = [select_parameters(model, ("*",), ()), select_parameters(other, ("*",), ())]
     own = [tuple(dict(model.named_parameters())[s] for s in slots[0]),
            tuple(dict(other.named_parameters())[s] for s in slots[1])]
-    bound = BoundLoss(loss_fn, [model, other], slots, own, lambda: (batch,))
+    return BoundLoss(loss_fn, [model, other], slots, own, lambda: (batch,)), model, other, slots, own, batch
+
+
+def test_substituted_call_equals_functional_call_in_value_and_gradient():
+    bound, model, other, slots, own, batch = _bound_pair()
     assert bound._slots is not None                     # the specialized path is the one tested
     point = [tuple((p.detach() + 0.01 * torch.randn_like(p)).requires_grad_() for p in ps) for ps in own]
     got = bound(*point)
@@ -167,12 +172,7 @@ def test_other_modules_as_constants_give_the_same_gradient_and_record_no_graph_f
     same gradient for read i's parameters, bit for bit, while the other module's layers are
     not recorded by autograd (its parameters get no gradient, and no graph node reaches
     them); the aliases follow in-place updates of the other module's parameters."""
-    model, other = _make()
-    batch = torch.randn(5, 4, dtype=F64)
-    slots = [select_parameters(model, ("*",), ()), select_parameters(other, ("*",), ())]
-    own = [tuple(dict(model.named_parameters())[s] for s in slots[0]),
-           tuple(dict(other.named_parameters())[s] for s in slots[1])]
-    bound = BoundLoss(loss_fn, [model, other], slots, own, lambda: (batch,))
+    bound, model, other, slots, own, batch = _bound_pair()
     fast = bound.own_with_constants(0)
     assert fast is not None
     for _ in range(2):
