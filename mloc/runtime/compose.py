@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import graphlib
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
+from torch import Tensor
 
 from mloc.runtime import tree
 from mloc.runtime.problem import LowerOp, Problem
@@ -336,12 +337,14 @@ class Hierarchy:
             points[name] = method.prepare(op)
         return ops, points
 
-    def _seed(self, plan, points):
+    def _seed(self, plan, points, seed=None):
         """Partials of the top loss w.r.t. the problems it reads (adjoints to start from)."""
         if not plan.seeds:  # e.g. only first_order lowers: no indirect term, no direct one
             return {}
         top = self.problems[plan.top]
         loss = top.loss(*[points[r] for r in top.reads])
+        if seed is not None:
+            loss = seed(loss)
         inputs = plan.seed_inputs or _flat(points, plan.seeds)
         grads = torch.autograd.grad(loss, inputs, allow_unused=True)
         if self.reduce is not None:
@@ -350,23 +353,30 @@ class Hierarchy:
         _split(grads, points, plan.seeds, adj)
         return adj
 
-    def hypergrad(self, name: str, accumulate: bool = True):
+    def hypergrad(self, name: str, accumulate: bool = True, seed: Callable[[Tensor], Tensor] | None = None):
         """Accumulate ``dL_name/dθ_name`` (best responses below) into ``.grad``, one backward.
 
         With ``accumulate=False`` nothing is written: the hypergradient is returned, one
         entry per parameter (``None`` for a parameter with no path to the loss; ``None``
         instead of the tuple when no parameter has one). The training loop takes it this
-        way, as a hand-written loop takes ``autograd.grad``'s result."""
+        way, as a hand-written loop takes ``autograd.grad``'s result.
+
+        ``seed`` transforms the top loss before anything is differentiated: a loss scaler's
+        ``scale`` (fp16). Every method's BR-VJP is homogeneous of degree one in the adjoint
+        it is given (linear solves and unrolled sweeps are linear in it; a finite
+        difference with ``ε = ε₀/‖q‖`` evaluates the same points and divides by an ``ε``
+        scaled alike), so the result is the hypergradient times the scale, exactly so for
+        a power of two when nothing overflows."""
         step = self._steps.get(name)  # a two-level finite-difference step, built once
         if step is not None:
-            return step(accumulate)
+            return step(accumulate, seed)
         plan = self._plans.get(name) or self.plan(name)
         if plan.shape != "general":
             if plan.step is not None:
-                return plan.step(accumulate)
-            return (self._fused if plan.shape == "fused" else self._single)(plan, accumulate)
+                return plan.step(accumulate, seed)
+            return (self._fused if plan.shape == "fused" else self._single)(plan, accumulate, seed)
         ops, points = self.linearize(plan)
-        adj = self._seed(plan, points)
+        adj = self._seed(plan, points, seed)
         direct = adj.pop(name, None)
         specs = _propagate(plan.up, self.methods, ops, points, adj, False)
         params = self.problems[name].params
@@ -376,12 +386,14 @@ class Hierarchy:
             return _backward(*(specs[0] if len(specs) == 1 else _concat(specs)), params, accumulate)
         return None
 
-    def _single(self, plan, accumulate=True):
+    def _single(self, plan, accumulate=True, seed=None):
         """Two levels, the top's loss reads only the lower: seed, one BR-VJP, one backward."""
         (name, problem, method, buffers, _), = plan.prep
         op = LowerOp(problem, self._args[name], buffers)  # argument lists built once
         top = self.problems[plan.top]
         loss = top.loss(*self._args[plan.top])
+        if seed is not None:
+            loss = seed(loss)
         v = torch.autograd.grad(loss, plan.seed_inputs, allow_unused=True)
         v = tree.fill_none(v, op.theta)
         spec = method.vjp(op, v) if v is not None else None
@@ -400,14 +412,15 @@ class Hierarchy:
         return method.two_level(problem, self._args[name], buffers, upper.loss, self._args[top],
                                 seeds, upper.params)
 
-    def _fused(self, plan, accumulate=True):
+    def _fused(self, plan, accumulate=True, seed=None):
         """Two levels, reverse-mode ITD: the top's loss at ``θ_K``, one backward through
         it and the unrolled steps (the seed and the sweep fused, as one writes it by hand)."""
         (name, problem, method, buffers, _), = plan.prep
         theta = method.unroll(LowerOp(problem, self._args[name], buffers))
         top = self.problems[plan.top]
         args = [theta if r == name else self._live[r] for r in top.reads]
-        return _backward((top.loss(*args),), (None,), top.params, accumulate)
+        loss = top.loss(*args)
+        return _backward((loss if seed is None else seed(loss),), (None,), top.params, accumulate)
 
     def hypergrad_paths(self, name: str):
         """Reference: the hypergradient as a sum over paths, each re-applying its BR-VJPs.

@@ -247,22 +247,49 @@ class Program:
 
     def _scaled_lower_step(self, lv: _Live, loss) -> None:
         """fp16 on CUDA: dynamic loss scaling (Micikevicius et al., 2018). The scaled loss is
-        differentiated, the gradients unscaled (after the all-reduce), and the step skipped
-        when they overflowed, the scale then halved; otherwise it grows every 2000 steps.
-        Overflow is the scaler's business, so only the loss is watched for NaN/Inf here.
-        (Hypergradient steps are not loss-scaled: the runtime forms them in fp32 masters.)"""
-        params, scaler = lv.problem.params, lv.scaler
-        grads = torch.autograd.grad(scaler.scale(loss), params, allow_unused=True)
+        differentiated, then :meth:`_scaled_commit`."""
+        params = lv.problem.params
+        grads = torch.autograd.grad(lv.scaler.scale(loss), params, allow_unused=True)
         for p, g in zip(params, grads):
             p.grad = torch.zeros_like(p) if g is None else g
+        self._scaled_commit(lv, loss)
+
+    def _scaled_upper_step(self, lv: _Live) -> None:
+        """fp16 on CUDA, an upper problem: the hypergradient with its top loss scaled by the
+        loss scaler. Every BR-VJP is homogeneous of degree one in the adjoint it is given
+        (:meth:`Hierarchy.hypergrad`), so the hypergradient comes out scaled alike: the
+        seed, the solves and the final backward all run on scaled values, where fp16
+        does not underflow. Then :meth:`_scaled_commit`."""
+        params, scaler = lv.problem.params, lv.scaler
+        losses = []
+
+        def seed(loss):
+            losses.append(loss)
+            return scaler.scale(loss)
+        for p in params:
+            p.grad = None
+        with lv.autocast():
+            self.hierarchy.hypergrad(lv.spec.name, True, seed)
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self._scaled_commit(lv, losses[0] if losses else None)
+
+    def _scaled_commit(self, lv: _Live, loss) -> None:
+        """The gradients in ``.grad`` are scaled: all-reduce, unscale, clip, then step unless
+        they overflowed (the scale is then halved; otherwise it grows every 2000 steps).
+        Overflow is the scaler's business, so only the (unscaled) loss is watched for
+        NaN/Inf here."""
+        params, scaler = lv.problem.params, lv.scaler
         if self.dist.world > 1:
             self.dist.allreduce_grads(params)
         proxy = ScaledStep(params, lambda: lv.commit(tuple(p.grad for p in params)))
         scaler.unscale_(proxy)
         if lv.spec.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, lv.spec.clip_grad_norm, foreach=True)
-        lv.last_loss = loss = loss.detach()
-        self.guard.watch(self.step_count + 1, lv.spec.name, loss, "loss")
+        if loss is not None:
+            lv.last_loss = loss = loss.detach()
+            self.guard.watch(self.step_count + 1, lv.spec.name, loss, "loss")
         scaler.step(proxy)
         scaler.update()
         for p in params:
@@ -283,7 +310,7 @@ class Program:
         params, autocast, draw = lv.problem.params, lv.autocast, self._drawer(name)
         hypergrad, commit = self.hierarchy.hypergrad, lv.commit
         watch = self.guard.grads_watcher(name, "hypergradient")
-        plain = self.dist.world == 1 and spec.clip_grad_norm is None
+        plain = self.dist.world == 1 and spec.clip_grad_norm is None and lv.scaler is None
         fp32 = autocast() is _NULL
 
         def plain_step() -> None:
@@ -306,6 +333,8 @@ class Program:
 
         def step() -> None:        # through .grad: the all-reduce and the clipping act on it
             draw()
+            if lv.scaler is not None:
+                return self._scaled_upper_step(lv)
             for p in params:
                 p.grad = None
             with autocast():

@@ -12,6 +12,10 @@ functional optimizer steps::
     scaler.scale(loss).backward()
     scaler.step(ScaledStep(problem.params, problem.step))   # unscales; skips on inf/NaN
     scaler.update()
+
+An upper problem's step passes ``scaler.scale`` as the ``seed`` of
+``Hierarchy.hypergrad``: the top loss is scaled before anything is differentiated, and the
+hypergradient comes out scaled alike (every BR-VJP is homogeneous of degree one).
 """
 
 from __future__ import annotations

@@ -112,8 +112,9 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
     def loss_at(point):  # only for the guarded path
         return loss(*before, point, *after)
 
-    def step(accumulate=True):
-        q = grad(upper_loss(*upper_args), seeds, allow_unused=True)
+    def step(accumulate=True, seed=None):
+        top = upper_loss(*upper_args)
+        q = grad(top if seed is None else seed(top), seeds, allow_unused=True)
         for g in q:
             if g is None:  # rare: the upper's loss ignores part of θ
                 q = tree.fill_none(q, theta)
