@@ -20,14 +20,14 @@ from mloc.runtime.engine import Program, RunConfig
 from mloc.runtime.loop import Intervals, resume, train
 from mloc.runtime.metrics import NonFiniteError
 from mloc.runtime.progress import Progress
+from mloc.runtime.user_modules import put_first
 
 
 def program_dir(generated_file: str, relative: str) -> Path:
-    """Put the program's directory (relative to the generated file) first on sys.path."""
-    path = (Path(generated_file).resolve().parent / relative).resolve()
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-    return path
+    """Put the program's directory (relative to the generated file) first on sys.path; the
+    modules it has are imported from it even if another program's ran before
+    (:mod:`mloc.runtime.user_modules`)."""
+    return put_first(Path(generated_file).resolve().parent / relative)
 
 
 def build(ns: dict, config: RunConfig) -> Program:
