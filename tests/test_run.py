@@ -147,3 +147,19 @@ def test_a_new_run_never_overwrites_an_earlier_one_unasked(tmp_path):
     assert (tmp_path / "checkpoint.pt").read_bytes() == before
     assert mloc("run", str(SMALL), "--steps", "7", "--out", str(tmp_path), "--quiet", "--overwrite").returncode == 0
     assert load_checkpoint(tmp_path / "checkpoint.pt", None)["step"] == 7
+
+
+def test_a_run_reports_its_evaluations_and_what_it_wrote(tmp_path):
+    """Without --quiet (and without a terminal: plain lines): progress at each log interval,
+    each evaluation as it happens, and a closing line naming the files written."""
+    proc = mloc("run", str(SMALL), "--steps", "20", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert any(re.fullmatch(r"small_reweighting step 20/20  net [\d.]+  weights [\d.]+  [\d.]+ steps/s", x)
+               for x in lines), lines
+    assert any(re.fullmatch(r"small_reweighting step 10: lib\.accuracy\(net, lib\.data\(seed=20, n=64\)\) = [\d.]+", x)
+               for x in lines), lines
+    assert lines[-1] == (f"done: 20 steps in {lines[-1].split(' in ')[1].split(' s;')[0]} s; wrote "
+                         f"{tmp_path / 'checkpoint.pt'} and {tmp_path / 'metrics.jsonl'}")
+    quiet = mloc("run", str(SMALL), "--steps", "20", "--out", str(tmp_path / "q"), "--quiet")
+    assert quiet.returncode == 0 and quiet.stderr == ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -98,8 +99,12 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: str | None, quiet: b
         if resume_dir:
             resume(program, Path(resume_dir))
         intervals = Intervals(**ns["INTERVALS"])
+        start, t0 = program.step_count, time.perf_counter()
         with Progress(ns["NAME"], config.steps, enabled=not quiet and program.dist.is_main) as progress:
             train(program, config.steps, out, intervals, progress)
+            seconds = time.perf_counter() - t0
+            progress.note(f"done: {config.steps - start} steps in {seconds:.1f} s; wrote "
+                          f"{out / 'checkpoint.pt'} and {out / 'metrics.jsonl'}")
     except CheckpointError as e:
         print(f"error: {e}\n  = help: {e.help}", file=sys.stderr)
         return 2

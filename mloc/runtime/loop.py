@@ -79,6 +79,8 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
                 value = float(fn(program))
                 last[label] = value
                 metrics.write(done, "*", eval=label, value=value)
+                if progress is not None and hasattr(progress, "note"):
+                    progress.note(f"{program.name} step {done}: {label} = {value:.4g}")
         if intervals.checkpoint_every and done % intervals.checkpoint_every == 0 and done != steps:
             program.guard.check()
             save(program, out)

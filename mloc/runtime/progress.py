@@ -6,7 +6,8 @@ import sys
 
 
 class Progress:
-    """`progress(done, total, losses, steps_per_s)`; use as a context manager."""
+    """`progress(done, total, losses, steps_per_s)` after each log interval, `note(text)`
+    for anything else worth a line; use as a context manager."""
 
     def __init__(self, name: str, total: int, enabled: bool = True):
         self.name, self.total, self.enabled = name, total, enabled
@@ -26,6 +27,13 @@ class Progress:
         if self._bar is not None:
             self._bar.__exit__(*exc)
         return False
+
+    def note(self, text: str) -> None:
+        """One line above the bar (an evaluation, the closing summary)."""
+        if self._bar is not None:
+            self._bar.console.print(text, highlight=False, markup=False)
+        elif self.enabled:
+            sys.stderr.write(text + "\n")
 
     def __call__(self, done: int, total: int, losses: dict, rate: float) -> None:
         info = "  ".join(f"{k} {v:.4g}" for k, v in losses.items()) + f"  {rate:.1f} steps/s"
