@@ -5,8 +5,14 @@
 - :mod:`mloc.runtime.problem`: the problem abstraction (``Problem``).
 - :mod:`mloc.runtime.compose`: adjoint accumulation over the DAG (``Hierarchy``, ``Edge``).
 
-This package imports torch; ``mloc/__init__.py`` never imports it.
+This package imports torch; ``mloc/__init__.py`` never imports it. torch 2.13 warns at
+import time when NumPy is not installed ("Failed to initialize NumPy"); mloc never uses
+NumPy, so that one message is filtered out rather than shown on every run.
 """
+
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 from mloc.runtime.compose import SEMANTICS, Edge, Hierarchy
 from mloc.runtime.methods import METHODS, cg, finite_diff, first_order, itd, neumann, sama
