@@ -50,11 +50,16 @@ def test_digits(size: int = 2000):
 
 
 def weighted_ce(classifier: nn.Module, weight_net: nn.Module, batch) -> torch.Tensor:
-    """Σ_i w(ℓ_i) ℓ_i / n, the weight net reading each example's (detached) loss."""
+    """Σ_i w(ℓ_i) ℓ_i / Σ_i w(ℓ_i), the weight net reading each example's (detached) loss.
+
+    Normalised by the weights' sum, as in the Meta-Weight-Net reference code: with a plain
+    mean the weights' overall scale multiplies the classifier's learning rate, and the
+    hypergradient then mostly learns that scale (here: weights *growing* with the loss)
+    instead of which examples to trust."""
     x, y = batch
     losses = F.cross_entropy(classifier(x), y, reduction="none")
     weights = weight_net(losses.detach())
-    return (weights * losses).mean()
+    return (weights * losses).sum() / weights.sum().clamp_min(1e-8)
 
 
 def ce(classifier: nn.Module, batch) -> torch.Tensor:

@@ -43,14 +43,14 @@ PROBLEMS = (
         reads=('classifier', 'weight_net'),
         loss=classifier_loss,
         optimizer=lambda lr: sgd(lr, momentum=0.9, nesterov=False, weight_decay=0.0005, dampening=0.0),
-        lr=0.1,
-        schedule=cosine(total=3000, warmup=0, min_lr=0.0, base=0.1)),
+        lr=0.02,
+        schedule=cosine(total=3000, warmup=0, min_lr=0.0, base=0.02)),
     ProblemSpec(  # data_reweighting.mlo:15
         'weight_net',
         reads=('classifier',),
         loss=weight_net_loss,
         optimizer=lambda lr: adam(lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0001),
-        lr=0.001),
+        lr=0.01),
 )
 
 
@@ -88,7 +88,7 @@ if __name__ == "__main__":
 # The losses as torch.fx traced them at compile time (aten operations on meta tensors):
 # what each loss computes and which parameters it touches. For reading; not executed.
 #
-# classifier_loss (20 operations):
+# classifier_loss (23 operations):
 #     def forward(self, b):
 #         b_1, b_2, = fx_pytree.tree_flatten_spec([b], self._in_spec)
 #         classifier_net_0_weight = classifier.net.0.weight
@@ -117,9 +117,12 @@ if __name__ == "__main__":
 #         addmm_3 = torch.ops.aten.addmm.default(weight_net_net_2_bias, relu_1, t_3);  weight_net_net_2_bias = relu_1 = t_3 = None
 #         sigmoid = torch.ops.aten.sigmoid.default(addmm_3);  addmm_3 = None
 #         squeeze = torch.ops.aten.squeeze.dim(sigmoid, -1);  sigmoid = None
-#         mul = torch.ops.aten.mul.Tensor(squeeze, getitem);  squeeze = getitem = None
-#         mean = torch.ops.aten.mean.default(mul);  mul = None
-#         return pytree.tree_unflatten([mean], self._out_spec)
+#         mul = torch.ops.aten.mul.Tensor(squeeze, getitem);  getitem = None
+#         sum_1 = torch.ops.aten.sum.default(mul);  mul = None
+#         sum_2 = torch.ops.aten.sum.default(squeeze);  squeeze = None
+#         clamp_min = torch.ops.aten.clamp_min.default(sum_2, 1e-08);  sum_2 = None
+#         div = torch.ops.aten.div.Tensor(sum_1, clamp_min);  sum_1 = clamp_min = None
+#         return pytree.tree_unflatten([div], self._out_spec)
 #
 # weight_net_loss (9 operations):
 #     def forward(self, b):

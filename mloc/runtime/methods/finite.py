@@ -50,6 +50,65 @@ def _guarded_losses(loss_at, plus, minus, buffers, autocast):
     return losses
 
 
+class _Quotient(torch.autograd.Function):
+    """Identity on the tensors a finite difference reads besides ``θ``. Both perturbed losses
+    read the same outputs, so autograd sums their gradients here, ``g = ∇L₊ − ∇L₋`` (the
+    losses are differentiated with cotangents ``1`` and ``−1``), before this backward turns
+    ``g`` into the difference quotient ``−g / 2ε``. Subtracting first, then dividing, is
+    how the quotient is written by hand (and by Betty): the two gradients nearly cancel,
+    so their difference is exact where scaling each by ``∓1/2ε`` first would round both."""
+
+    @staticmethod
+    def forward(ctx, two_e, *tensors):
+        ctx.two_e = two_e
+        ctx.set_materialize_grads(False)   # an output no loss reads: no gradient, not zeros
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        two_e = ctx.two_e
+        return (None, *[None if g is None else -g / two_e for g in grads])
+
+
+def _quotient_views(two_e, groups):
+    """``groups`` (tuples of tensors) as views through one :class:`_Quotient`."""
+    flat = [t for g in groups for t in g]
+    if not flat:
+        return tuple(groups)
+    views = _Quotient.apply(two_e, *flat)
+    if isinstance(views, torch.Tensor):
+        views = (views,)
+    out, i = [], 0
+    for g in groups:
+        out.append(tuple(views[i:i + len(g)]))
+        i += len(g)
+    return tuple(out)
+
+
+_MINUS_ONE: dict = {}
+
+
+def _minus_one(like):
+    """A cached 0-dim ``-1`` of ``like``'s dtype and device (the second loss's cotangent)."""
+    key = (like.dtype, like.device)
+    t = _MINUS_ONE.get(key)
+    if t is None:
+        t = _MINUS_ONE[key] = torch.full((), -1.0, dtype=like.dtype, device=like.device)
+    return t
+
+
+def _spec(lp, lm):
+    """The VJP spec of the two perturbed losses (cotangents 1 and −1; see :class:`_Quotient`),
+    or ``None`` when neither reaches anything."""
+    if lp.requires_grad and lm.requires_grad:
+        return (lp, lm), (None, _minus_one(lm))
+    if lp.requires_grad:
+        return (lp,), (None,)
+    if lm.requires_grad:
+        return (lm,), (_minus_one(lm),)
+    return None
+
+
 def central_difference(op, q, eps):
     r"""The mixed product ``-J_xᵀ q`` by central differences of the loss in ``θ``.
 
@@ -57,10 +116,11 @@ def central_difference(op, q, eps):
         -J_x^\top q \approx -\frac{\nabla_x L(\theta + \epsilon q, x) - \nabla_x L(\theta - \epsilon q, x)}{2\epsilon},
         \quad \epsilon = \epsilon_0 / \lVert q\rVert
 
-    Returned as the spec ``((L₊, L₋), (-1/2ε, 1/2ε))``: the upper's gradient of both losses
-    in one backward. The perturbed points are built without graph, so only ``x`` is
-    differentiated. Module buffers are restored afterwards and autocast is switched off
-    (round-off grows like ``1/ε``). Liu et al., "DARTS", ICLR 2019, eq. 8.
+    Returned as the spec ``((L₊, L₋), (1, −1))`` over the loss's other arguments read
+    through :class:`_Quotient`, which divides the summed gradient by ``−2ε``: the upper's
+    gradient of both losses in one backward. The perturbed points are built without graph,
+    so only ``x`` is differentiated. Module buffers are restored afterwards and autocast is
+    switched off (round-off grows like ``1/ε``). Liu et al., "DARTS", ICLR 2019, eq. 8.
     """
     with torch.no_grad():
         dtype = q[0].dtype
@@ -68,11 +128,19 @@ def central_difference(op, q, eps):
         e = eps / tree.norm(q).clamp_min(tiny)  # q = 0: no nan
         plus = tree.axpy(e, q, op.theta)
         minus = tree.axpy(-e, q, op.theta)
-        c = 0.5 / e
+        two_e = 2 * e
+    i = op.problem.index
+    others = [j for j in range(len(op.args)) if j != i]
+    views = dict(zip(others, _quotient_views(two_e, [op.args[j] for j in others])))
+
+    def loss_at(point):
+        return op.loss_at(point, views)
     autocast = _autocast_device(q[0])
     if op.buffers or autocast:
-        return _guarded_losses(op.loss_at, plus, minus, op.buffers, autocast), (-c, c)
-    return (op.loss_at(plus), op.loss_at(minus)), (-c, c)  # the common case: nothing to guard
+        lp, lm = _guarded_losses(loss_at, plus, minus, op.buffers, autocast)
+    else:
+        lp, lm = loss_at(plus), loss_at(minus)  # the common case: nothing to guard
+    return _spec(lp, lm)
 
 
 def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, seeds, params):
@@ -109,9 +177,6 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
     grad, backward = torch.autograd.grad, torch.autograd.backward
     no_grad, sqrt = torch.no_grad, torch.sqrt
 
-    def loss_at(point):  # only for the guarded path
-        return loss(*before, point, *after)
-
     def step(accumulate=True, seed=None):
         top = upper_loss(*upper_args)
         q = grad(top if seed is None else seed(top), seeds, allow_unused=True)
@@ -134,18 +199,18 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
             plus = tuple([e * x + p for x, p in zip(q, theta)])
             e_minus = -e
             minus = tuple([e_minus * x + p for x, p in zip(q, theta)])
-            c = 0.5 / e
+            two_e = 2 * e
+        viewed = _quotient_views(two_e, before + after)
+        b, a = viewed[:len(before)], viewed[len(before):]
         autocast = _autocast_device(q0)
         if buffers or autocast:
-            lp, lm = _guarded_losses(loss_at, plus, minus, buffers, autocast)
+            lp, lm = _guarded_losses(lambda point: loss(*b, point, *a), plus, minus, buffers, autocast)
         else:
-            lp, lm = loss(*before, plus, *after), loss(*before, minus, *after)
-        if lp.requires_grad and lm.requires_grad:
-            outs, cots = (lp, lm), (-c, c)
-        elif lp.requires_grad or lm.requires_grad:  # as the composer's `_backward`
-            outs, cots = ((lp,), (-c,)) if lp.requires_grad else ((lm,), (c,))
-        else:
+            lp, lm = loss(*b, plus, *a), loss(*b, minus, *a)
+        spec = _spec(lp, lm)
+        if spec is None:
             return None
+        outs, cots = spec
         if accumulate:
             backward(outs, cots, inputs=params)
             return None
