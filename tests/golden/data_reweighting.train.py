@@ -76,7 +76,7 @@ EVALUATIONS = (
 )
 
 
-DEFAULTS = RunConfig(steps=3000, seed=0, device='auto', precision='bf16')
+DEFAULTS = RunConfig(steps=3000, seed=0, device='auto', precision='fp32')
 INTERVALS = dict(log_every=50, checkpoint_every=1000)
 
 
