@@ -66,8 +66,14 @@ class _Quotient(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        two_e = ctx.two_e
-        return (None, *[None if g is None else -g / two_e for g in grads])
+        return (None, *_quotients(grads, ctx.two_e))
+
+
+def _quotients(grads, two_e):
+    """``−g / 2ε`` for each ``g`` (``None`` stays ``None``): one division by ``−2ε`` each,
+    which is exactly ``−(g / 2ε)``."""
+    neg = -two_e
+    return [None if g is None else g / neg for g in grads]
 
 
 def _quotient_views(two_e, groups):
@@ -174,8 +180,11 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
     """
     i = lower.index
     theta, before, after, loss = args[i], tuple(args[:i]), tuple(args[i + 1:]), lower.loss
-    grad, backward = torch.autograd.grad, torch.autograd.backward
+    grad = torch.autograd.grad
     no_grad, sqrt = torch.no_grad, torch.sqrt
+
+    def loss_at(point):  # only for the guarded path
+        return loss(*before, point, *after)
 
     def step(accumulate=True, seed=None):
         top = upper_loss(*upper_args)
@@ -200,21 +209,25 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
             e_minus = -e
             minus = tuple([e_minus * x + p for x, p in zip(q, theta)])
             two_e = 2 * e
-        viewed = _quotient_views(two_e, before + after)
-        b, a = viewed[:len(before)], viewed[len(before):]
         autocast = _autocast_device(q0)
         if buffers or autocast:
-            lp, lm = _guarded_losses(lambda point: loss(*b, point, *a), plus, minus, buffers, autocast)
+            lp, lm = _guarded_losses(loss_at, plus, minus, buffers, autocast)
         else:
-            lp, lm = loss(*b, plus, *a), loss(*b, minus, *a)
+            lp, lm = loss(*before, plus, *after), loss(*before, minus, *after)
         spec = _spec(lp, lm)
         if spec is None:
             return None
-        outs, cots = spec
-        if accumulate:
-            backward(outs, cots, inputs=params)
-            return None
-        return grad(outs, params, cots, allow_unused=True)
+        # ∇L₊ − ∇L₋ in one backward (cotangents 1, −1), then the quotient: what the
+        # general path's _Quotient node computes, without an autograd node in Python
+        diff = grad(spec[0], params, spec[1], allow_unused=True)
+        with no_grad():
+            h = _quotients(diff, two_e)
+        if not accumulate:
+            return tuple(h)
+        for p, g in zip(params, h):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
+        return None
 
     return step
 
