@@ -162,8 +162,9 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
 
     (``s`` the lower optimizer's ``diag`` when ``scaled``, i.e. ``sama``). It is the
     composer's seed → ``vjp`` (:func:`central_difference`) → final backward, with the same
-    tensor operations in the same order (bit-identical results; the tests compare), but
-    as one flat function. The step is under a millisecond on small models, and there the
+    numbers (bit-identical; the tests compare), as one flat function: the quotient
+    ``(∇L₊ − ∇L₋)/(−2ε)`` is formed after the backward here, inside the general path's
+    :class:`_Quotient` node there. The step is under a millisecond on small models, and there the
     runtime's own Python, cold by the time the next step runs, cost 3-5% over a
     hand-written loop: about half of it ``torch.finfo`` and ``tensor.device`` (now
     ``_TINY`` and ``_autocast_device``, shared with the general path), the rest plan
