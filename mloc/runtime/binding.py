@@ -43,19 +43,23 @@ class _Container(nn.Module):
 
 
 class _Slots:
-    """Where each substituted parameter lives: for key ``mods.i.name``, every
-    ``(submodule._parameters, attr)`` pair holding that tensor (a tied parameter lives in
-    several), found once."""
+    """Where each substituted tensor goes: per value, every ``(submodule._parameters, attr)``
+    pair it replaces (a tied parameter lives in several). :meth:`of` finds them once for
+    keys ``mods.i.name`` of a container."""
 
-    def __init__(self, container: nn.Module, keys: Sequence[str]):
+    def __init__(self, places: Sequence[tuple[tuple[dict, str], ...] | None]):
+        self.places = list(places)
+        self.complete = all(p is not None for p in self.places)
+
+    @classmethod
+    def of(cls, container: nn.Module, keys: Sequence[str]) -> "_Slots":
         places: dict[int, list[tuple[dict, str]]] = {}
         for module in container.modules():      # each module once (a shared one too)
             for attr, t in module._parameters.items():
                 if t is not None:
                     places.setdefault(id(t), []).append((module._parameters, attr))
         named = dict(container.named_parameters(remove_duplicate=False))
-        self.places = [tuple(places[id(named[k])]) if k in named else None for k in keys]
-        self.complete = all(p is not None for p in self.places)
+        return cls([tuple(places[id(named[k])]) if k in named else None for k in keys])
 
     def call(self, fn: Callable, args: tuple, values: Sequence[Tensor]):
         """``fn(*args)`` with the tensors at ``keys`` replaced by ``values``; the modules'
@@ -93,7 +97,7 @@ class BoundLoss:
         self.offsets = dict(offsets or {})
         self.fn, self.modules = fn, tuple(modules)
         flat = [k for keys in self.keys for k in keys]
-        slots = _Slots(self.container, flat)
+        slots = _Slots.of(self.container, flat)
         parametrized = any(torch.nn.utils.parametrize.is_parametrized(m) for m in self.container.modules())
         self._slots = slots if slots.complete and not parametrized else None
 
@@ -141,17 +145,10 @@ class BoundLoss:
                     aliases.append(t.detach())
         if not places:
             return None
-        fn, modules, batch_of = self.fn, self.modules, self.batch_of
+        slots, fn, modules, batch_of = _Slots([(p,) for p in places]), self.fn, self.modules, self.batch_of
 
         def loss() -> Tensor:
-            saved = [d[a] for d, a in places]
-            try:
-                for (d, a), t in zip(places, aliases):
-                    d[a] = t
-                return fn(*modules, *batch_of())
-            finally:
-                for (d, a), t in zip(places, saved):
-                    d[a] = t
+            return slots.call(fn, (*modules, *batch_of()), aliases)
         return loss
 
     def __call__(self, *params: Params) -> Tensor:

@@ -94,20 +94,12 @@ class DataStream:
         it = self._it
         if it is None:
             return to_device(self._draw(), self.device)
-        try:        # the common case, inlined: the epoch goes on, the batch is already there
+        try:        # the common case, inlined: the epoch goes on
             batch = next(it)
         except StopIteration:
             return to_device(self._draw(), self.device)
         self._index += 1
-        device = self.device
-        if device is None:
-            return batch
-        if type(batch) is tuple and device.type == "cpu":
-            for t in batch:
-                if type(t) is not torch.Tensor or not t.is_cpu:
-                    return to_device(batch, device)
-            return batch
-        return to_device(batch, device)
+        return to_device(batch, self.device)
 
     def _draw(self) -> Any:
         if self._it is None:

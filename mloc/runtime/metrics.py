@@ -128,10 +128,7 @@ class FiniteGuard:
         """
         if len(self._records) >= self._capacity:
             self._fold()
-        code = self._keys.get((problem, what))
-        if code is None:
-            code = self._keys[(problem, what)] = len(self._names)
-            self._names.append((problem, what))
+        code = self._code(problem, what)
         if isinstance(step, Tensor):
             step = step.detach().clone()        # its value now, as the device sees it
         if isinstance(tensors, Tensor):
@@ -155,15 +152,20 @@ class FiniteGuard:
                 self._records.append((step, code, False, len(self._values)))
                 self._values.append(torch.linalg.vector_norm(t, math.inf))
 
+    def _code(self, problem: str, what: str) -> int:
+        """The small integer a record stores for ``(problem, what)``."""
+        code = self._keys.get((problem, what))
+        if code is None:
+            code = self._keys[(problem, what)] = len(self._names)
+            self._names.append((problem, what))
+        return code
+
     def loss_watcher(self, problem: str, what: str = "loss") -> Callable[[int, Tensor], None]:
         """``watch(step, problem, loss, what)`` for a training loop's own losses, bound once:
         ``loss`` must be a 0-dim tensor that does not require grad and is never modified
         afterwards (a freshly detached loss), which is then kept as it is. Anything else
         goes through :meth:`watch`."""
-        code = self._keys.get((problem, what))
-        if code is None:
-            code = self._keys[(problem, what)] = len(self._names)
-            self._names.append((problem, what))
+        code = self._code(problem, what)
 
         def keep(step: int, loss: Tensor) -> None:
             if loss.dim() or loss.requires_grad or loss._version or type(step) is not int:
@@ -179,10 +181,7 @@ class FiniteGuard:
         """``watch(step, problem, grads, what)`` for a problem's gradients, bound once: the
         fused check into the next pool flag with no other work when it applies (an int
         step, a flag left in the pool), else :meth:`watch`."""
-        code = self._keys.get((problem, what))
-        if code is None:
-            code = self._keys[(problem, what)] = len(self._names)
-            self._names.append((problem, what))
+        code = self._code(problem, what)
         check = torch._amp_foreach_non_finite_check_and_unscale_
 
         def keep(step: int, grads: Sequence[Tensor]) -> None:
