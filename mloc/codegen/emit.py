@@ -76,8 +76,10 @@ class Emitter:
         builtins = sorted({e.method for e in self.plan.edges} | {p.optimizer.name for p in self.g.problems()})
         schedules = sorted({p.schedule.name for p in self.g.problems() if p.schedule is not None})
         self.emit("from mloc.runtime import Edge, " + ", ".join(builtins))
-        engine = ["ProblemSpec", "RunConfig"] + [_SCHEDULE_FN[s] for s in schedules]
+        engine = ["ProblemSpec", "RunConfig"]
         self.emit("from mloc.runtime.engine import " + ", ".join(sorted(engine)))
+        if schedules:
+            self.emit("from mloc.runtime.schedules import " + ", ".join(sorted(_SCHEDULE_FN[s] for s in schedules)))
         self.emit("from mloc.runtime.launch import main, program_dir")
         self.emit("")
         self.emit(f"program_dir(__file__, {self.program_dir!r})  # the directory of {self.name}, first on sys.path")

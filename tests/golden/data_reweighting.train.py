@@ -6,7 +6,8 @@ Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-ed
 """
 
 from mloc.runtime import Edge, adam, sama, sgd
-from mloc.runtime.engine import ProblemSpec, RunConfig, cosine
+from mloc.runtime.engine import ProblemSpec, RunConfig
+from mloc.runtime.schedules import cosine
 from mloc.runtime.launch import main, program_dir
 
 program_dir(__file__, '../../programs')  # the directory of data_reweighting.mlo, first on sys.path
