@@ -57,8 +57,8 @@ def compile_program(path: str, overrides: tuple[str, ...] = (), out_dir: Path | 
         return Compiled(unit)
     sizes = None
     if trace:
-        from mloc.passes.dataflow import trace_dataflow   # imports torch and the user's code
-        sizes, diags = trace_dataflow(unit.graph)
+        from mloc.passes.trace import trace_program   # imports torch and the user's code
+        sizes, diags = trace_program(unit.graph)
         if diags:
             return Compiled(replace(unit, diagnostics=unit.diagnostics + tuple(diags)))
     from mloc.passes.support import unsupported

@@ -1,4 +1,4 @@
-"""The dataflow pass: verify the declared edges against what the user's code really does.
+"""The trace pass: verify the declared edges against what the user's code really does.
 
 Imports the program's modules, builds every model on the meta device (no memory), draws
 one batch per problem, evaluates each loss (`mloc.runtime.introspect`), and compares the
@@ -30,7 +30,7 @@ def _raised(span, what: str, err: BaseException) -> Diagnostic:
                                                 "Python shell to see the full traceback")
 
 
-def trace_dataflow(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
+def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
     from mloc.runtime import introspect as intro
 
     diags: list[Diagnostic] = []
