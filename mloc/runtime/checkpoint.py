@@ -13,9 +13,9 @@ subclasses: a NamedTuple would need its class to load). It is read back with
 - :func:`load_checkpoint` turns every way a file can be wrong (missing, truncated, not a
   checkpoint, an object of a disallowed type, another format version or program) into a
   :class:`CheckpointError` with a one-sentence message naming the file and a ``help``.
-- :func:`state_to_tree` / :func:`tree_to_state` convert the runtime's optimizer states
-  (``SGDState``, ``AdamState``: NamedTuples of an int and tuples of tensors) to trees and
-  back, bit for bit, checking the structure against a freshly initialised state.
+- :func:`state_to_tree` / :func:`tree_to_state` convert optimizer states (pytrees of any
+  shape) to plain trees and back, bit for bit, checking the structure against a freshly
+  initialised state (:func:`mloc.runtime.tree.to_plain` / ``from_plain``).
 - :func:`capture_rng` / :func:`restore_rng` save and restore Python's ``random``, torch's
   CPU generator and, when CUDA is available, every CUDA device's generator.
 """
@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from mloc.runtime import tree
 
 FORMAT_VERSION = 1
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -144,52 +146,18 @@ def _read(path: Path) -> Any:
 
 # --- optimizer states --------------------------------------------------------------------
 
-def state_to_tree(state: Any) -> Any:
-    """A checkpointable tree of ``state``: NamedTuples become ``{"_type": name, field:
-    value, ...}``, other tuples and lists become lists; tensors, numbers, strings and
-    ``None`` stay as they are. :func:`tree_to_state` inverts it."""
-    if isinstance(state, tuple) and hasattr(state, "_fields"):
-        return {"_type": type(state).__name__, **{f: state_to_tree(getattr(state, f)) for f in state._fields}}
-    if isinstance(state, (tuple, list)):
-        return [state_to_tree(v) for v in state]
-    if isinstance(state, dict):
-        return {k: state_to_tree(v) for k, v in state.items()}
-    return state
+state_to_tree = tree.to_plain
 
 
-def tree_to_state(tree: Any, like: Any, where: str = "state") -> Any:
-    """The state of ``tree`` (from :func:`state_to_tree`), shaped like ``like`` (e.g.
-    ``opt.init(params)``): same types, field names, lengths, tensor shapes and dtypes;
-    tensors are moved to ``like``'s devices. Any mismatch is a :class:`CheckpointError`
-    whose message names the entry (``where``: the name of the root)."""
-    if isinstance(like, tuple) and hasattr(like, "_fields"):
-        name = type(like).__name__
-        if type(tree) is not dict or tree.get("_type") != name or set(tree) != {"_type", *like._fields}:
-            _mismatch(where, f"is not a {name}")
-        return type(like)(*(tree_to_state(tree[f], getattr(like, f), f"{where}.{f}") for f in like._fields))
-    if isinstance(like, (tuple, list)):
-        if not isinstance(tree, (tuple, list)) or len(tree) != len(like):
-            _mismatch(where, f"does not hold {len(like)} entries")
-        return type(like)(tree_to_state(t, l, f"{where}[{i}]") for i, (t, l) in enumerate(zip(tree, like)))
-    if isinstance(like, dict):
-        if type(tree) is not dict or set(tree) != set(like):
-            _mismatch(where, f"does not have the keys {sorted(map(str, like))}")
-        return {k: tree_to_state(tree[k], v, f"{where}[{k!r}]") for k, v in like.items()}
-    if isinstance(like, torch.Tensor):
-        if not isinstance(tree, torch.Tensor) or tree.shape != like.shape or tree.dtype != like.dtype:
-            got = (f"{tuple(tree.shape)} {tree.dtype}" if isinstance(tree, torch.Tensor)
-                   else type(tree).__name__)
-            _mismatch(where, f"is {got}, the program's is {tuple(like.shape)} {like.dtype}")
-        return tree.to(like.device)
-    if type(tree) is not type(like):
-        _mismatch(where, f"is a {type(tree).__name__}, the program's is a {type(like).__name__}")
-    return tree
-
-
-def _mismatch(where: str, what: str):
-    raise CheckpointError(None, f"the checkpoint's `{where}` {what}",
-                          "the program changed since the checkpoint was written; resume with the "
-                          "program that wrote it, or start again without --resume")
+def tree_to_state(plain: Any, like: Any, where: str = "state") -> Any:
+    """:func:`mloc.runtime.tree.from_plain`, a mismatch reported as a
+    :class:`CheckpointError` naming the entry."""
+    try:
+        return tree.from_plain(plain, like, where)
+    except tree.StructureMismatch as e:
+        raise CheckpointError(None, f"the checkpoint's `{e.where}` {e.what}",
+                              "the program changed since the checkpoint was written; resume with the "
+                              "program that wrote it, or start again without --resume") from None
 
 
 # --- random number generators ------------------------------------------------------------

@@ -57,6 +57,8 @@ import torch
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset,
                               RandomSampler, SequentialSampler)
 
+from mloc.runtime.tree import map_tensors
+
 
 class DataStream:
     """An endless stream of batches of one problem's data object (see the module docstring).
@@ -167,20 +169,6 @@ class DataStream:
             sampler.set_epoch(epoch)
         for _ in stub:
             pass
-
-
-def map_tensors(batch: Any, fn) -> Any:
-    """``batch`` with ``fn`` applied to every tensor, through tuples (named too), lists and
-    dicts; anything else is returned as it is."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(map_tensors(b, fn) for b in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(map_tensors(b, fn) for b in batch)
-    if isinstance(batch, dict):
-        return {k: map_tensors(v, fn) for k, v in batch.items()}
-    return batch
 
 
 def to_device(batch: Any, device: torch.device | None) -> Any:

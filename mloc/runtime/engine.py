@@ -384,18 +384,13 @@ class Program:
         no_grad = torch.no_grad()      # one context object, entered once per commit
         opt, schedule, lr = problem.optimizer, spec.schedule, lv.lr
         params = problem.params
-        inplace = opt.step_         # torch.optim's form for the device, chosen once
-        if inplace is not None:
-            inplace = getattr(inplace, "single" if self.device.type == "cpu" else "multi", inplace)
+        step = opt.commit
 
         def commit(grads) -> None:
             if schedule is not None:
                 lr.fill_(spec.lr * schedule(lv.steps))
             with no_grad:
-                if inplace is not None:
-                    problem.state = inplace(grads, problem.state, params)
-                else:
-                    problem.state = optim.step(opt, params, problem.state, grads)
+                problem.state = step(grads, problem.state, params)
         return commit
 
     # --- driving ----------------------------------------------------------------------
@@ -460,7 +455,7 @@ class Program:
         problems = {}
         for name, lv in self.live.items():
             problems[name] = {"params": [p.detach().clone() for p in lv.problem.params],
-                              "optimizer": state_to_tree(_cloned(lv.problem.state)),
+                              "optimizer": state_to_tree(tree.clone(lv.problem.state)),
                               "module": {k: v.detach().clone() for k, v in lv.module.state_dict().items()},
                               "steps": lv.steps}
         return {"program": self.name, "step": self.step_count, "problems": problems,
@@ -474,28 +469,14 @@ class Program:
             with torch.no_grad():
                 for p, v in zip(lv.problem.params, saved["params"]):
                     p.copy_(v)
-            # copies: commits overwrite the state's tensors in place (optim.Optimizer.step_)
-            lv.problem.state = _cloned(tree_to_state(saved["optimizer"], lv.problem.state))
+            # copies: commits overwrite the state's tensors in place (Optimizer.commit)
+            lv.problem.state = tree.clone(tree_to_state(saved["optimizer"], lv.problem.state))
             lv.steps = int(saved["steps"])
         for n, s in self.streams.items():
             s.restore(state["data"][n])
         for name, lv in self.live.items():
             lv.batch = ()
         restore_rng(state["rng"])
-
-
-def _cloned(state):
-    """``state`` (NamedTuples, tuples, lists, dicts of tensors and numbers) with every tensor
-    copied, so a snapshot does not change when a commit overwrites the live tensors."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().clone()
-    if isinstance(state, tuple) and hasattr(state, "_fields"):
-        return type(state)(*(_cloned(v) for v in state))
-    if isinstance(state, (tuple, list)):
-        return type(state)(_cloned(v) for v in state)
-    if isinstance(state, dict):
-        return {k: _cloned(v) for k, v in state.items()}
-    return state
 
 
 def _cast_floating(batch, dtype):

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from mloc.runtime.data import map_tensors
+from mloc.runtime.tree import map_tensors
 
 
 @dataclass(frozen=True)

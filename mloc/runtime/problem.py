@@ -52,9 +52,11 @@ class Problem:
         if self.state is None and self.optimizer is not None:
             self.state = self.optimizer.init(self.params)
 
+    @torch.no_grad()
     def step(self) -> None:
         """Commit one optimizer step from the parameters' ``.grad`` (in place)."""
-        self.state = optim.step(self.optimizer, self.params, self.state)
+        grads = tuple(p.grad for p in self.params)
+        self.state = self.optimizer.commit(grads, self.state, self.params)
 
 
 class LowerOp:

@@ -1,13 +1,18 @@
-"""Arithmetic on parameter tuples (``tuple[Tensor, ...]``), the runtime's only container.
+"""The runtime's containers: parameter tuples and pytrees.
 
-A problem's parameters, gradients, adjoints and optimizer buffers are flat tuples of
-tensors, built once. These helpers are plain loops: for the handful of tensors of a model
-they cost less than dispatching a foreach kernel, and they stay differentiable.
+- Arithmetic on parameter tuples (``Params = tuple[Tensor, ...]``): a problem's
+  parameters, gradients and adjoints are flat tuples of tensors, built once. These helpers
+  are plain loops: for the handful of tensors of a model they cost less than dispatching
+  a foreach kernel, and they stay differentiable.
+- The one pytree walker (:func:`map_tensors`) and what is built on it: every optimizer
+  state (NamedTuples, tuples, lists, dicts, nested to any depth, with numbers among the
+  tensors), every data batch and every checkpoint payload is cloned, moved, flattened and
+  converted to a checkpointable plain tree by these functions and no others.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -81,3 +86,91 @@ def zeros(like: Sequence[Tensor]) -> Params:
 def dense(grads: Sequence[Tensor | None], like: Sequence[Tensor]) -> Params:
     """Like :func:`fill_none`, but all zeros rather than ``None`` when nothing was used."""
     return fill_none(grads, like) or zeros(like)
+
+
+# --- pytrees --------------------------------------------------------------------------------
+
+def map_tensors(tree: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """``tree`` with ``fn`` applied to every tensor, through tuples (named too), lists and
+    dicts, in field/insertion order; anything else is returned as it is."""
+    if isinstance(tree, Tensor):
+        return fn(tree)
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(map_tensors(b, fn) for b in tree))
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(map_tensors(b, fn) for b in tree)
+    if isinstance(tree, dict):
+        return {k: map_tensors(v, fn) for k, v in tree.items()}
+    return tree
+
+
+def tensors(tree: Any) -> Params:
+    """The tensors of ``tree``, in :func:`map_tensors` order (numbers and other leaves
+    skipped)."""
+    out: list[Tensor] = []
+    map_tensors(tree, out.append)
+    return tuple(out)
+
+
+def replace_tensors(tree: Any, new: Sequence[Tensor]) -> Any:
+    """``tree`` with its tensors replaced, in order, by ``new`` (the inverse of
+    :func:`tensors`)."""
+    it = iter(new)
+    return map_tensors(tree, lambda _: next(it))
+
+
+def clone(tree: Any) -> Any:
+    """``tree`` with every tensor detached and copied (a snapshot that an in-place commit
+    does not change)."""
+    return map_tensors(tree, lambda t: t.detach().clone())
+
+
+class StructureMismatch(ValueError):
+    """A plain tree that does not have the structure of the state it should restore.
+    ``where`` names the entry (``state.mu[1]``), ``what`` says what is wrong."""
+
+    def __init__(self, where: str, what: str):
+        super().__init__(f"`{where}` {what}")
+        self.where, self.what = where, what
+
+
+def to_plain(tree: Any) -> Any:
+    """A tree a checkpoint can hold without code: NamedTuples become ``{"_type": name,
+    field: value, ...}``, other tuples and lists become lists; tensors, numbers, strings and
+    ``None`` stay as they are. :func:`from_plain` inverts it."""
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return {"_type": type(tree).__name__, **{f: to_plain(getattr(tree, f)) for f in tree._fields}}
+    if isinstance(tree, (tuple, list)):
+        return [to_plain(v) for v in tree]
+    if isinstance(tree, dict):
+        return {k: to_plain(v) for k, v in tree.items()}
+    return tree
+
+
+def from_plain(plain: Any, like: Any, where: str = "state") -> Any:
+    """The tree of ``plain`` (from :func:`to_plain`), shaped like ``like`` (e.g. a fresh
+    ``opt.init(params)``): same types, field names, lengths, tensor shapes and dtypes;
+    tensors are moved to ``like``'s devices. A mismatch raises :class:`StructureMismatch`
+    naming the entry (``where``: the name of the root)."""
+    if isinstance(like, tuple) and hasattr(like, "_fields"):
+        name = type(like).__name__
+        if type(plain) is not dict or plain.get("_type") != name or set(plain) != {"_type", *like._fields}:
+            raise StructureMismatch(where, f"is not a {name}")
+        return type(like)(*(from_plain(plain[f], getattr(like, f), f"{where}.{f}") for f in like._fields))
+    if isinstance(like, (tuple, list)):
+        if not isinstance(plain, (tuple, list)) or len(plain) != len(like):
+            raise StructureMismatch(where, f"does not hold {len(like)} entries")
+        return type(like)(from_plain(t, l, f"{where}[{i}]") for i, (t, l) in enumerate(zip(plain, like)))
+    if isinstance(like, dict):
+        if type(plain) is not dict or set(plain) != set(like):
+            raise StructureMismatch(where, f"does not have the keys {sorted(map(str, like))}")
+        return {k: from_plain(plain[k], v, f"{where}[{k!r}]") for k, v in like.items()}
+    if isinstance(like, Tensor):
+        if not isinstance(plain, Tensor) or plain.shape != like.shape or plain.dtype != like.dtype:
+            got = (f"{tuple(plain.shape)} {plain.dtype}" if isinstance(plain, Tensor)
+                   else type(plain).__name__)
+            raise StructureMismatch(where, f"is {got}, the program's is {tuple(like.shape)} {like.dtype}")
+        return plain.to(like.device)
+    if type(plain) is not type(like):
+        raise StructureMismatch(where, f"is a {type(plain).__name__}, the program's is a {type(like).__name__}")
+    return plain

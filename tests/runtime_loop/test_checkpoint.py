@@ -11,7 +11,7 @@ import torch
 from mloc.runtime import checkpoint as ckpt
 from mloc.runtime.checkpoint import (CheckpointError, capture_rng, load_checkpoint, restore_rng,
                                      save_checkpoint, state_to_tree, tree_to_state)
-from mloc.runtime.optim import adam, sgd, step
+from mloc.runtime.optim import adam, sgd
 
 
 def payload(v=1.0):
@@ -104,7 +104,8 @@ def run_steps(opt, params, state, n, seed):
     g = torch.Generator().manual_seed(seed)
     for _ in range(n):
         grads = tuple(torch.randn(p.shape, generator=g, dtype=p.dtype) for p in params)
-        state = step(opt, params, state, grads)
+        with torch.no_grad():
+            state = opt.commit(grads, state, params)
     return state
 
 

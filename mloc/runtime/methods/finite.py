@@ -284,7 +284,7 @@ def _preconditioned(problem, args, theta, v):
     """``q = s ⊙ v``, ``s`` the lower optimizer's ``diag`` at its current gradient and state
     (the state is read here, every step: the training loop replaces it)."""
     opt = problem.optimizer
-    if opt is None or opt.diag is None:
+    if opt is None or not opt.has_diag:
         raise ValueError(f"sama needs the diagonal of {problem.name!r}'s optimizer "
                          "(optim.Optimizer.diag); this optimizer has none")
     grads = None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from mloc.runtime import tree
-from mloc.runtime.optim import apply_updates, state_tensors, with_state_tensors
+from mloc.runtime.optim import apply_updates
 
 _MODES = ("reverse", "forward", "recompute")
 
@@ -40,8 +40,8 @@ def _step(op, theta, state, create_graph):
 
 
 def _detached(theta, state):
-    st = tree.detach(state_tensors(state))
-    return tree.detach(theta, True), with_state_tensors(state, st)
+    st = tree.detach(tree.tensors(state))
+    return tree.detach(theta, True), tree.replace_tensors(state, st)
 
 
 def _uppers(op):
@@ -122,9 +122,9 @@ def _sweep(op, trajectory, v):
     a_theta, a_state, acc = v, None, None
     for theta, state in reversed(trajectory):
         theta = tree.detach(theta, True)
-        st = tree.detach(state_tensors(state), True)
-        new_theta, new_state = _step(op, theta, with_state_tensors(state, st), True)
-        new_st = state_tensors(new_state)
+        st = tree.detach(tree.tensors(state), True)
+        new_theta, new_state = _step(op, theta, tree.replace_tensors(state, st), True)
+        new_st = tree.tensors(new_state)
         outs, cots = new_theta + new_st, a_theta + (a_state or tree.zeros(new_st))
         grads = torch.autograd.grad(outs, theta + st + flat, cots, allow_unused=True)
         n, m = len(theta), len(st)
@@ -144,17 +144,18 @@ def _forward(op, theta, state, steps):
     m = sum(t.numel() for t in flat)
     eye = torch.eye(m, dtype=flat[0].dtype, device=flat[0].device)
     shapes = [len(u) for u in uppers]
-    theta, st = tree.detach(theta), tree.detach(state_tensors(state))
+    theta, st = tree.detach(theta), tree.detach(tree.tensors(state))
     uppers = tuple(tree.detach(u) for u in uppers)
     z = [(tree.zeros(theta), tree.zeros(st)) for _ in range(m)]
     for _ in range(steps):
-        count_state = state
+        before, after = state, []
 
         def fn(th, s, up):
             others = dict(zip(idx, up))
             g = torch.func.grad(lambda t: op.loss_at(t, others))(th)
-            upd, new = opt.update(g, with_state_tensors(count_state, s), th)
-            return apply_updates(th, upd), state_tensors(new)
+            upd, new = opt.update(g, tree.replace_tensors(before, s), th)
+            after.append(new)       # its non-tensor leaves (a step count) carry on
+            return apply_updates(th, upd), tree.tensors(new)
 
         new_z = []
         for j in range(m):
@@ -162,7 +163,7 @@ def _forward(op, theta, state, steps):
             (nth, nst), (zt, zs) = torch.func.jvp(fn, (theta, st, uppers), (*z[j], tangent))
             new_z.append((zt, zs))
         theta, st, z = nth, nst, new_z
-        state = with_state_tensors(state, st)._replace(count=state.count + 1)
+        state = tree.replace_tensors(after[-1], st)
     return theta, [zt for zt, _ in z]
 
 

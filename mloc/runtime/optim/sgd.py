@@ -1,0 +1,93 @@
+r"""Stochastic gradient descent with heavy-ball or Nesterov momentum (``torch.optim.SGD``).
+
+.. math::
+    g' = g + \text{wd}\,\theta,\quad
+    b_t = \mu b_{t-1} + (1-\tau) g' \ (b_1 = g'),\quad
+    \Delta\theta = -\eta\,(g' + \mu b_t \text{ if nesterov else } b_t)
+
+Polyak (1964); Sutskever et al., "On the importance of initialization and momentum in deep
+learning", ICML 2013.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from mloc.runtime.optim.base import Optimizer, is_zero, numbers
+from mloc.runtime.tree import Params
+
+
+class SGDState(NamedTuple):
+    count: int          # steps taken (a Python int: no host sync to read it)
+    momentum: Params    # one buffer per parameter, () without momentum
+
+
+class SGD(Optimizer):
+    """See the module docstring. ``diag`` is ``η`` times ``1`` (no momentum), ``(1-τ)``
+    after the first step (``1`` on it), plus ``μ`` times that for Nesterov: the learning
+    rate is always kept (Betty drops it for SGD, which changes the meta step scale
+    whenever the base optimizer changes)."""
+
+    diag_uses_grad = False
+
+    def __init__(self, lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0):
+        super().__init__(lr=lr, momentum=momentum, nesterov=nesterov,
+                         weight_decay=weight_decay, dampening=dampening)
+        self.has_momentum = not is_zero(momentum)
+        if nesterov and (not self.has_momentum or not is_zero(dampening)):
+            raise ValueError("nesterov momentum requires momentum > 0 and dampening = 0")
+        self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
+        self.weight_decay, self.dampening = weight_decay, dampening
+        self.inplace = numbers(lr, momentum, weight_decay, dampening)
+
+    def init(self, params):
+        buf = tuple(torch.zeros_like(p) for p in params) if self.has_momentum else ()
+        return SGDState(0, buf)
+
+    def update(self, grads, state, params):
+        lr, mu, wd = self.lr, self.momentum, self.weight_decay
+        if not is_zero(wd):
+            grads = tuple(g + wd * p for g, p in zip(grads, params))
+        if not self.has_momentum:
+            return tuple(-lr * g for g in grads), SGDState(state.count + 1, ())
+        if state.count == 0:
+            buf = grads
+        else:
+            buf = tuple(mu * b + (1 - self.dampening) * g for b, g in zip(state.momentum, grads))
+        direction = tuple(g + mu * b for g, b in zip(grads, buf)) if self.nesterov else buf
+        return tuple(-lr * d for d in direction), SGDState(state.count + 1, buf)
+
+    def diag(self, grads, state, params):
+        c = 1.0
+        if self.has_momentum:
+            c = 1.0 if state.count == 0 else 1 - self.dampening
+            c = 1 + self.momentum * c if self.nesterov else c
+        return (self.lr * c,) * len(params)
+
+    def commit(self, grads, state, params):
+        """``torch.optim.sgd._single_tensor_sgd``, operation for operation (so a committed
+        run is bit-identical to ``torch.optim.SGD(foreach=False)``)."""
+        if not self.inplace:
+            return super().commit(grads, state, params)
+        lr, mu, wd, has_momentum = self.lr, self.momentum, self.weight_decay, self.has_momentum
+        first, bufs = state.count == 0, []
+        for i, (p, g) in enumerate(zip(params, grads)):
+            if wd != 0:
+                g = g.add(p, alpha=wd)
+            if has_momentum:
+                if first:
+                    buf = g.detach().clone()
+                else:
+                    buf = state.momentum[i]
+                    buf.mul_(mu).add_(g, alpha=1 - self.dampening)
+                bufs.append(buf)
+                g = g.add(buf, alpha=mu) if self.nesterov else buf
+            p.add_(g, alpha=-lr)
+        return SGDState(state.count + 1, tuple(bufs))
+
+
+def sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0) -> SGD:
+    """SGD with optional (Nesterov) momentum and L2 weight decay (see :class:`SGD`)."""
+    return SGD(lr, momentum, nesterov, weight_decay, dampening)
