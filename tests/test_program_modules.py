@@ -44,10 +44,18 @@ def test_every_loss_is_a_finite_scalar_reaching_what_it_reads(path):
             assert grads and any(gr.abs().sum() > 0 for gr in grads), f"{p.name}'s loss does not reach {q}"
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+WITH_EVALUATIONS = [p for p in EXAMPLES if "eval every" in p.read_text()]
+
+
+def test_the_examples_with_evaluations_are_found():
+    assert {p.stem for p in WITH_EVALUATIONS} >= {"data_reweighting", "maml"}
+
+
+@pytest.mark.parametrize("path", WITH_EVALUATIONS, ids=[p.stem for p in WITH_EVALUATIONS])
 def test_evaluations_run(path):
     g = compile_file(str(path)).graph
     mods, models = _instantiate(g)
+    assert g.info.train.evals, f"{path.name} declares `eval every` but none was parsed"
     for e in g.info.train.evals:
         value = evaluate(e.call.call, {**mods, **models})
         assert isinstance(value, float) and math.isfinite(value)
