@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mloc.builtins import TABLES
 from mloc.lang import vocabulary as V
 from tests.conftest import ROOT
 
@@ -17,8 +18,9 @@ def test_every_field_is_documented():
 
 
 def test_every_builtin_and_argument_is_documented():
-    for table in V.TABLES.values():
-        for sig in table.values():
+    for table in TABLES.values():
+        for descriptor in table.values():
+            sig = descriptor.signature
             assert f"`{sig.name}`" in DOC, sig.name
             for p in sig.params:
                 assert f"`{p.name}`" in DOC, f"{sig.name}.{p.name}"

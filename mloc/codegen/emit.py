@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from mloc import __version__
+from mloc.builtins import METHODS, OPTIMIZERS, SCHEDULES, Descriptor
 from mloc.frontend import ast
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.payloads import ProblemNode, PyCall
@@ -73,14 +74,11 @@ class Emitter:
         self.emit(f"Semantics: {self.plan.runtime_semantics} ({self.plan.semantics_reason}).")
         self.emit('"""')
         self.emit("")
-        builtins = sorted({e.method for e in self.plan.edges} | {p.optimizer.name for p in self.g.problems()})
-        schedules = sorted({p.schedule.name for p in self.g.problems() if p.schedule is not None})
-        self.emit("from mloc.runtime import Edge, " + ", ".join(builtins))
-        engine = ["ProblemSpec", "RunConfig"]
-        self.emit("from mloc.runtime.engine import " + ", ".join(sorted(engine)))
-        if schedules:
-            self.emit("from mloc.runtime.schedules import " + ", ".join(sorted(_SCHEDULE_FN[s] for s in schedules)))
+        self.emit("from mloc.runtime import Edge")
+        self.emit("from mloc.runtime.engine import ProblemSpec, RunConfig")
         self.emit("from mloc.runtime.launch import main, program_dir")
+        for module, names in sorted(_runtime_imports(self.used()).items()):
+            self.emit(f"from {module} import " + ", ".join(sorted(names)))
         self.emit("")
         self.emit(f"program_dir(__file__, {self.program_dir!r})  # the directory of {self.name}, first on sys.path")
         for imp in info.imports:
@@ -89,6 +87,14 @@ class Emitter:
         self.emit("")
         self.emit(f"NAME = {self.g.info.name!r}")
         self.block()
+
+    def used(self) -> list[Descriptor]:
+        """The descriptors of the built-ins the generated code calls."""
+        out = [METHODS[e.method] for e in self.plan.edges]
+        out += [OPTIMIZERS[p.optimizer.name] for p in self.g.problems()]
+        out += [SCHEDULES[p.schedule.name] for p in self.g.problems()
+                if p.schedule is not None and not SCHEDULES[p.schedule.name].caps.identity]
+        return out
 
     def modules(self) -> None:
         self.emit("def build_modules():")
@@ -123,7 +129,8 @@ class Emitter:
         lr = args.pop("lr")
         opt_args = ", ".join(f"{k}={v!r}" for k, v in args.items())
         fields = [f"{p.name!r}", f"reads={p.loss.read_names()!r}", f"loss={p.name}_loss",
-                  f"optimizer=lambda lr: {p.optimizer.name}(lr{', ' + opt_args if opt_args else ''})",
+                  f"optimizer=lambda lr: {OPTIMIZERS[p.optimizer.name].runtime_attr}"
+                  f"(lr{', ' + opt_args if opt_args else ''})",
                   f"lr={lr!r}"]
         if p.trainable != ("*",):
             fields.append(f"trainable={p.trainable!r}")
@@ -135,10 +142,11 @@ class Emitter:
             fields.append(f"clip_grad_norm={p.clip_grad_norm!r}")
         if p.precision is not None:
             fields.append(f"precision={p.precision!r}")
-        if p.schedule is not None and p.schedule.name != "constant":
-            sargs = ", ".join(f"{k}={v!r}" for k, v in p.schedule.args)
-            extra = f", base={lr!r}" if p.schedule.name == "cosine" else ""
-            fields.append(f"schedule={_SCHEDULE_FN[p.schedule.name]}({sargs}{extra})")
+        schedule = SCHEDULES[p.schedule.name] if p.schedule is not None else None
+        if schedule is not None and not schedule.caps.identity:
+            sargs = [f"{k}={v!r}" for k, v in p.schedule.args]
+            sargs += [f"base={lr!r}"] if schedule.caps.takes_base else []
+            fields.append(f"schedule={schedule.runtime_attr}({', '.join(sargs)})")
         self.emit(f"    ProblemSpec(  {self.at(p.span)}")
         self.emit("        " + ",\n        ".join(fields) + "),")
 
@@ -221,18 +229,27 @@ class Emitter:
 
 MAX_TRACE_LINES = 40
 
-_SCHEDULE_FN = {"constant": "constant", "cosine": "cosine", "linear": "linear", "step": "step_decay",
-                "exponential": "exponential"}
+
+def _runtime_imports(used: list[Descriptor]) -> dict[str, set[str]]:
+    """{module: factory names} for the runtime factories of `used` (each has a runtime: the
+    checker reports E704 for a built-in without one, and the planner resolves `auto`)."""
+    out: dict[str, set[str]] = {}
+    for d in used:
+        if d.runtime is None:
+            raise ValueError(f"`{d.name}` has no runtime; it cannot appear in generated code")
+        out.setdefault(d.runtime_module, set()).add(d.runtime_attr)
+    return out
 
 
 def _method_call(e) -> str:
+    """The runtime factory call of a planned edge; an unrolling method's `steps` default to
+    the edge's `unroll`."""
+    descriptor = METHODS[e.method]
     args = dict(e.args)
-    if e.method == "first_order":
-        return "first_order()"
-    if e.method == "itd":
-        args.setdefault("steps", e.unroll)
+    if descriptor.caps.unrolls and args.get("steps") is None:
+        args["steps"] = e.unroll
     inner = ", ".join(f"{k}={v!r}" for k, v in args.items() if v is not None)
-    return f"{e.method}({inner})"
+    return f"{descriptor.runtime_attr}({inner})"
 
 
 def _action(a: Action) -> str:

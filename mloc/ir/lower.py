@@ -1,6 +1,6 @@
 """Lowering: resolved problems and edges -> the program graph (hierarchy only).
 
-Dataflow edges are added by `mloc.passes.dataflow_edges` once the hierarchy is known to
+Dataflow edges are added by `mloc.passes.dataflow` once the hierarchy is known to
 be acyclic, since their kind (u2l or l2u) depends on which problem is above which.
 """
 

@@ -1,112 +1,17 @@
-"""Built-in optimizers, hypergradient methods and schedules, and the fields of each block.
+"""The fields of each block and the language's fixed choices.
 
-Each built-in is a `Signature`: ordered parameters with types, ranges and defaults. The
-runtime implements the same names (`mloc.runtime`); the checker validates calls against
-these tables without importing torch.
+Each `FieldSpec` says what one `key = value` of a block accepts; a "builtin" field names the
+registry of `mloc.builtins` (optimizers, methods, schedules) its value is bound against.
+The checker validates programs against these tables without importing torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mloc.lang.types import (Bool, Device, Enum, Float, Int, ListOf, Size, Str, TupleOf, Type)
-
-
-class _Required:
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-
-REQUIRED = _Required()
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    type: Type
-    default: object = REQUIRED
-    doc: str = ""
-
-
-@dataclass(frozen=True)
-class Signature:
-    """A built-in callable. `tags` carry facts the checker needs (e.g. "differentiable")."""
-
-    name: str
-    params: tuple[Param, ...]
-    doc: str
-    tags: frozenset[str] = frozenset()
-
-    def param(self, name: str) -> Param | None:
-        return next((p for p in self.params if p.name == name), None)
-
-
-def _sig(name: str, doc: str, *params: Param, tags: tuple[str, ...] = ()) -> Signature:
-    return Signature(name, params, doc, frozenset(tags))
-
-
-LR = Float(0, open_lo=True)
-UNIT = Float(0, 1, open_hi=True)
-BETAS = TupleOf((UNIT, UNIT))
-WD = Float(0)
-
-OPTIMIZERS: dict[str, Signature] = {s.name: s for s in (
-    _sig("sgd", "stochastic gradient descent with optional (Nesterov) momentum",
-         Param("lr", LR, doc="learning rate"), Param("momentum", UNIT, 0.0),
-         Param("nesterov", Bool(), False), Param("weight_decay", WD, 0.0),
-         Param("dampening", Float(0, 1), 0.0), tags=("differentiable", "sama")),
-    _sig("adam", "Adam (Kingma & Ba, 2015), L2 weight decay added to the gradient",
-         Param("lr", LR, 1e-3), Param("betas", BETAS, (0.9, 0.999)),
-         Param("eps", Float(0, open_lo=True), 1e-8), Param("weight_decay", WD, 0.0),
-         tags=("differentiable", "sama")),
-    _sig("adamw", "AdamW (Loshchilov & Hutter, 2019), decoupled weight decay",
-         Param("lr", LR, 1e-3), Param("betas", BETAS, (0.9, 0.999)),
-         Param("eps", Float(0, open_lo=True), 1e-8), Param("weight_decay", WD, 1e-2),
-         tags=("differentiable", "sama")),
-    _sig("shampoo", "Shampoo (Gupta et al. 2018; Anil et al. 2020): Kronecker-factored "
-         "preconditioning with coupled-Newton inverse roots, grafting and blocking",
-         Param("lr", LR, 1e-3), Param("beta2", Float(0, 1, open_lo=True), 1.0),
-         Param("momentum", UNIT, 0.9), Param("nesterov", Bool(), True),
-         Param("epsilon", Float(0, open_lo=True), 1e-6),
-         Param("weight_decay", WD, 0.0), Param("decoupled_weight_decay", Bool(), True),
-         Param("update_every", Int(1), 1), Param("start_preconditioning_step", Int(0), 5),
-         Param("block_size", Int(1), 128),
-         Param("graft", Enum(("sgd", "adagrad", "rmsprop", "adam")), "adagrad"),
-         Param("staleness", Int(0), 0)),
-)}
+from mloc.lang.types import Device, Enum, Float, Int, ListOf, Size, Str, Type
 
 ITD_MODES = ("reverse", "forward", "recompute", "auto")
-
-METHODS: dict[str, Signature] = {s.name: s for s in (
-    _sig("itd", "iterative differentiation: backpropagate through the unrolled lower steps",
-         Param("steps", Int(1), None, doc="steps differentiated (default: the edge's unroll)"),
-         Param("truncate", Int(1), None, doc="differentiate only the last T steps"),
-         Param("mode", Enum(ITD_MODES), "auto"), tags=("unrolled",)),
-    _sig("cg", "implicit differentiation, H⁻¹v by conjugate gradients",
-         Param("iters", Int(1), 10), Param("tol", Float(0), 1e-10), tags=("implicit",)),
-    _sig("neumann", "implicit differentiation, H⁻¹v by a truncated Neumann series",
-         Param("iters", Int(1), 5), Param("alpha", Float(0, open_lo=True), 0.1),
-         tags=("implicit",)),
-    _sig("finite_diff", "identity Hessian, mixed product by central differences (DARTS)",
-         Param("eps", Float(0, open_lo=True), 0.01)),
-    _sig("sama", "SAMA: finite differences on the optimizer-adjusted direction",
-         Param("eps", Float(0, open_lo=True), 0.01), tags=("sama",)),
-    _sig("first_order", "drop the indirect term (first-order MAML)"),
-    _sig("auto", "let the planner choose a method under the memory budget"),
-)}
-
-SCHEDULES: dict[str, Signature] = {s.name: s for s in (
-    _sig("constant", "the optimizer's learning rate, unchanged"),
-    _sig("cosine", "cosine decay to min_lr over `total` steps, after a linear warm-up",
-         Param("total", Int(1)), Param("warmup", Int(0), 0), Param("min_lr", Float(0), 0.0)),
-    _sig("linear", "linear decay to zero over `total` steps, after a linear warm-up",
-         Param("total", Int(1)), Param("warmup", Int(0), 0)),
-    _sig("step", "multiply by gamma every `every` steps",
-         Param("every", Int(1)), Param("gamma", Float(0, 1, open_lo=True), 0.1)),
-    _sig("exponential", "multiply by gamma every step",
-         Param("gamma", Float(0, 1, open_lo=True))),
-)}
-
 PRECISIONS = ("fp32", "bf16", "fp16")
 SEMANTICS = ("exact", "per_edge")
 
@@ -116,7 +21,8 @@ class FieldSpec:
     """One `key = value` a block accepts.
 
     kind: "pycall" (a call into the user's Python module), "builtin" (a name or call from
-    `table`), "problem" (a problem's name) or "value" (a literal of `type`).
+    the `mloc.builtins` registry named by `table`), "problem" (a problem's name) or "value"
+    (a literal of `type`).
     """
 
     name: str
@@ -178,7 +84,5 @@ SETTINGS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("semantics", "value", "hypergradients above two levels: `exact` (nested total "
               "derivative) or `per_edge` (Betty's)", type=Enum(SEMANTICS)),
 )}
-
-TABLES = {"optimizers": OPTIMIZERS, "methods": METHODS, "schedules": SCHEDULES}
 
 RESERVED = frozenset({"batch"})

@@ -1,8 +1,10 @@
-"""Bind a call of a built-in (optimizer, method, schedule) to its `Signature`.
+"""Bind a call of a built-in (optimizer, method, schedule) to its descriptor's `Signature`.
 
 Reports unknown names with a did-you-mean, positional-after-keyword, too many or
 duplicate arguments, unknown keywords, missing required ones, and each argument's type
 and range. Returns a `Builtin` with every parameter bound (defaults filled in), or None.
+A built-in that is checked but has no runtime yet is reported E704 at the call, and still
+bound, so that the checks downstream of it run as well.
 """
 
 from __future__ import annotations
@@ -10,14 +12,14 @@ from __future__ import annotations
 from mloc.diagnostics import Diagnostics, did_you_mean
 from mloc.frontend import ast
 from mloc.ir.payloads import Builtin
+from mloc.builtins import REQUIRED, Descriptor, Signature
 from mloc.lang.types import INVALID
-from mloc.lang.vocabulary import REQUIRED, Signature
 
 _UNKNOWN = {"optimizers": ("E301", "optimizer"), "methods": ("E302", "hypergradient method"),
             "schedules": ("E311", "schedule")}
 
 
-def bind_builtin(value: ast.Value, table: dict[str, Signature], table_name: str,
+def bind_builtin(value: ast.Value, table: dict[str, Descriptor], table_name: str,
                  diags: Diagnostics) -> Builtin | None:
     code, what = _UNKNOWN[table_name]
     if isinstance(value, ast.Call):
@@ -29,16 +31,28 @@ def bind_builtin(value: ast.Value, table: dict[str, Signature], table_name: str,
         diags.error("E304", f"expected {article} {what} such as `{next(iter(table))}(...)`, got a literal",
                     value.span, help="available: " + ", ".join(f"`{n}`" for n in table))
         return None
-    sig = table.get(func.dotted)
-    if sig is None:
+    descriptor = table.get(func.dotted)
+    if descriptor is None:
         hint = did_you_mean(func.dotted, table) or "available: " + ", ".join(f"`{n}`" for n in table)
         diags.error(code, f"unknown {what} `{func.dotted}`", func.span, label=f"not {'an' if what[0] in 'aeiou' else 'a'} {what}", help=hint)
         return None
+    if not descriptor.executable:
+        _not_implemented(descriptor, table, what, value.span, diags)
+    sig = descriptor.signature
     bound = _bind_args(sig, args, value.span, diags)
     if bound is None:
         return None
     _lint(sig, bound, args, value.span, diags)
     return Builtin(sig.name, tuple((p.name, bound[p.name]) for p in sig.params), value.span)
+
+
+def _not_implemented(descriptor: Descriptor, table: dict[str, Descriptor], what: str, span,
+                     diags: Diagnostics) -> None:
+    ready = [f"`{n}`" for n, d in table.items() if d.runtime is not None]
+    diags.error("E704", f"`{descriptor.name}` is checked but not implemented yet: a program "
+                "using it cannot be compiled or run", span, label=f"{what} without a runtime",
+                help=f"use {', '.join(ready[:-1])} or {ready[-1]} for now; `mloc check` still "
+                     "checks this call's arguments")
 
 
 def _lint(sig: Signature, bound: dict, args: tuple[ast.Arg, ...], span, diags: Diagnostics) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mloc.builtins import TABLES
 from mloc.diagnostics import Diagnostics, closest, did_you_mean
 from mloc.frontend import ast
 from mloc.lang import vocabulary as V
@@ -73,7 +74,7 @@ def check_value(field: ast.Field, spec: V.FieldSpec, scope: Scope, where: str, d
     if spec.kind == "pycall":
         out = resolve_pycall(field.value, where, scope, diags, problems=spec.problems, batch=spec.batch)
     elif spec.kind == "builtin":
-        out = bind_builtin(field.value, V.TABLES[spec.table], spec.table, diags)
+        out = bind_builtin(field.value, TABLES[spec.table], spec.table, diags)
     elif spec.kind == "problem":
         out = problem_ref(field.value, scope, where, diags)
     else:

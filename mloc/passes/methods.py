@@ -1,45 +1,66 @@
 """Which hypergradient methods can differentiate which lower problems.
 
-- `itd` backpropagates through the lower optimizer's update, so that optimizer must be
-  differentiable (sgd, adam, adamw; not shampoo, whose matrix roots are not). It cannot
-  differentiate more steps than the edge unrolls, and `truncate` cannot exceed `steps`.
-- `sama` needs the diagonal ∂update/∂grad of the lower optimizer (sgd, adam, adamw).
+A method's `caps.needs` names the optimizer capabilities it requires of the lower
+problem's optimizer (`mloc.builtins`): `itd` backpropagates through the optimizer's update,
+so it needs a `differentiable` one (not shampoo, whose matrix roots are not); `sama` needs
+the diagonal ∂update/∂grad (`sama_diag`). A missing one is E401. An unrolling method
+cannot differentiate more steps than the edge unrolls (its `steps` default to the edge's
+`unroll`), and `truncate` cannot exceed `steps` (E402).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from mloc.builtins import METHODS, OPTIMIZERS
 from mloc.diagnostics import Diagnostics
 from mloc.ir.payloads import Builtin, HierarchyEdge, ProblemNode
-from mloc.lang.vocabulary import OPTIMIZERS
 
 
 def _with(builtin: Builtin, **changes) -> Builtin:
     return replace(builtin, args=tuple((k, changes.get(k, v)) for k, v in builtin.args))
 
 
+def providers(capability: str) -> list[str]:
+    """The optimizers that have `capability`, in registry order."""
+    return [n for n, d in OPTIMIZERS.items() if capability in d.caps.provides]
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def _missing(capability: str, method: Builtin, opt: str, lower: str, diags: Diagnostics) -> None:
+    have = providers(capability)
+    if capability == "differentiable":
+        diags.error("E401", f"`{method.name}` cannot differentiate through `{opt}`, the optimizer "
+                    f"of `{lower}`", method.span, label="not differentiable",
+                    help=f"use an implicit method such as `cg(...)` or `neumann(...)`, or give "
+                    f"`{lower}` a differentiable optimizer ({', '.join(have)})")
+    elif capability == "sama_diag":
+        diags.error("E401", f"`{method.name}` has no diagonal update Jacobian for `{opt}`, the "
+                    f"optimizer of `{lower}`", method.span,
+                    help=f"use `finite_diff(...)`, or {_listed(have)} for the lower problem")
+    else:
+        diags.error("E401", f"`{method.name}` needs `{capability}` of the lower optimizer, which "
+                    f"`{opt}`, the optimizer of `{lower}`, does not have", method.span,
+                    help=f"use {_listed(have) or 'another method'} for the lower problem")
+
+
 def check_method(edge: HierarchyEdge, lower: ProblemNode, diags: Diagnostics) -> Builtin | None:
     """The edge's method with defaults that depend on the edge filled in, or None on error."""
     method, opt = edge.method, lower.optimizer
-    tags = OPTIMIZERS[opt.name].tags
-    if method.name == "itd" and "differentiable" not in tags:
-        diags.error("E401", f"`itd` cannot differentiate through `{opt.name}`, the optimizer of "
-                    f"`{lower.name}`", method.span, label="not differentiable",
-                    help=f"use an implicit method such as `cg(...)` or `neumann(...)`, or give "
-                    f"`{lower.name}` a differentiable optimizer (sgd, adam, adamw)")
+    caps = METHODS[method.name].caps
+    missing = sorted(caps.needs - OPTIMIZERS[opt.name].caps.provides)
+    if missing:
+        _missing(missing[0], method, opt.name, lower.name, diags)
         return None
-    if method.name == "sama" and "sama" not in tags:
-        diags.error("E401", f"`sama` has no diagonal update Jacobian for `{opt.name}`, the "
-                    f"optimizer of `{lower.name}`", method.span,
-                    help="use `finite_diff(...)`, or sgd, adam or adamw for the lower problem")
-        return None
-    if method.name != "itd":
+    if not caps.unrolls:
         return method
     steps = method.get("steps") or edge.unroll
     if steps > edge.unroll:
-        diags.error("E402", f"`itd` differentiates {steps} steps but the edge unrolls only "
-                    f"{edge.unroll}", method.span,
+        diags.error("E402", f"`{method.name}` differentiates {steps} steps but the edge unrolls "
+                    f"only {edge.unroll}", method.span,
                     help=f"set `unroll = {steps}` on the edge, or `steps` to at most {edge.unroll}")
         return None
     truncate = method.get("truncate")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mloc.builtins import TABLES
 from mloc.diagnostics import Diagnostics, did_you_mean
 from mloc.frontend import ast
 from mloc.ir.payloads import PyCall
-from mloc.lang.vocabulary import TABLES
 from mloc.passes.pymodules import PyModuleInfo
 from mloc.source import Span
 

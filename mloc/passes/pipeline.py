@@ -21,7 +21,7 @@ from mloc.frontend.parse import parse
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.lower import lower
 from mloc.ir.payloads import ResolvedProgram
-from mloc.passes.dataflow_edges import infer_dataflow
+from mloc.passes.dataflow import infer_dataflow
 from mloc.passes.hierarchy import HierarchyFacts, check_hierarchy
 from mloc.passes.resolve import resolve
 from mloc.source import SourceFile

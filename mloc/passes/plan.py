@@ -5,33 +5,23 @@ the memory budget) and, for unrolled differentiation, its mode; the semantics ha
 the runtime; the order in which BR-VJPs are composed; and the step schedule (who steps
 when). Costs are in G, one forward+backward of the lower problem's loss, with a
 Hessian-vector product counted as 2 G (Pearlmutter); memory in bytes, from the parameter
-and activation sizes the dataflow pass measured (`Sizes`), when it ran.
+and activation sizes the dataflow pass measured (`Sizes`), when it ran. Each method's
+cost is its descriptor's (`mloc.builtins.methods`, where the table of costs is); `auto`
+has none: it is resolved here into a method that has one.
 
-    method          time                 memory
-    first_order     G                    activations
-    finite_diff     3 G                  activations + d
-    sama            3 G                  activations + 2 d
-    neumann(K)      2 G + 2 K G          activations + 3 d (one graph kept)
-    cg(K)           2 G + 2 K G          activations + 4 d
-    itd reverse     4 K G                K (activations + d)      (truncate T: T instead of K)
-    itd recompute   8 K G                K d + activations + d
-    itd forward     6 K m G              d m + activations        (m: the upper's parameters)
-
-The unrolled-mode constants are calibrated on `bench/plan_memory.py` (a 64-256-10 MLP,
-K = 50): one forward-mode direction per step costs about 3 reverse steps' worth of work
-(a JVP through a gradient), recompute about twice reverse. Without a memory budget the
-fastest mode wins (reverse); forward mode is chosen when a budget rules out keeping the K
-graphs or iterates and the upper problem has few parameters.
+Without a memory budget the fastest `itd` mode wins (reverse); forward mode is chosen when
+a budget rules out keeping the K graphs or iterates and the upper problem has few
+parameters. The lower optimizer's state (`state_per_param` floats per parameter) is
+reported per edge as `state_memory`, apart from `memory`, which the decisions read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from mloc.builtins import METHODS, OPTIMIZERS, Shape
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.payloads import HierarchyEdge
-
-DIFFERENTIABLE = frozenset({"cg", "neumann", "first_order"})
 
 
 @dataclass(frozen=True)
@@ -56,6 +46,7 @@ class EdgePlan:
     time_g: float
     memory: int | None
     reason: str
+    state_memory: int | None = None     # the lower optimizer's state, bytes (not in `memory`)
 
     def render(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.args if v is not None)
@@ -103,7 +94,8 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
     sizes = sizes or Sizes()
     budget = g.info.train.memory_budget
     semantics, reason = _semantics(g)
-    edges = tuple(_plan_edge(g, e, sizes, budget, semantics) for e in g.hierarchy_edges())
+    edges = tuple(_with_state(g, _plan_edge(g, e, sizes, budget, semantics), sizes)
+                  for e in g.hierarchy_edges())
     periods = _periods(g, edges)
     order = tuple(reversed(g.topological_order()))
     return Plan(g.info.semantics, semantics, reason, edges, order, periods,
@@ -126,28 +118,19 @@ def _d(sizes: Sizes, name: str) -> int | None:
 
 
 def _cost(method: str, args: dict, sizes: Sizes, lower: str, upper: str) -> tuple[float, int | None]:
-    """(time in G, memory in bytes or None) of one BR-VJP, from the table above."""
-    d, act, m = _d(sizes, lower), sizes.activations.get(lower), _d(sizes, upper)
-    b = sizes.element_bytes
-    k = args.get("iters") or args.get("steps") or 1
-    known = d is not None and act is not None
-    mem = lambda f: int(f) if known else None  # noqa: E731
-    if method == "first_order":
-        return 1.0, mem(act if known else 0)
-    if method == "finite_diff":
-        return 3.0, mem(act + d * b if known else 0)
-    if method == "sama":
-        return 3.0, mem(act + 2 * d * b if known else 0)
-    if method in ("neumann", "cg"):
-        return 2.0 + 2.0 * k, mem(act + (3 if method == "neumann" else 4) * d * b if known else 0)
-    kept = args.get("truncate") or k
-    mode = args.get("mode")
-    if mode == "forward":
-        mm = m if m is not None else 1
-        return 6.0 * k * mm, mem(d * mm * b + act if known else 0)
-    if mode == "recompute":
-        return 8.0 * k, mem(k * d * b + act + d * b if known else 0)
-    return 4.0 * k, mem(kept * (act + d * b) if known else 0)
+    """(time in G, memory in bytes or None) of one BR-VJP: the method descriptor's cost."""
+    cost = METHODS[method].cost
+    if cost is None:
+        raise ValueError(f"`{method}` has no cost: the planner resolves it to a method first")
+    shape = Shape(_d(sizes, lower), sizes.activations.get(lower), _d(sizes, upper), sizes.element_bytes)
+    return cost(args, shape)
+
+
+def _with_state(g: ProgramGraph, e: EdgePlan, sizes: Sizes) -> EdgePlan:
+    """`e` with the lower optimizer's state memory: state_per_param · d · bytes per element."""
+    d = _d(sizes, e.lower)
+    per_param = OPTIMIZERS[g.problem(e.lower).optimizer.name].caps.state_per_param
+    return replace(e, state_memory=None if d is None else per_param * d * sizes.element_bytes)
 
 
 def _fits(memory: int | None, budget: int | None) -> bool:
@@ -157,9 +140,10 @@ def _fits(memory: int | None, budget: int | None) -> bool:
 def _plan_edge(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) -> EdgePlan:
     args = dict(e.method.args)
     lower = g.problem(e.lower)
-    if e.method.name == "auto":
+    caps = METHODS[e.method.name].caps
+    if caps.planned:
         return _auto(g, e, sizes, budget, semantics)
-    if e.method.name == "itd" and args.get("mode") == "auto":
+    if caps.unrolls and args.get("mode") == "auto":
         return _itd_mode(e, args, sizes, budget, "`mode = auto`")
     time, memory = _cost(e.method.name, args, sizes, e.lower, e.upper)
     reason = f"as written; lower optimizer {lower.optimizer.name}"
@@ -199,8 +183,8 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) ->
     candidates = [("cg", {"iters": 10, "tol": 1e-10}), ("sama", {"eps": 0.01}), ("finite_diff", {"eps": 0.01})]
     if semantics == "exact":
         candidates = candidates[:1]
-    if lower.optimizer.name not in ("sgd", "adam", "adamw"):
-        candidates = [c for c in candidates if c[0] != "sama"]
+    provides = OPTIMIZERS[lower.optimizer.name].caps.provides
+    candidates = [c for c in candidates if METHODS[c[0]].caps.needs <= provides]
     for name, args in candidates:
         time, memory = _cost(name, args, sizes, e.lower, e.upper)
         if _fits(memory, budget):
@@ -219,7 +203,8 @@ def _periods(g: ProgramGraph, edges: tuple[EdgePlan, ...]) -> dict[str, int]:
     An `itd` edge's unrolled steps happen inside the upper's hypergradient: factor 1."""
     periods: dict[str, int] = {}
     for name in reversed(g.topological_order()):
-        below = [periods[e.lower] * (1 if e.method == "itd" else e.unroll) for e in edges if e.upper == name]
+        below = [periods[e.lower] * (1 if METHODS[e.method].caps.unrolls else e.unroll)
+                 for e in edges if e.upper == name]
         periods[name] = max(below, default=1)
     return periods
 
@@ -227,7 +212,7 @@ def _periods(g: ProgramGraph, edges: tuple[EdgePlan, ...]) -> dict[str, int]:
 def _schedule(g: ProgramGraph, edges: tuple[EdgePlan, ...], periods: dict[str, int]) -> Loop:
     """Nested loops by period: each level repeats the one below `period ratio` times, then
     steps its own problems (lower ones first)."""
-    itd_into = {e.lower: e for e in edges if e.method == "itd"}
+    itd_into = {e.lower: e for e in edges if METHODS[e.method].caps.unrolls}
     order = list(reversed(g.topological_order()))          # lowest first
     levels = sorted(set(periods.values()))
     body: tuple = ()
@@ -267,7 +252,6 @@ def format_bytes(n: int | None) -> str:
     if n is None:
         return "unknown"
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
-
 
 
 def plan_to_json(plan: Plan) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from mloc.builtins import METHODS
 from mloc.diagnostics import Diagnostics, closest, did_you_mean
 from mloc.frontend import ast
 from mloc.ir.payloads import (HierarchyEdge, ImportSpec, Link, ProblemNode, ProgramInfo, Read,
@@ -176,7 +177,7 @@ def _edges(module: ast.Module, problem_asts: dict, by_name: dict, diags: Diagnos
 def _edge_options(e: ast.Edge, diags: Diagnostics):
     fields = index_fields(e.body, V.EDGE_FIELDS, "a hierarchy edge", diags) if e.body else {}
     method_value = fields["hypergrad"].value if "hypergrad" in fields else ast.Name(("auto",), e.span)
-    method = bind_builtin(method_value, V.METHODS, "methods", diags)
+    method = bind_builtin(method_value, METHODS, "methods", diags)
     unroll = V.EDGE_FIELDS["unroll"].type.check(fields["unroll"].value, "`unroll`", diags) \
         if "unroll" in fields else 1
     return method, unroll

@@ -5,10 +5,12 @@
 Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper).
 """
 
-from mloc.runtime import Edge, adam, sama, sgd
+from mloc.runtime import Edge
 from mloc.runtime.engine import ProblemSpec, RunConfig
-from mloc.runtime.schedules import cosine
 from mloc.runtime.launch import main, program_dir
+from mloc.runtime.methods import sama
+from mloc.runtime.optim import adam, sgd
+from mloc.runtime.schedules import cosine
 
 program_dir(__file__, '../../programs')  # the directory of data_reweighting.mlo, first on sys.path
 import reweighting as lib  # noqa: E402  # data_reweighting.mlo:5

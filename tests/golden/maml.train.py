@@ -5,9 +5,11 @@
 Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper).
 """
 
-from mloc.runtime import Edge, adam, itd, sgd
+from mloc.runtime import Edge
 from mloc.runtime.engine import ProblemSpec, RunConfig
 from mloc.runtime.launch import main, program_dir
+from mloc.runtime.methods import itd
+from mloc.runtime.optim import adam, sgd
 
 program_dir(__file__, '../../programs')  # the directory of maml.mlo, first on sys.path
 import sinusoid as tasks  # noqa: E402  # maml.mlo:6

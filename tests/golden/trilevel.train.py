@@ -5,9 +5,11 @@
 Semantics: exact (`weight_net` reads `classifier` below it: differentiate through its reduced objective).
 """
 
-from mloc.runtime import Edge, adam, neumann, sgd
+from mloc.runtime import Edge
 from mloc.runtime.engine import ProblemSpec, RunConfig
 from mloc.runtime.launch import main, program_dir
+from mloc.runtime.methods import neumann
+from mloc.runtime.optim import adam, sgd
 
 program_dir(__file__, '../../programs')  # the directory of trilevel.mlo, first on sys.path
 import regularized as lib  # noqa: E402  # trilevel.mlo:6

@@ -23,19 +23,13 @@ A method may also offer ``two_level(lower, args, buffers, upper_loss, upper_args
 params) -> step``: its whole two-level hypergradient step as one closure, built once per
 plan (``finite_diff`` and ``sama``, whose steps are short enough for the runtime's own
 Python to show); it must write the same ``.grad`` bits as the general path.
+
+Each factory is named by its descriptor's ``runtime`` in ``mloc.builtins.methods`` (the one
+registry of methods: signature, capabilities, cost).
 """
 
 from mloc.runtime.methods.finite import finite_diff, first_order, sama
 from mloc.runtime.methods.implicit import cg, neumann
 from mloc.runtime.methods.unrolled import itd
 
-METHODS = {
-    "itd": itd,
-    "cg": cg,
-    "neumann": neumann,
-    "finite_diff": finite_diff,
-    "sama": sama,
-    "first_order": first_order,
-}
-
-__all__ = ["METHODS", "cg", "finite_diff", "first_order", "itd", "neumann", "sama"]
+__all__ = ["cg", "finite_diff", "first_order", "itd", "neumann", "sama"]

@@ -5,8 +5,10 @@ Q above P gives a u2l edge Q -> P (Betty's upper-to-lower), Q below P an l2u edg
 earlier stage of P's chain a `chain` edge. Anything else is an error (E210). Then every
 hierarchy edge must carry dataflow (E209), an upper problem must read some problem below
 it (E211), a lowest problem must read itself (E212), chain stages must read the stage
-before (E505), and methods other than `itd`/`first_order` cannot see an upper problem that
-enters only through `init` (E403).
+before (E505), a method whose descriptor does not `reads_init` cannot see an upper problem
+that enters only through `init` (E403), and under `exact` semantics a method below a middle
+level with feedback must be `differentiable` (E404). `auto` passes both: the planner
+chooses `itd` for an init-only edge and `cg` under `exact` semantics.
 
 The checks run on the declared structure and on every loss that resolved, so a mistake in
 some other field of a problem hides none of them; edges are added to the graph only
@@ -17,15 +19,24 @@ from __future__ import annotations
 
 import networkx as nx
 
+from mloc.builtins import METHODS
 from mloc.diagnostics import Diagnostics
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.payloads import DataflowEdge, Read, ResolvedProgram
 from mloc.passes.hierarchy import declared_hierarchy
 
-INIT_METHODS = frozenset({"itd", "first_order", "auto"})
-# Methods whose BR-VJP can itself be differentiated, as `exact` semantics need below a
-# middle level with feedback (see mloc/runtime/compose.py).
-DIFFERENTIABLE_METHODS = frozenset({"cg", "neumann", "first_order", "auto"})
+
+def _reads_init(method: str) -> bool:
+    """Whether `method` carries a hypergradient through `init`; `auto` picks one that does."""
+    caps = METHODS[method].caps
+    return caps.reads_init or caps.planned
+
+
+def _differentiable(method: str) -> bool:
+    """Whether `method`'s BR-VJP can itself be differentiated, as `exact` semantics need below
+    a middle level with feedback; `auto` picks one that can."""
+    caps = METHODS[method].caps
+    return caps.differentiable or caps.planned
 
 
 def infer_dataflow(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str], diags: Diagnostics) -> None:
@@ -70,7 +81,7 @@ def _check_exact(g: ProgramGraph, h: nx.DiGraph, middles: dict[str, str], diags:
     for m, reads in middles.items():
         region = {m} | nx.descendants(h, m)
         for edge in g.hierarchy_edges():
-            if edge.upper in region and edge.method.name not in DIFFERENTIABLE_METHODS:
+            if edge.upper in region and not _differentiable(edge.method.name):
                 diags.error("E404", f"`{edge.method.name}` cannot be differentiated, but `exact` semantics "
                             f"differentiate the best response below `{m}`, whose loss reads `{reads}`",
                             edge.method.span, label="not differentiable",
@@ -115,7 +126,7 @@ def _check_links(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str],
         reads = r.reads_of(edge.lower)
         via_loss = any(rd.src == edge.upper and rd.via == "loss" for rd in reads)
         via_init = any(rd.src == edge.upper and rd.via == "init" for rd in reads)
-        if via_init and not via_loss and edge.method.name not in INIT_METHODS:
+        if via_init and not via_loss and not _reads_init(edge.method.name):
             diags.error("E403", f"`{edge.method.name}` cannot carry a hypergradient to `{edge.upper}`: "
                         f"`{edge.lower}` reads it only through `init`", edge.method.span,
                         help="use `itd(...)` (MAML), `first_order`, or read the upper problem in "

@@ -1,0 +1,156 @@
+"""What a built-in (optimizer, hypergradient method, schedule) is, declared once.
+
+A `Descriptor` joins the views every stage needs of one built-in:
+
+- `signature`: ordered parameters with types, ranges and defaults (the checker's view);
+- `caps`: frozen capabilities (`OptimizerCaps`, `MethodCaps`, `ScheduleCaps`) that the
+  checks, the planner and codegen read instead of comparing names;
+- `cost`: for a method, `cost(args, shape) -> (time in G, memory in bytes or None)`, a pure
+  function of the sizes (the planner's view); None where the planner has nothing to price;
+- `runtime`: `"module:attr"` of the runtime factory generated code calls, or None while
+  the built-in is checked but not implemented (the checker reports E704 where it is used).
+
+Nothing here imports torch: `Descriptor.load()` imports the runtime factory lazily and
+only code that executes a program calls it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from mloc.lang.types import Type
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED = _Required()
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: Type
+    default: object = REQUIRED
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A built-in callable as the language sees it: name, ordered parameters, one-line doc."""
+
+    name: str
+    params: tuple[Param, ...]
+    doc: str
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+def signature(name: str, doc: str, *params: Param) -> Signature:
+    return Signature(name, params, doc)
+
+
+@dataclass(frozen=True)
+class OptimizerCaps:
+    """`differentiable`: its update is a differentiable function of the gradient and state,
+    so `itd` can unroll it. `sama_diag`: it offers the diagonal ∂update/∂grad SAMA needs.
+    `state_per_param`: floats of optimizer state per trained parameter (at most)."""
+
+    differentiable: bool = False
+    sama_diag: bool = False
+    state_per_param: int = 0
+
+    @property
+    def provides(self) -> frozenset[str]:
+        """The names of the boolean capabilities it has (what `MethodCaps.needs` asks for)."""
+        return frozenset(n for n in ("differentiable", "sama_diag") if getattr(self, n))
+
+
+@dataclass(frozen=True)
+class MethodCaps:
+    """`unrolls`: differentiates through the edge's unrolled lower steps (its `steps`
+    default to the edge's `unroll`). `implicit`: solves with the lower Hessian.
+    `reads_init`: carries a hypergradient to an upper that enters only through `init`.
+    `differentiable`: its BR-VJP can itself be differentiated (`exact` semantics below a
+    middle level). `needs`: optimizer capabilities (`OptimizerCaps.provides`) it requires of
+    the lower problem's optimizer. `planned`: a placeholder the planner replaces with a
+    concrete method (`auto`); it never reaches the runtime."""
+
+    unrolls: bool = False
+    implicit: bool = False
+    reads_init: bool = False
+    differentiable: bool = False
+    needs: frozenset[str] = frozenset()
+    planned: bool = False
+
+
+@dataclass(frozen=True)
+class ScheduleCaps:
+    """`identity`: the base learning rate unchanged (no schedule is emitted). `takes_base`:
+    the factory also takes `base=`, the optimizer's learning rate (its floor is absolute)."""
+
+    identity: bool = False
+    takes_base: bool = False
+
+
+Caps = Union[OptimizerCaps, MethodCaps, ScheduleCaps]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The sizes a cost depends on: `d` trainable parameters of the lower problem, `act`
+    bytes of activations of one forward of its loss, `m` parameters of the upper problem,
+    `b` bytes per element. None where not measured."""
+
+    d: int | None = None
+    act: int | None = None
+    m: int | None = None
+    b: int = 4
+
+    @property
+    def known(self) -> bool:
+        return self.d is not None and self.act is not None
+
+
+Cost = Callable[[dict, Shape], "tuple[float, int | None]"]
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    signature: Signature
+    caps: Caps
+    runtime: str | None
+    cost: Cost | None = None
+
+    @property
+    def name(self) -> str:
+        return self.signature.name
+
+    @property
+    def executable(self) -> bool:
+        """Whether a program using it can run: it has a runtime, or the planner replaces it."""
+        return self.runtime is not None or getattr(self.caps, "planned", False)
+
+    def load(self) -> Callable:
+        """The runtime factory (imports the runtime, hence torch)."""
+        if self.runtime is None:
+            raise LookupError(f"`{self.name}` has no runtime implementation yet")
+        module, attr = self.runtime.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    @property
+    def runtime_module(self) -> str | None:
+        return self.runtime.split(":")[0] if self.runtime else None
+
+    @property
+    def runtime_attr(self) -> str | None:
+        return self.runtime.split(":")[1] if self.runtime else None
+
+
+def registry(*descriptors: Descriptor) -> dict[str, Descriptor]:
+    return {d.name: d for d in descriptors}

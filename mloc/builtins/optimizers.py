@@ -1,0 +1,57 @@
+"""The built-in optimizers: one `Descriptor` each (signature, capabilities, runtime factory).
+
+Adding one: its descriptor here, its `Optimizer` in `mloc/runtime/optim/` (named by
+`runtime`), its row in `docs/language.md`; the registry-parametrized tests cover the rest.
+"""
+
+from __future__ import annotations
+
+from mloc.builtins.descriptor import Descriptor, OptimizerCaps, Param, registry, signature
+from mloc.lang.types import Bool, Enum, Float, Int, TupleOf
+
+LR = Float(0, open_lo=True)
+UNIT = Float(0, 1, open_hi=True)
+BETAS = TupleOf((UNIT, UNIT))
+WD = Float(0)
+EPS = Float(0, open_lo=True)
+
+SGD = Descriptor(
+    signature("sgd", "stochastic gradient descent with optional (Nesterov) momentum",
+              Param("lr", LR, doc="learning rate"), Param("momentum", UNIT, 0.0),
+              Param("nesterov", Bool(), False), Param("weight_decay", WD, 0.0),
+              Param("dampening", Float(0, 1), 0.0)),
+    OptimizerCaps(differentiable=True, sama_diag=True, state_per_param=1),   # momentum buffer
+    "mloc.runtime.optim:sgd")
+
+ADAM = Descriptor(
+    signature("adam", "Adam (Kingma & Ba, 2015), L2 weight decay added to the gradient",
+              Param("lr", LR, 1e-3), Param("betas", BETAS, (0.9, 0.999)),
+              Param("eps", EPS, 1e-8), Param("weight_decay", WD, 0.0)),
+    OptimizerCaps(differentiable=True, sama_diag=True, state_per_param=2),   # first, second moment
+    "mloc.runtime.optim:adam")
+
+ADAMW = Descriptor(
+    signature("adamw", "AdamW (Loshchilov & Hutter, 2019), decoupled weight decay",
+              Param("lr", LR, 1e-3), Param("betas", BETAS, (0.9, 0.999)),
+              Param("eps", EPS, 1e-8), Param("weight_decay", WD, 1e-2)),
+    OptimizerCaps(differentiable=True, sama_diag=True, state_per_param=2),
+    "mloc.runtime.optim:adamw")
+
+# Not differentiable (coupled-Newton matrix roots), no SAMA diagonal. State per parameter,
+# with square blocks: the two Kronecker factors and their inverse roots (4), momentum and
+# the grafting accumulator.
+SHAMPOO = Descriptor(
+    signature("shampoo", "Shampoo (Gupta et al. 2018; Anil et al. 2020): Kronecker-factored "
+              "preconditioning with coupled-Newton inverse roots, grafting and blocking",
+              Param("lr", LR, 1e-3), Param("beta2", Float(0, 1, open_lo=True), 1.0),
+              Param("momentum", UNIT, 0.9), Param("nesterov", Bool(), True),
+              Param("epsilon", EPS, 1e-6),
+              Param("weight_decay", WD, 0.0), Param("decoupled_weight_decay", Bool(), True),
+              Param("update_every", Int(1), 1), Param("start_preconditioning_step", Int(0), 5),
+              Param("block_size", Int(1), 128),
+              Param("graft", Enum(("sgd", "adagrad", "rmsprop", "adam")), "adagrad"),
+              Param("staleness", Int(0), 0)),
+    OptimizerCaps(differentiable=False, sama_diag=False, state_per_param=6),
+    None)
+
+OPTIMIZERS: dict[str, Descriptor] = registry(SGD, ADAM, ADAMW, SHAMPOO)
