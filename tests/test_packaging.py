@@ -54,7 +54,8 @@ def test_installed_wheel_parses_without_the_source_tree(wheel, tmp_path):
 
 # --- layering ---------------------------------------------------------------------------
 
-LAYERS = ["source", "env", "diagnostics", "frontend", "lang", "ir", "runtime", "passes", "codegen", "cli"]
+LAYERS = ["source", "env", "diagnostics", "frontend", "lang", "builtins", "ir", "runtime", "passes", "codegen",
+          "api", "cli"]
 TORCH_ALLOWED = {"runtime"}   # everything else reaches torch only through mloc.runtime
 
 
