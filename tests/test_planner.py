@@ -90,3 +90,43 @@ def test_every_decision_has_a_reason_and_the_plan_prints():
     data = plan_to_json(plan)
     assert data["edges"][0]["method"] == "neumann" and data["periods"] == {"high": 5, "low": 1}
     assert data["composition_order"] == ["low", "high"]
+
+
+# --- compositions: planned once, executed by the runtime -----------------------------
+
+SHAPES = {"finite_diff": "bound", "sama": "bound", "cg(iters=3)": "single", "neumann": "single",
+          "itd(steps=2, mode=reverse)": "fused", "itd(steps=2, mode=forward)": "general",
+          "first_order": "general"}
+
+
+def test_each_method_plans_its_step_shape():
+    for method, shape in SHAPES.items():
+        plan = plan_for(method, unroll=2, semantics="per_edge")
+        c = plan.compositions["high"]
+        assert (c.down, c.seeds, c.shape) == (("low",), ("low",) if method != "first_order" else (), shape)
+        assert plan_to_json(plan)["compositions"]["high"]["shape"] == shape
+
+
+def _runtime_hierarchy(ns):
+    """A runtime `Hierarchy` of a generated module's problems and edges (stand-in
+    parameters: only the structure is compared), without the planned compositions."""
+    import torch
+
+    from mloc.runtime import Hierarchy, Problem
+    problems = [Problem(s.name, (torch.zeros(1, requires_grad=True),), lambda *a: 0, s.reads)
+                for s in ns["PROBLEMS"]]
+    return Hierarchy(problems, ns["EDGES"], ns["SEMANTICS"])
+
+
+def test_the_planned_compositions_are_the_runtimes():
+    """Every example's planned compositions (emitted as COMPOSITION) are what the runtime
+    computes from its own method objects: one function, one table of capabilities."""
+    from mloc.codegen.compile import compile_program, load_generated
+    from tests.conftest import PROGRAMS, ROOT
+    for name in ("data_reweighting", "maml", "hpo", "trilevel"):
+        c = compile_program(str(PROGRAMS / f"{name}.mlo"), out_dir=ROOT / "build" / name)
+        ns = load_generated(c.source, str(ROOT / "build" / name / "train.py"))
+        planned = ns["COMPOSITION"]
+        assert planned == c.plan.compositions and planned
+        hier = _runtime_hierarchy(ns)
+        assert {top: hier.composition(top) for top in planned} == planned, name

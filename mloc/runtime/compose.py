@@ -33,17 +33,19 @@ The upper's hypergradient is written to its parameters' ``.grad`` by one final
 
 from __future__ import annotations
 
-import graphlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
 from torch import Tensor
 
+from mloc.ir.composition import Composition, compose, feedback, step_caps, topo
+from mloc.lang.vocabulary import SEMANTICS
 from mloc.runtime import tree
+from mloc.runtime.adjoints import ReducedOp, backward, concat, flat, grad_of, propagate, split
 from mloc.runtime.problem import LowerOp, Problem
 
-SEMANTICS = ("per_edge", "exact")
+__all__ = ["SEMANTICS", "Edge", "Hierarchy", "ReducedOp", "method_caps"]
 
 
 @dataclass(frozen=True)
@@ -55,157 +57,39 @@ class Edge:
     method: Any
 
 
+def method_caps(method):
+    """The :class:`~mloc.ir.composition.StepCaps` of a runtime method object: a runtime
+    method is the factory its descriptor names, a class named as the language's method,
+    its fields the method's options (an object of any other class has none)."""
+    return step_caps(type(method).__name__, getattr(method, "__dict__", {}))
+
+
 @dataclass(frozen=True)
 class _Plan:
-    """Everything about one upper's hypergradient that does not change between steps."""
+    """A :class:`~mloc.ir.composition.Composition` bound to this runtime's live tensors."""
 
+    composition: Composition
     top: str
-    down: tuple[str, ...]  # problems below `top`, uppers first (linearization order)
-    up: tuple[tuple[str, tuple[str, ...], bool], ...]  # (lower, inner targets, feeds top)
-    seeds: tuple[str, ...]  # problems read by top's loss whose adjoints start the pass
-    nested: dict  # exact semantics: middle -> (its `up` steps, problems below it)
+    up: tuple
+    seeds: tuple[str, ...]
     prep: tuple  # (name, problem, method, buffers, nested) in `down` order
     seed_inputs: list | None  # the seeds' tensors when no seed is unrolled (fixed)
-    shape: str  # "bound" | "fused" | "single" | "general": which of the step functions runs
+    shape: str  # the composition's, or "general" under data parallelism
     step: Any = None  # shape "bound": the whole step, one closure (`Hierarchy._bind`)
-
-
-def _topo(nodes: Iterable[str], preds: dict[str, set[str]], hint: str = "") -> tuple[str, ...]:
-    nodes = set(nodes)
-    try:
-        sorter = graphlib.TopologicalSorter({n: sorted(preds.get(n, set()) & nodes)
-                                             for n in sorted(nodes)})
-        return tuple(sorter.static_order())
-    except graphlib.CycleError as err:
-        raise ValueError(f"cycle among problems: {' -> '.join(err.args[1])}{hint}") from None
-
-
-def _flat(points, names):
-    return [t for n in names for t in points[n]]
-
-
-def _split(grads, points, names, adj):
-    """Add ``grads`` (flat, aligned with ``names``' points) into the adjoints ``adj``."""
-    i = 0
-    for name in names:
-        n = len(points[name])
-        g = tree.fill_none(grads[i:i + n], points[name])
-        i += n
-        if g is not None:
-            adj[name] = g if name not in adj else tree.add(adj[name], g)
-
-
-def _reaching(outs, cots):
-    """Drop outputs that reach no parameter (a lower whose loss ignores an upper)."""
-    for t in outs:
-        if not t.requires_grad:
-            keep = [i for i, t in enumerate(outs) if t.requires_grad]
-            return [outs[i] for i in keep], [cots[i] for i in keep]
-    return outs, cots
-
-
-def _grad(outs, cots, inputs, create_graph=False):
-    """``autograd.grad`` of a spec into ``inputs``, graph retained, unused inputs None."""
-    outs, cots = _reaching(outs, cots)
-    if not outs:
-        return (None,) * len(inputs)
-    return torch.autograd.grad(outs, inputs, cots, retain_graph=True, create_graph=create_graph,
-                               allow_unused=True)
-
-
-def _propagate(steps, methods, ops, points, adj, create_graph):
-    """Apply each lower's BR-VJP once (``steps`` bottom-up); return the specs leaving it."""
-    specs = []
-    for name, inner, out in steps:
-        a = adj.pop(name, None)
-        if a is None:
-            continue
-        spec = methods[name].vjp(ops[name], a, create_graph)
-        if spec is None:
-            continue
-        if inner:
-            _split(_grad(*spec, _flat(points, inner), create_graph), points, inner, adj)
-        if out:
-            specs.append(spec)
-    return specs
-
-
-def _concat(specs):
-    """One ``(outputs, cotangents)`` pair out of several specs."""
-    return [t for s in specs for t in s[0]], [t for s in specs for t in s[1]]
-
-
-def _backward(outs, cots, params, accumulate=True):
-    """The one final backward into ``params``: accumulated into their ``.grad`` (as
-    ``loss.backward()`` does), or, with ``accumulate=False``, returned (``None`` for a
-    parameter no output reaches, and ``None`` instead of the tuple when none does)."""
-    for t in outs:
-        if not t.requires_grad:
-            outs, cots = _reaching(outs, cots)
-            break
-    if not outs:
-        return None
-    if accumulate:
-        torch.autograd.backward(outs, cots, inputs=params)
-        return None
-    return torch.autograd.grad(outs, params, cots, allow_unused=True)
-
-
-def _pull(specs, theta, create_graph):
-    """``Σ autograd.grad(outputs, θ, cotangents)`` over specs (zeros when none reach θ)."""
-    return tree.dense(_grad(*_concat(specs), theta, create_graph), theta)
-
-
-class ReducedOp(LowerOp):
-    """A middle problem linearized through its reduced objective (``exact`` semantics)."""
-
-    __slots__ = ("ctx",)
-
-    def _pass(self, vector, negate, create_graph):
-        """Total VJP of ``g`` with cotangent ``vector`` into ``θ`` and the nested specs."""
-        steps, below, methods, ops, points = self.ctx
-        n = len(self.theta)
-        cot = tree.neg(vector) if negate else vector
-        grads = _grad(self.grad(), cot, self.theta + tuple(_flat(points, below)), create_graph)
-        adj = {}
-        _split(grads[n:], points, below, adj)
-        return grads[:n], cot, _propagate(steps, methods, ops, points, adj, create_graph)
-
-    def grad(self):
-        if self._grad is None:
-            steps, below, methods, ops, points = self.ctx
-            loss = self.problem.loss(*self.args)
-            n = len(self.theta)
-            grads = torch.autograd.grad(loss, self.theta + tuple(_flat(points, below)),
-                                        create_graph=True, allow_unused=True)
-            adj = {}
-            _split(grads[n:], points, below, adj)
-            specs = _propagate(steps, methods, ops, points, adj, True)
-            self._grad = tree.add(tree.dense(grads[:n], self.theta), _pull(specs, self.theta, True))
-        return self._grad
-
-    def hvp(self, p, create_graph=False):
-        direct, _, specs = self._pass(p, False, create_graph)
-        return tree.add(tree.dense(direct, self.theta), _pull(specs, self.theta, create_graph))
-
-    def mixed(self, q, create_graph=False):
-        _, cot, specs = self._pass(q, True, create_graph)
-        return _concat([(self.grad(), cot)] + specs)
-
-    def mixed_negated(self, neg_q, create_graph=False):
-        _, cot, specs = self._pass(neg_q, False, create_graph)
-        return _concat([(self.grad(), cot)] + specs)
 
 
 class Hierarchy:
     """A multilevel program for the runtime: problems, hierarchy edges and a semantics.
 
     ``hypergrad(name)`` accumulates the hypergradient of problem ``name`` into its
-    parameters' ``.grad``; plans (orders, targets) are built once per upper and cached.
+    parameters' ``.grad``, composed as ``name``'s :class:`~mloc.ir.composition.Composition`
+    says: the one the compiler planned (``compositions``), or the same function's result
+    here, once per upper. Plans bind it to the live tensors once and are cached.
     """
 
     def __init__(self, problems: Iterable[Problem], edges: Iterable[Edge],
-                 semantics: str = "per_edge", reduce=None):
+                 semantics: str = "per_edge", reduce=None,
+                 compositions: dict[str, Composition] | None = None):
         """``reduce`` (data parallelism): averages a tuple of tensors across replicas. It is
         applied where a hypergradient is not linear in the per-replica batches: the seed
         adjoints (the upper's gradient), every Hessian-vector product and SAMA's lower
@@ -228,6 +112,10 @@ class Hierarchy:
         self._args = {n: [self._live[r] for r in p.reads] for n, p in self.problems.items()}
         self._buffers = {n: tuple(b for r in p.reads for b in self.problems[r].buffers)
                          for n, p in self.problems.items()}
+        self._reads = {n: tuple(p.reads) for n, p in self.problems.items()}
+        self._caps = {n: method_caps(m) for n, m in self.methods.items()}
+        self._reduced = feedback(self._reads, self.uppers) if semantics == "exact" else {}
+        self._compositions = dict(compositions or {})
         self._plans: dict[str, _Plan] = {}
         self._steps: dict[str, Any] = {}  # plans of shape "bound": top -> its step closure
 
@@ -245,82 +133,30 @@ class Hierarchy:
             if self.problems[e.lower].index < 0:
                 raise ValueError(f"lower problem {e.lower!r} must read its own parameters")
             self.uppers[e.lower].add(e.upper)
-        _topo(self.problems, self.uppers)
+        topo(self.problems, self.uppers)
 
-    def _below(self, name):
-        seen, stack = set(), [name]
-        while stack:
-            for low in self.lowers[stack.pop()] - seen:
-                seen.add(low)
-                stack.append(low)
-        return seen
-
-    def _targets(self, node, scope, below):
-        """Where ``node``'s BR-VJP sends adjoints (``exact`` adds its lowers' uppers)."""
-        targets = set(self.uppers[node])
-        for b in below[node]:  # empty unless `exact` and a lower feeds back into node
-            targets |= self.uppers[b]
-        return (targets - below[node] - {node}) & scope
+    def composition(self, top: str) -> Composition:
+        """``top``'s composition: the planned one, else computed (the same function)."""
+        planned = self._compositions.get(top)
+        if planned is not None:
+            return planned
+        return compose(top, self._reads, self.uppers, self._caps, self._reduced)
 
     def plan(self, top: str) -> _Plan:
         if top in self._plans:
             return self._plans[top]
-        inside = self._below(top)
-        scope = inside | {top}
-        below = self._reduced_below(inside)
-        targets = {n: set() if getattr(self.methods[n], "zero", False)
-                   else self._targets(n, scope, below) for n in inside}
-        down = tuple(n for n in _topo(scope, self.uppers) if n != top)
-        order = _topo(inside, {n: {b for b in inside if n in targets[b]} for n in inside},
-                      " (under `exact` semantics, two problems that feed back through a shared"
-                      " lower form a simultaneous game; use `per_edge`)")
-        steps = lambda nodes: tuple(  # noqa: E731
-            (n, tuple(sorted(targets[n] & nodes)), bool(targets[n] - nodes))
-            for n in order if n in nodes and targets[n])
-        nested = {}
-        for m in sorted(n for n in inside if below[n]):
-            self._check_differentiable(m, below[m])
-            nested[m] = (steps(below[m]), tuple(sorted(below[m])))
-        seeds = tuple(r for r in self.problems[top].reads if r == top or targets.get(r))
+        c = self.composition(top)
+        nested = {m: (steps, under) for m, steps, under in c.nested}
         prep = tuple((n, self.problems[n], self.methods[n], self._buffers[n], nested.get(n))
-                     for n in down)
-        fixed = not any(getattr(self.methods.get(r), "unrolls", False) for r in seeds)
-        up = steps(inside)
-        seed_inputs = _flat(self._live, seeds) if fixed else None
-        shape = self._shape(down, up, seeds)
+                     for n in c.down)
+        seed_inputs = flat(self._live, c.seeds) if c.live_seeds else None
+        shape = c.shape if self.reduce is None else "general"
         step = self._bind(top, prep[0], seed_inputs) if shape == "bound" else None
-        plan = _Plan(top, down, up, seeds, nested, prep, seed_inputs, shape, step)
+        plan = _Plan(c, top, c.up, c.seeds, prep, seed_inputs, shape, step)
         self._plans[top] = plan
         if step is not None:
             self._steps[top] = step
         return plan
-
-    def _reduced_below(self, inside):
-        """For each middle solved through its reduced objective (``exact`` semantics, and a
-        lower below it feeds back into its loss), the problems below it; else empty."""
-        if self.semantics == "per_edge":
-            return {n: set() for n in inside}
-        below = {n: self._below(n) & inside for n in inside}
-        return {n: b if b & set(self.problems[n].reads) else set() for n, b in below.items()}
-
-    def _shape(self, down, up, seeds):
-        """Two levels (one lower feeding only the top) get a straight-line step."""
-        if self.reduce is not None:
-            return "general"
-        if len(down) != 1 or len(up) != 1 or up[0][1:] != ((), True):
-            return "general"
-        method = self.methods[down[0]]
-        if getattr(method, "fusable", False):
-            return "fused"
-        if seeds != down or getattr(method, "unrolls", False):
-            return "general"
-        return "bound" if hasattr(method, "two_level") else "single"
-
-    def _check_differentiable(self, middle, below):
-        for b in below:
-            if getattr(self.methods.get(b), "unrolls", False):
-                raise ValueError(f"exact semantics: {b!r} lies below middle level {middle!r} "
-                                 "and cannot be unrolled (use cg or neumann there)")
 
     def linearize(self, plan: _Plan):
         """Build one op per problem below ``plan.top``; return ``(ops, points)``."""
@@ -345,12 +181,12 @@ class Hierarchy:
         loss = top.loss(*[points[r] for r in top.reads])
         if seed is not None:
             loss = seed(loss)
-        inputs = plan.seed_inputs or _flat(points, plan.seeds)
+        inputs = plan.seed_inputs or flat(points, plan.seeds)
         grads = torch.autograd.grad(loss, inputs, allow_unused=True)
         if self.reduce is not None:
             grads = self.reduce(tuple(torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)))
         adj = {}
-        _split(grads, points, plan.seeds, adj)
+        split(grads, points, plan.seeds, adj)
         return adj
 
     def hypergrad(self, name: str, accumulate: bool = True, seed: Callable[[Tensor], Tensor] | None = None):
@@ -378,12 +214,12 @@ class Hierarchy:
         ops, points = self.linearize(plan)
         adj = self._seed(plan, points, seed)
         direct = adj.pop(name, None)
-        specs = _propagate(plan.up, self.methods, ops, points, adj, False)
+        specs = propagate(plan.up, self.methods, ops, points, adj, False)
         params = self.problems[name].params
         if direct is not None:
             specs.append((params, direct))
         if specs:
-            return _backward(*(specs[0] if len(specs) == 1 else _concat(specs)), params, accumulate)
+            return backward(*(specs[0] if len(specs) == 1 else concat(specs)), params, accumulate)
         return None
 
     def _single(self, plan, accumulate=True, seed=None):
@@ -398,7 +234,7 @@ class Hierarchy:
         v = tree.fill_none(v, op.theta)
         spec = method.vjp(op, v) if v is not None else None
         if spec is not None:
-            return _backward(spec[0], spec[1], top.params, accumulate)
+            return backward(spec[0], spec[1], top.params, accumulate)
         return None
 
     def _bind(self, top, lower, seeds):
@@ -420,7 +256,7 @@ class Hierarchy:
         top = self.problems[plan.top]
         args = [theta if r == name else self._live[r] for r in top.reads]
         loss = top.loss(*args)
-        return _backward((loss if seed is None else seed(loss),), (None,), top.params, accumulate)
+        return backward((loss if seed is None else seed(loss),), (None,), top.params, accumulate)
 
     def hypergrad_paths(self, name: str):
         """Reference: the hypergradient as a sum over paths, each re-applying its BR-VJPs.
@@ -428,24 +264,28 @@ class Hierarchy:
         Betty's algorithm (one pass per path from ``name`` down to each problem its loss
         reads); exponential in dense DAGs. Returns the gradient instead of writing ``.grad``.
         """
-        plan = self.plan(name)
-        ops, points = self.linearize(plan)
-        adj = self._seed(plan, points)
-        targets = {n: inner + ((name,) if out else ()) for n, inner, out in plan.up}
-        total = [adj.pop(name, None) or tree.zeros(points[name])]
+        return _paths(self, name)
 
-        def walk(node, vector):
-            spec = self.methods[node].vjp(ops[node], vector)
-            for t in targets.get(node, ()) if spec else ():
-                g = tree.fill_none(_grad(*spec, points[t]), points[t])
-                if g is None:
-                    continue
-                if t == name:
-                    total[0] = tree.add(total[0], g)
-                else:
-                    walk(t, g)
 
-        for node, vector in adj.items():
-            walk(node, vector)
-        return tuple(t.detach() for t in total[0])
+def _paths(hier: Hierarchy, name: str):
+    """:meth:`Hierarchy.hypergrad_paths`."""
+    plan = hier.plan(name)
+    ops, points = hier.linearize(plan)
+    adj = hier._seed(plan, points)
+    targets = {n: inner + ((name,) if out else ()) for n, inner, out in plan.up}
+    total = [adj.pop(name, None) or tree.zeros(points[name])]
 
+    def walk(node, vector):
+        spec = hier.methods[node].vjp(ops[node], vector)
+        for t in targets.get(node, ()) if spec else ():
+            g = tree.fill_none(grad_of(*spec, points[t]), points[t])
+            if g is None:
+                continue
+            if t == name:
+                total[0] = tree.add(total[0], g)
+            else:
+                walk(t, g)
+
+    for node, vector in adj.items():
+        walk(node, vector)
+    return tuple(t.detach() for t in total[0])

@@ -160,29 +160,19 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
         x.\mathrm{grad} \mathrel{+}= -\frac{\nabla_x L(\theta + \epsilon q, x)
         - \nabla_x L(\theta - \epsilon q, x)}{2\epsilon},\quad \epsilon = \epsilon_0/\lVert q\rVert
 
-    (``s`` the lower optimizer's ``diag`` when ``scaled``, i.e. ``sama``). It is the
-    composer's seed → ``vjp`` (:func:`central_difference`) → final backward, with the same
-    numbers (bit-identical; the tests compare), as one flat function: the quotient
-    ``(∇L₊ − ∇L₋)/(−2ε)`` is formed after the backward here, inside the general path's
-    :class:`_Quotient` node there. The step is under a millisecond on small models, and there the
-    runtime's own Python, cold by the time the next step runs, cost 3-5% over a
-    hand-written loop: about half of it ``torch.finfo`` and ``tensor.device`` (now
-    ``_TINY`` and ``_autocast_device``, shared with the general path), the rest plan
-    lookups, a ``LowerOp`` per step, method dispatch and tree helpers (removed here).
-    Everything that does not change between steps is bound once: both losses, the
-    arguments around ``θ`` (no list is copied per step), the seed tensors, the upper's
-    parameters, the buffers to guard. Read every step, as in the general path: the
-    lower's optimizer and state (the training loop replaces the state), and the dtype
-    and device of ``q`` (a module may be moved or cast in place).
-
-    ``lower`` is the lower :class:`~mloc.runtime.problem.Problem` and ``args`` its loss's
-    arguments (live parameter tuples, ``reads`` order); ``seeds`` are the flat tensors of
-    ``θ`` the upper's loss is differentiated against, ``params`` the upper's parameters.
+    (``s`` the lower optimizer's ``diag`` when ``scaled``, i.e. ``sama``): the composer's
+    seed → ``vjp`` (:func:`central_difference`) → final backward with the same numbers, as
+    one flat function; the quotient ``(∇L₊ − ∇L₋)/(−2ε)`` is formed after the backward here,
+    in the general path's :class:`_Quotient` node there. Bound once: both losses, the
+    arguments around ``θ`` (``args``: live parameter tuples in ``reads`` order), the seed
+    tensors ``seeds`` (the flat ``θ``), the upper's ``params``, the ``buffers`` to guard.
+    Read every step: the lower's optimizer state (the training loop replaces it) and the
+    dtype and device of ``q`` (a module may be moved or cast in place).
     """
     i = lower.index
     theta, before, after, loss = args[i], tuple(args[:i]), tuple(args[i + 1:]), lower.loss
     grad = torch.autograd.grad
-    no_grad, sqrt = torch.no_grad, torch.sqrt
+    no_grad = torch.no_grad
 
     def loss_at(point):  # only for the guarded path
         return loss(*before, point, *after)
@@ -198,19 +188,9 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
                 break
         if scaled:
             q = _preconditioned(lower, args, theta, q)
-        q0 = q[0]
-        with no_grad():  # tree.norm, tree.axpy(±e, q, θ), inlined
-            total = (q0 * q0).sum()
-            for x in q[1:]:
-                total = total + (x * x).sum()
-            dtype = q0.dtype
-            tiny = _TINY.get(dtype) or torch.finfo(dtype).tiny
-            e = eps / sqrt(total).clamp_min(tiny)  # q = 0: no nan
-            plus = tuple([e * x + p for x, p in zip(q, theta)])
-            e_minus = -e
-            minus = tuple([e_minus * x + p for x, p in zip(q, theta)])
-            two_e = 2 * e
-        autocast = _autocast_device(q0)
+        with no_grad():
+            plus, minus, two_e = _perturbed(q, theta, eps)
+        autocast = _autocast_device(q[0])
         if buffers or autocast:
             lp, lm = _guarded_losses(loss_at, plus, minus, buffers, autocast)
         else:
@@ -225,12 +205,33 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
             h = _quotients(diff, two_e)
         if not accumulate:
             return tuple(h)
-        for p, g in zip(params, h):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad + g
+        _accumulate(params, h)
         return None
 
     return step
+
+
+def _perturbed(q, theta, eps):
+    """``θ ± εq`` and ``2ε``, ``ε = ε₀/‖q‖`` (``tree.norm`` and ``tree.axpy(±ε, q, θ)``
+    inlined; the caller holds ``no_grad``)."""
+    q0 = q[0]
+    total = (q0 * q0).sum()
+    for x in q[1:]:
+        total = total + (x * x).sum()
+    dtype = q0.dtype
+    tiny = _TINY.get(dtype) or torch.finfo(dtype).tiny
+    e = eps / torch.sqrt(total).clamp_min(tiny)  # q = 0: no nan
+    plus = tuple([e * x + p for x, p in zip(q, theta)])
+    e_minus = -e
+    minus = tuple([e_minus * x + p for x, p in zip(q, theta)])
+    return plus, minus, 2 * e
+
+
+def _accumulate(params, grads):
+    """``p.grad += g`` as ``loss.backward()`` accumulates (``None``: nothing reached ``p``)."""
+    for p, g in zip(params, grads):
+        if g is not None:
+            p.grad = g if p.grad is None else p.grad + g
 
 
 @dataclass(frozen=True)
@@ -299,12 +300,13 @@ def _preconditioned(problem, args, theta, v):
 class first_order:
     """First order (FO-MAML): drop the indirect term, ``dθ*/dx ≈ 0`` for the uppers.
 
+    The composer skips it (``StepCaps.zero`` in :mod:`mloc.ir.composition`): no seed, no
+    BR-VJP.
+
     Finn et al., "Model-Agnostic Meta-Learning", ICML 2017, §5.2. Exact when the lower's
     best response does not depend on the upper (``dθ'/dθ₀ = I`` in MAML's reparametrised
     form, where the upper evaluates the lower's point directly).
     """
-
-    zero = True  # the composer skips it: no seed, no BR-VJP
 
     def prepare(self, op):
         return op.theta
