@@ -74,6 +74,7 @@ class Emitter:
         self.emit(f"Semantics: {self.plan.runtime_semantics} ({self.plan.semantics_reason}).")
         self.emit('"""')
         self.emit("")
+        self.emit("from mloc.ir.composition import Composition")
         self.emit("from mloc.runtime import Edge")
         self.emit("from mloc.runtime.engine import ProblemSpec, RunConfig")
         self.emit("from mloc.runtime.launch import main, program_dir")
@@ -157,6 +158,10 @@ class Emitter:
             self.emit(f"    Edge({e.upper!r}, {e.lower!r}, {_method_call(e)}),  {self.at(span)}: {e.reason}")
         self.emit(")")
         self.emit(f"SEMANTICS = {self.plan.runtime_semantics!r}")
+        self.emit("COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned")
+        for top, c in self.plan.compositions.items():
+            self.emit(f"    {top!r}: {c!r},")
+        self.emit("}")
         self.block()
 
     def schedule(self) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from mloc.builtins import METHODS, OPTIMIZERS, Shape
+from mloc.ir.composition import Composition, compose_all, feedback, step_caps
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.payloads import HierarchyEdge
 
@@ -85,6 +86,8 @@ class Plan:
     schedule: Loop
     memory_budget: int | None
     problems: tuple[str, ...]
+    # each upper's BR-VJP composition and step shape: what the runtime executes
+    compositions: dict[str, Composition] = field(default_factory=dict)
 
     def edge(self, upper: str, lower: str) -> EdgePlan:
         return next(e for e in self.edges if (e.upper, e.lower) == (upper, lower))
@@ -99,18 +102,38 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
     periods = _periods(g, edges)
     order = tuple(reversed(g.topological_order()))
     return Plan(g.info.semantics, semantics, reason, edges, order, periods,
-                _schedule(g, edges, periods), budget, g.names())
+                _schedule(g, edges, periods), budget, g.names(), _compositions(g, edges, semantics))
 
 
 def _semantics(g: ProgramGraph) -> tuple[str, str]:
     if g.info.semantics == "per_edge":
         return "per_edge", "asked for: Betty's per-edge implicit differentiation"
-    h = g.hierarchy()
-    feedback = [d for d in g.dataflow_edges() if d.kind == "l2u" and any(True for _ in h.predecessors(d.dst))]
-    if not feedback:
+    reads, uppers = _structure(g)
+    middles = feedback(reads, uppers)
+    if not middles:
         return "per_edge", "exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper"
-    f = feedback[0]
-    return "exact", f"`{f.dst}` reads `{f.src}` below it: differentiate through its reduced objective"
+    m = next(iter(middles))
+    low = next(r for r in reads[m] if r in middles[m])
+    return "exact", f"`{m}` reads `{low}` below it: differentiate through its reduced objective"
+
+
+def _structure(g: ProgramGraph) -> tuple[dict, dict]:
+    """Each problem's loss reads and its hierarchy uppers (what the compositions depend on)."""
+    reads = {n: tuple(g.problem(n).loss.read_names()) for n in g.names()}
+    uppers: dict[str, set[str]] = {n: set() for n in g.names()}
+    for e in g.hierarchy_edges():
+        uppers[e.lower].add(e.upper)
+    return reads, uppers
+
+
+def _compositions(g: ProgramGraph, edges: tuple[EdgePlan, ...], semantics: str) -> dict:
+    """Each upper's composition (`mloc.ir.composition`), from the planned methods."""
+    reads, uppers = _structure(g)
+    caps = {e.lower: step_caps(e.method, dict(e.args)) for e in edges}
+    try:
+        return compose_all(reads, uppers, caps, feedback(reads, uppers) if semantics == "exact" else {})
+    except ValueError:  # a simultaneous game under `exact`: the runtime reports it when built
+        return {}
 
 
 def _d(sizes: Sizes, name: str) -> int | None:
@@ -254,6 +277,7 @@ def format_bytes(n: int | None) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
+
 def plan_to_json(plan: Plan) -> dict:
     return {
         "semantics": {"asked": plan.semantics, "runtime": plan.runtime_semantics, "reason": plan.semantics_reason},
@@ -262,9 +286,17 @@ def plan_to_json(plan: Plan) -> dict:
                    "unroll": e.unroll, "time_g": e.time_g, "memory_bytes": e.memory, "reason": e.reason}
                   for e in plan.edges],
         "composition_order": list(plan.order),
+        "compositions": {top: _composition_json(c) for top, c in plan.compositions.items()},
         "periods": dict(sorted(plan.periods.items())),
         "schedule": _schedule_json(plan.schedule),
     }
+
+
+def _composition_json(c: Composition) -> dict:
+    return {"down": list(c.down), "up": [[n, list(t), out] for n, t, out in c.up],
+            "seeds": list(c.seeds), "nested": [[m, [[n, list(t), out] for n, t, out in up], list(b)]
+                                               for m, up, b in c.nested],
+            "live_seeds": c.live_seeds, "shape": c.shape}
 
 
 def _schedule_json(loop: Loop) -> list:

@@ -5,6 +5,7 @@
 Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper).
 """
 
+from mloc.ir.composition import Composition
 from mloc.runtime import Edge
 from mloc.runtime.engine import ProblemSpec, RunConfig
 from mloc.runtime.launch import main, program_dir
@@ -61,6 +62,9 @@ EDGES = (
     Edge('weight_net', 'classifier', sama(eps=0.01)),  # data_reweighting.mlo:22: as written; lower optimizer sgd
 )
 SEMANTICS = 'per_edge'
+COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
+    'weight_net': Composition(top='weight_net', down=('classifier',), up=(('classifier', (), True),), seeds=('classifier',), nested=(), live_seeds=True, shape='bound'),
+}
 
 
 def outer_step(p):

@@ -5,6 +5,7 @@
 Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper).
 """
 
+from mloc.ir.composition import Composition
 from mloc.runtime import Edge
 from mloc.runtime.engine import ProblemSpec, RunConfig
 from mloc.runtime.launch import main, program_dir
@@ -60,6 +61,9 @@ EDGES = (
     Edge('decay', 'model', cg(iters=30, tol=1e-10)),  # hpo.mlo:23: as written; lower optimizer sgd
 )
 SEMANTICS = 'per_edge'
+COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
+    'decay': Composition(top='decay', down=('model',), up=(('model', (), True),), seeds=('model',), nested=(), live_seeds=True, shape='single'),
+}
 
 
 def outer_step(p):

@@ -5,6 +5,7 @@
 Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper).
 """
 
+from mloc.ir.composition import Composition
 from mloc.runtime import Edge
 from mloc.runtime.engine import ProblemSpec, RunConfig
 from mloc.runtime.launch import main, program_dir
@@ -60,6 +61,9 @@ EDGES = (
     Edge('meta', 'adapt', itd(steps=5, mode='reverse')),  # maml.mlo:23: as written; lower optimizer sgd
 )
 SEMANTICS = 'per_edge'
+COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
+    'meta': Composition(top='meta', down=('adapt',), up=(('adapt', (), True),), seeds=('adapt',), nested=(), live_seeds=False, shape='fused'),
+}
 
 
 def outer_step(p):

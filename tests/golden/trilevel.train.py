@@ -5,6 +5,7 @@
 Semantics: exact (`weight_net` reads `classifier` below it: differentiate through its reduced objective).
 """
 
+from mloc.ir.composition import Composition
 from mloc.runtime import Edge
 from mloc.runtime.engine import ProblemSpec, RunConfig
 from mloc.runtime.launch import main, program_dir
@@ -72,6 +73,10 @@ EDGES = (
     Edge('weight_net', 'classifier', neumann(iters=3, alpha=0.1)),  # trilevel.mlo:32: as written; lower optimizer sgd
 )
 SEMANTICS = 'exact'
+COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
+    'weight_net': Composition(top='weight_net', down=('classifier',), up=(('classifier', (), True),), seeds=('classifier', 'weight_net'), nested=(), live_seeds=True, shape='general'),
+    'strength': Composition(top='strength', down=('weight_net', 'classifier'), up=(('classifier', ('weight_net',), False), ('weight_net', (), True)), seeds=('classifier',), nested=(('weight_net', (('classifier', (), True),), ('classifier',)),), live_seeds=True, shape='general'),
+}
 
 
 def outer_step(p):
