@@ -163,3 +163,19 @@ def test_a_run_reports_its_evaluations_and_what_it_wrote(tmp_path):
                          f"{tmp_path / 'checkpoint.pt'} and {tmp_path / 'metrics.jsonl'}")
     quiet = mloc("run", str(SMALL), "--steps", "20", "--out", str(tmp_path / "q"), "--quiet")
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_run_options_reach_train_py_unchanged():
+    """`mloc run --nproc` hands its options to train.py as arguments: they parse back to the
+    same options, and to the same config as `mloc run` builds in process."""
+    from mloc.runtime.engine import RunConfig
+    from mloc.runtime.launch import RunOptions, parser
+
+    defaults = RunConfig(steps=7, seed=3, device="auto", precision="fp32")
+    for options in (RunOptions(), RunOptions(steps=2, seed=5, device="cpu", precision="bf16", dtype="float64",
+                                             out=Path("runs/x"), resume=Path("runs/y"), quiet=True)):
+        parsed = RunOptions(**vars(parser(defaults).parse_args(options.argv())))
+        assert parsed == options
+        assert parsed.config(defaults) == options.config(defaults)
+    assert RunOptions().config(defaults) == defaults
+    assert RunOptions(steps=2).config(defaults).steps == 2

@@ -1,10 +1,13 @@
-"""From a `.mlo` file to generated Python: check, trace the real dataflow, plan, emit, load.
+"""The whole compile, as one list of named passes, from a `.mlo` file to generated Python.
 
-    text --(--set overrides)--> frontend pipeline --> dataflow (user code, meta device)
-         --> plan --> train.py text --> (optionally) exec'd as a module
+    parse -> resolve -> lower -> hierarchy -> dataflow     the checks (`mloc check`)
+          -> trace -> support -> plan -> emit              user code on the meta device,
+                                                           E704 gate, planner, train.py text
 
-`load_generated` registers the generated text with `linecache`, so a traceback through
-generated code shows its real lines (as torch.fx does for its generated code).
+`--set` overrides are spliced into the text before the pipeline runs (each is checked on
+the text before it). `load_generated` registers the generated text with `linecache`, so a
+traceback through generated code shows its real lines (as torch.fx does for its generated
+code).
 """
 
 from __future__ import annotations
@@ -16,58 +19,82 @@ from pathlib import Path
 from mloc.codegen.emit import generate
 from mloc.codegen.overrides import Override, apply
 from mloc.diagnostics import Diagnostic
-from mloc.passes.pipeline import Unit, compile_source
-from mloc.passes.plan import Plan, Sizes, plan_program
+from mloc.passes.pipeline import (CHECKS, CheckSupport, Observer, Pass, PlanProgram, Trace, Unit, compile_source,
+                                  run_passes)
+from mloc.passes.plan import Plan, Sizes
 from mloc.source import SourceFile
 
 
 @dataclass(frozen=True)
+class Emit(Pass):
+    name = "emit"
+    summary = "the plan -> train.py text (deterministic, with `# prog.mlo:LINE` comments)"
+    stage = "compile"
+
+    def ready(self, unit):
+        return unit.ok and unit.plan is not None
+
+    def run(self, unit, diags):
+        out = unit.out_dir if unit.out_dir is not None else Path(unit.source.path).resolve().parent
+        return replace(unit, generated=generate(unit.graph, unit.plan, out, unit.sizes))
+
+    def dump(self, unit):
+        return unit.generated
+
+
+PIPELINE: tuple[Pass, ...] = (*CHECKS, Trace(), CheckSupport(), PlanProgram(), Emit())
+PASSES: dict[str, Pass] = {p.name: p for p in PIPELINE}
+
+
+@dataclass(frozen=True)
 class Compiled:
+    """The result of the whole pipeline; `source` is the generated train.py (None on errors)."""
+
     unit: Unit
-    plan: Plan | None = None
-    sizes: Sizes | None = None
-    source: str | None = None
 
     @property
     def diagnostics(self) -> tuple[Diagnostic, ...]:
         return self.unit.diagnostics
 
     @property
+    def plan(self) -> Plan | None:
+        return self.unit.plan
+
+    @property
+    def sizes(self) -> Sizes | None:
+        return self.unit.sizes
+
+    @property
+    def source(self) -> str | None:
+        return self.unit.generated
+
+    @property
     def ok(self) -> bool:
-        return self.unit.ok and self.source is not None
+        return self.unit.ok and self.unit.generated is not None
 
 
-def check_with_overrides(path: str, overrides: tuple[str, ...] = ()) -> Unit:
-    """The frontend pipeline on the file with every `--set` applied (OverrideError if one
-    names nothing; OSError/UnicodeDecodeError propagate)."""
+def with_overrides(path: str, overrides: tuple[str, ...] = ()) -> tuple[SourceFile, Unit | None]:
+    """The file's text with every `--set` spliced in, each into a text that checks cleanly;
+    or, as the second item, the checked unit of the text that did not (OverrideError if an
+    override names nothing; OSError/UnicodeDecodeError propagate)."""
     src = SourceFile.read(path)
-    unit = compile_source(src)
     for text in overrides:
+        unit = compile_source(src)
         if not unit.ok or unit.ast is None:
-            return unit
-        changed = apply(unit.source.text, unit.ast, Override.parse(text))
-        unit = compile_source(SourceFile(path, changed))
-    return unit
+            return src, unit
+        src = SourceFile(path, apply(src.text, unit.ast, Override.parse(text)))
+    return src, None
 
 
-def compile_program(path: str, overrides: tuple[str, ...] = (), out_dir: Path | None = None,
-                    trace: bool = True) -> Compiled:
-    unit = check_with_overrides(path, overrides)
-    if not unit.ok:
-        return Compiled(unit)
-    sizes = None
-    if trace:
-        from mloc.passes.trace import trace_program   # imports torch and the user's code
-        sizes, diags = trace_program(unit.graph)
-        if diags:
-            return Compiled(replace(unit, diagnostics=unit.diagnostics + tuple(diags)))
-    from mloc.passes.support import unsupported
-    blockers = unsupported(unit.graph)
-    if blockers:
-        return Compiled(replace(unit, diagnostics=unit.diagnostics + tuple(blockers)))
-    plan = plan_program(unit.graph, sizes)
-    out = Path(out_dir) if out_dir is not None else Path(path).resolve().parent
-    return Compiled(unit, plan, sizes, generate(unit.graph, plan, out, sizes))
+def compile_program(path: str, overrides: tuple[str, ...] = (), out_dir: Path | None = None, *,
+                    observer: Observer | None = None) -> Compiled:
+    """Run `PIPELINE` on the file (with `overrides`); `out_dir` is where train.py will live
+    (default: beside the file); `observer(pass, unit)` sees each pass's result."""
+    src, stopped = with_overrides(path, overrides)
+    if stopped is not None:
+        return Compiled(stopped)
+    unit = Unit(src, out_dir=Path(out_dir) if out_dir is not None else None)
+    return Compiled(run_passes(unit, PIPELINE, observer=observer))
 
 
 def load_generated(source: str, filename: str) -> dict:

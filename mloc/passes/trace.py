@@ -15,12 +15,12 @@ Returns the parameter counts and saved-activation sizes the planner's cost model
 
 from __future__ import annotations
 
-from mloc.passes.loader import evaluate, import_modules, program_path
 from pathlib import Path
 
 from mloc.diagnostics import Diagnostic
 from mloc.ir.graph import ProgramGraph
-from mloc.passes.plan import Sizes
+from mloc.passes.loader import evaluate, import_modules, program_path
+from mloc.passes.plan import Sizes, format_bytes
 
 
 def _raised(span, what: str, err: BaseException) -> Diagnostic:
@@ -57,6 +57,19 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
         if p.name in batches and all(r in modules for r in p.loss.read_names()):
             _check_loss(g, p, mods, modules, batches[p.name], sizes, diags)
     return sizes, diags
+
+
+def describe_sizes(sizes: Sizes) -> str:
+    """A table of what the trace measured, one row per problem (what `--print-after trace` shows)."""
+    rows = [("problem", "parameters", "activations", "aten ops")]
+    for name, n in sizes.params.items():
+        act = sizes.activations.get(name)
+        ops = sizes.fx_ops.get(name)
+        rows.append((name, f"{n:,}", format_bytes(act) if act is not None else "-", "-" if ops is None else str(ops)))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in rows]
+    return "\n".join(lines) + f"\n{sizes.element_bytes} bytes per element\n"
 
 
 def _check_init_shapes(g, modules: dict, diags: list) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mloc.runtime.checkpoint import CheckpointError
@@ -38,15 +38,44 @@ def build(ns: dict, config: RunConfig) -> Program:
                    config=config, evaluations=ns["EVALUATIONS"])
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """What `train.py`'s command line (and `mloc run`) may set; None keeps the program's
+    default (its `DEFAULTS`). `dtype` None trains in the modules' own dtype."""
+
+    steps: int | None = None
+    seed: int | None = None
+    device: str | None = None
+    precision: str | None = None
+    dtype: str | None = None
+    out: Path = Path("runs/latest")
+    resume: Path | None = None
+    quiet: bool = False
+
+    def config(self, defaults: RunConfig) -> RunConfig:
+        given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
+                                    ("precision", self.precision)) if v is not None}
+        return replace(defaults, dtype=self.dtype, **given)
+
+    def argv(self) -> list[str]:
+        """The same options as `train.py` arguments (what a torchrun launch passes on)."""
+        out = []
+        for flag in ("steps", "seed", "device", "precision", "dtype"):
+            if getattr(self, flag) is not None:
+                out += [f"--{flag}", str(getattr(self, flag))]
+        out += ["--out", str(self.out)] + (["--resume", str(self.resume)] if self.resume else [])
+        return out + (["--quiet"] if self.quiet else [])
+
+
 def parser(defaults: RunConfig) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train this compiled mloc program.")
-    p.add_argument("--steps", type=int, default=defaults.steps, help=f"outer steps (default {defaults.steps})")
-    p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--device", default=defaults.device, help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=defaults.precision)
+    p.add_argument("--steps", type=int, help=f"outer steps (default {defaults.steps})")
+    p.add_argument("--seed", type=int, help=f"random seed (default {defaults.seed})")
+    p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto (default {defaults.device})")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help=f"default {defaults.precision}")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="parameter dtype")
-    p.add_argument("--out", default="runs/latest", help="folder for metrics.jsonl and checkpoint.pt")
-    p.add_argument("--resume", metavar="DIR", help="continue from DIR/checkpoint.pt")
+    p.add_argument("--out", type=Path, default=Path("runs/latest"), help="folder for metrics.jsonl and checkpoint.pt")
+    p.add_argument("--resume", type=Path, metavar="DIR", help="continue from DIR/checkpoint.pt")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     return p
 
@@ -65,14 +94,12 @@ def _user_error(err: Exception, when: str) -> int:
 
 
 def main(ns: dict, argv: list[str] | None = None) -> int:
-    defaults: RunConfig = ns["DEFAULTS"]
-    args = parser(defaults).parse_args(argv)
-    if args.steps < 1:
+    """`python train.py [options]`: parse the options, then `run`."""
+    options = RunOptions(**vars(parser(ns["DEFAULTS"]).parse_args(argv)))
+    if options.steps is not None and options.steps < 1:
         print("error: --steps must be at least 1", file=sys.stderr)
         return 2
-    config = replace(defaults, steps=args.steps, seed=args.seed, device=args.device,
-                     precision=args.precision, dtype=args.dtype)
-    return run(ns, config, Path(args.out), args.resume, quiet=args.quiet)
+    return run(ns, options.config(ns["DEFAULTS"]), options.out, options.resume, quiet=options.quiet)
 
 
 def _user_frames(err: BaseException) -> list[str]:
@@ -90,7 +117,10 @@ def _user_frames(err: BaseException) -> list[str]:
     return frames
 
 
-def run(ns: dict, config: RunConfig, out: Path, resume_dir: str | None, quiet: bool = False) -> int:
+def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, quiet: bool = False) -> int:
+    """Build the program a generated module declares, train it for `config.steps` outer
+    steps (from `resume_dir`'s checkpoint if given), writing to `out`.
+    Exit codes: 0 done, 1 the run failed, 2 a bad checkpoint."""
     try:
         program = build(ns, config)
     except Exception as err:  # noqa: BLE001 - user code raising while the program is built

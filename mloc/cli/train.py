@@ -1,6 +1,7 @@
-"""The commands that run the user's code: `compile`, `run`, `plan`, `hypergrad`.
+"""The commands that run the user's code: `compile`, `plan`, `run`, `hypergrad`.
 
-Kept apart from `mloc.cli` so that `check`, `graph` and `--help` never import torch.
+They run the whole pipeline (`mloc.codegen.compile.PIPELINE`), whose `trace` pass imports
+torch and the program's modules; `check`, `graph` and `--help` never get here.
 """
 
 from __future__ import annotations
@@ -13,25 +14,30 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mloc.cli import EXIT_ERRORS, EXIT_OK, EXIT_USAGE, Output, UsageError, _report, _summary
-from mloc.codegen.compile import Compiled, compile_program, load_generated
+from mloc.cli.output import (EXIT_ERRORS, EXIT_OK, Output, UsageError, add_pass_options, print_timings, printer,
+                             report, summary)
+from mloc.codegen.compile import PIPELINE, Compiled, compile_program, load_generated
 from mloc.codegen.overrides import OverrideError
 from mloc.ir.printer import dump_dot
 from mloc.passes.plan import format_bytes, plan_table, plan_to_json
 
 
 def _compiled(args, out: Output, out_dir: Path | None = None) -> Compiled | None:
+    """The whole pipeline on `args.file` with its `--set`s, `--print-after` and `--time-passes`;
+    None (after reporting) when the program has errors."""
     try:
-        compiled = compile_program(args.file, tuple(args.set or ()), out_dir)
+        compiled = compile_program(args.file, tuple(args.set or ()), out_dir, observer=printer(args, out))
     except OverrideError as e:
         raise UsageError(str(e)) from None
     except FileNotFoundError:
         raise UsageError(f"no such file: {args.file}", help="check the path; programs end in .mlo") from None
     except (UnicodeDecodeError, OSError) as e:
         raise UsageError(f"cannot read {args.file}: {e}") from None
-    _report(out, compiled.diagnostics, "full")
+    report(out, compiled.diagnostics, "full")
+    if getattr(args, "time_passes", False):
+        print_timings(out, compiled.unit)
     if not compiled.ok:
-        out.err(f"{args.file}: failed ({_summary(compiled.diagnostics) or 'see above'})")
+        out.err(f"{args.file}: failed ({summary(compiled.diagnostics) or 'see above'})")
         return None
     return compiled
 
@@ -73,15 +79,6 @@ def cmd_plan(args, out: Output) -> int:
     return EXIT_OK
 
 
-def _run_options(args) -> list[str]:
-    opts = []
-    for flag in ("steps", "seed", "device", "precision"):
-        value = getattr(args, flag)
-        if value is not None:
-            opts += [f"--{flag}", str(value)]
-    return opts
-
-
 def cmd_run(args, out: Output) -> int:
     if args.steps is not None and args.steps < 1:
         raise UsageError("--steps must be at least 1")
@@ -99,17 +96,18 @@ def cmd_run(args, out: Output) -> int:
         for name in ("checkpoint.pt", "metrics.jsonl"):
             (out_dir / name).unlink(missing_ok=True)
     train = write_outputs(compiled, out_dir)
-    opts = _run_options(args) + ["--out", str(out_dir)] + (["--resume", args.resume] if args.resume else [])
+    from mloc.runtime.launch import RunOptions, run
+    options = RunOptions(steps=args.steps, seed=args.seed, device=args.device, precision=args.precision,
+                         out=out_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
     if args.nproc > 1:
-        return _torchrun(train, args.nproc, opts, out)
-    from mloc.runtime.launch import main as train_main
+        return _torchrun(train, args.nproc, replace(options, quiet=True).argv(), out)
     ns = load_generated(compiled.source, str(train.resolve()))
-    return train_main(ns, opts + (["--quiet"] if args.quiet else []))
+    return run(ns, options.config(ns["DEFAULTS"]), options.out, options.resume, quiet=options.quiet)
 
 
-def _torchrun(train: Path, nproc: int, opts: list[str], out: Output) -> int:
+def _torchrun(train: Path, nproc: int, argv: list[str], out: Output) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(train), *opts, "--quiet"]
+           str(train), *argv]
     out.err(f"launching {nproc} processes: {' '.join(cmd[1:])}")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return subprocess.call(cmd, env=env)
@@ -127,7 +125,7 @@ def cmd_hypergrad(args, out: Output) -> int:
                      dtype=args.dtype)
     program = build(ns, config)
     grads = program.hypergradients()
-    errors = _reference_errors(ns, config, grads, compiled.sizes.params) if args.check else {}
+    errors = _reference_errors(ns, config, grads, compiled) if args.check else {}
     if args.json:
         out.out(json.dumps({up: {k: v.tolist() for k, v in g.items()} | (
             {"_relative_error": errors[up]} if up in errors else {}) for up, g in grads.items()}))
@@ -141,16 +139,21 @@ def cmd_hypergrad(args, out: Output) -> int:
     return EXIT_OK
 
 
-def _reference_errors(ns: dict, config, grads: dict, sizes: dict[str, int]) -> dict[str, float]:
+def _reference_errors(ns: dict, config, grads: dict, compiled: Compiled) -> dict[str, float]:
     """Relative error of each upper's hypergradient against the same program with every
-    implicit edge solved by CG to convergence: 2·d iterations for a lower problem with d
-    parameters (as the dataflow pass counted them) (CG is exact after d in exact arithmetic; the runtime masks converged
-    steps rather than stopping, so the count is bounded), at most 1000."""
+    edge whose method does not unroll (`caps.unrolls`, as planned) solved by CG to
+    convergence: 2·d iterations for a lower problem with d parameters (as the trace counted
+    them) (CG is exact after d in exact arithmetic; the runtime masks converged steps rather
+    than stopping, so the count is bounded), at most 1000."""
+    from mloc.builtins import METHODS
     from mloc.runtime import Edge, cg
     from mloc.runtime.launch import build
 
+    unrolled = {(e.upper, e.lower) for e in compiled.plan.edges if METHODS[e.method].caps.unrolls}
+    sizes = compiled.sizes.params
+
     def reference(e):
-        if type(e.method).__name__ == "itd":
+        if (e.upper, e.lower) in unrolled:
             return e
         return Edge(e.upper, e.lower, cg(iters=min(2 * sizes[e.lower], 1000), tol=1e-14))
 
@@ -178,11 +181,13 @@ def add_commands(command) -> None:
     p.add_argument("file", metavar="FILE", help="the .mlo program")
     p.add_argument("-o", "--output", default="build", metavar="DIR", help="output folder (default: build)")
     p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")
+    add_pass_options(p, PIPELINE)
 
     p = command("plan", "show how mloc will train a program: methods, modes, memory, schedule", cmd_plan)
     p.add_argument("file", metavar="FILE", help="the .mlo program")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")
+    add_pass_options(p, PIPELINE)
 
     p = command("run", "compile and train a program", cmd_run)
     p.add_argument("file", metavar="FILE", help="the .mlo program")

@@ -1,4 +1,4 @@
-"""The dataflow pass checks the declared edges against the user's real code (meta tensors)."""
+"""The trace pass checks the declared edges against the user's real code (meta tensors)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from mloc.codegen.compile import compile_program
 
-HERE = Path(__file__).parent / "dataflow"
+HERE = Path(__file__).parent / "trace"
 
 PROGRAM = """program p
 import badlib as lib

@@ -1,0 +1,103 @@
+"""The `mloc` command line: the only package that prints, and the only one that knows rich.
+
+    mloc.cli          the parser and `main` (the console entry point)
+    mloc.cli.output   exit codes, UsageError, the writer, diagnostics reports
+    mloc.cli.check    check, graph, explain, codes: read the `.mlo` file only (no torch)
+    mloc.cli.train    compile, plan, run, hypergrad: run the whole pipeline (torch, user code)
+
+Exit codes: 0 ok (warnings allowed), 1 the program has errors, 2 usage or I/O error,
+101 internal error (a bug in mloc; MLOC_DEBUG=1 shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mloc import __version__
+from mloc.cli.check import cmd_check, cmd_codes, cmd_explain, cmd_graph
+from mloc.cli.output import EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, Output, UsageError, add_pass_options
+from mloc.env import read_env
+
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERRORS", "EXIT_USAGE", "EXIT_INTERNAL"]
+
+
+_EXAMPLES = {
+    "check": "examples:\n  mloc check programs/data_reweighting.mlo\n  mloc check programs/*.mlo --format concise",
+    "graph": "examples:\n  mloc graph programs/trilevel.mlo\n  mloc graph programs/trilevel.mlo --format mermaid\n"
+             "  mloc graph programs/maml.mlo --plan --format dot\n"
+             "  mloc graph programs/trilevel.mlo --output trilevel.svg   (needs Graphviz)",
+    "explain": "example:\n  mloc explain E305",
+    "compile": "examples:\n  mloc compile programs/hpo.mlo -o build/hpo\n  python build/hpo/train.py --steps 10",
+    "plan": "examples:\n  mloc plan programs/maml.mlo\n  mloc plan programs/trilevel.mlo --json",
+    "run": "examples:\n  mloc run programs/data_reweighting.mlo --steps 200 --out runs/mwn\n"
+           "  mloc run programs/data_reweighting.mlo --set 'weight_net->classifier.hypergrad=neumann(iters=3, alpha=0.1)'\n"
+           "  mloc run programs/data_reweighting.mlo --nproc 2 --out runs/mwn2\n"
+           "  mloc run programs/data_reweighting.mlo --resume runs/mwn --out runs/mwn",
+    "hypergrad": "examples:\n  mloc hypergrad programs/hpo.mlo --check\n  mloc hypergrad programs/hpo.mlo --json --dtype float64",
+    "codes": "example:\n  mloc codes | grep interlock",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mloc", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="mloc compiles multilevel optimization programs (.mlo files): bilevel and deeper "
+                    "training such as meta-learning, data reweighting and hyperparameter optimization.",
+        epilog="examples:\n  mloc check programs/*.mlo\n  mloc graph programs/data_reweighting.mlo --format dot\n\n"
+               "Run `mloc COMMAND --help` for a command's options.")
+    parser.add_argument("--version", action="version", version=f"mloc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def command(name: str, help: str, fn):
+        p = sub.add_parser(name, help=help, description=help, epilog=_EXAMPLES[name],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(fn=fn)
+        p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                       help="color diagnostics (default: auto, when writing to a terminal)")
+        return p
+
+    from mloc.passes.pipeline import CHECKS
+    p = command("check", "check .mlo files without running anything (no torch, no user code)", cmd_check)
+    p.add_argument("files", nargs="+", metavar="FILE", help=".mlo files to check")
+    p.add_argument("--format", choices=("full", "concise", "json"), default="full",
+                   help="diagnostics: full (source and carets), concise (one line each) or json (one object per line)")
+    add_pass_options(p, CHECKS)
+
+    p = command("graph", "print or render a program's dependency graph", cmd_graph)
+    p.add_argument("file", metavar="FILE", help="the .mlo file")
+    p.add_argument("--format", choices=("text", "dot", "mermaid", "json"),
+                   help="text format (default: text, or from --output's suffix)")
+    p.add_argument("--output", "-o", metavar="PATH",
+                   help="write to PATH instead of stdout; .png/.svg/.pdf are rendered with Graphviz")
+    p.add_argument("--plan", action="store_true",
+                   help="label edges with the planner's method, mode and memory (runs the program's Python)")
+
+    from mloc.cli.train import add_commands
+    add_commands(command)
+
+    p = command("explain", "explain a diagnostic code", cmd_explain)
+    p.add_argument("code", metavar="CODE", help="a code such as E305")
+    command("codes", "list every diagnostic code", cmd_codes)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    out = Output(args.color)
+    try:
+        return args.fn(args, out)
+    except UsageError as e:
+        out.err(f"error: {e}" + (f"\n  = help: {e.help}" if e.help else ""))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        out.err("interrupted")
+        return 130
+    except Exception as e:  # noqa: BLE001 - the last line of defence: a bug in mloc
+        if read_env().debug:
+            raise
+        out.err(f"error[E900]: internal compiler error: {type(e).__name__}: {e}\n"
+                "  = note: this is a bug in mloc, not in your program; please report it with the file\n"
+                "  = help: set MLOC_DEBUG=1 to see the traceback")
+        return EXIT_INTERNAL
