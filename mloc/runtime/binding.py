@@ -151,6 +151,24 @@ class BoundLoss:
             return slots.call(fn, (*modules, *batch_of()), aliases)
         return loss
 
+    def step_loss(self, index: int | None) -> Callable[[], Tensor]:
+        """The loss at the problems' own parameters, as a closure bound once for a plain
+        training step of read ``index`` (None: the stepped problem is not read): with the
+        other modules' parameters as constants (:meth:`own_with_constants`) where that
+        applies, else the user's function on the modules, called directly, else (an
+        ``init`` offset) :meth:`own`."""
+        if index is not None and index < len(self.modules):
+            constant_others = self.own_with_constants(index)
+            if constant_others is not None:
+                return constant_others
+        if self.offsets:
+            return self.own
+        fn, modules, batch_of = self.fn, self.modules, self.batch_of
+
+        def loss() -> Tensor:
+            return fn(*modules, *batch_of())
+        return loss
+
     def __call__(self, *params: Params) -> Tensor:
         extra = self.batch_of()
         if self._is_own(params):

@@ -171,6 +171,11 @@ class DataStream:
             pass
 
 
+def cast_floating(batch: Any, dtype: torch.dtype) -> Any:
+    """``batch`` with every floating-point tensor cast to ``dtype`` (a ``dtype`` run)."""
+    return map_tensors(batch, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
 def to_device(batch: Any, device: torch.device | None) -> Any:
     """``batch`` with every tensor moved to ``device`` (``None``: unchanged)."""
     if device is None:

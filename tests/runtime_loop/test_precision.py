@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mloc.runtime.optim import sgd, step
+from mloc.runtime.optim import sgd
 from mloc.runtime.precision import ScaledStep, autocast_for, grad_scaler_for
 
 
@@ -46,7 +46,8 @@ def train_once(scaler, grad_value):
     scaler.scale(loss).backward()
 
     def commit():
-        state[0] = step(opt, (p,), state[0])
+        with torch.no_grad():
+            state[0] = opt.commit((p.grad,), state[0], (p,))
 
     scaler.step(ScaledStep((p,), commit))
     scaler.update()

@@ -1,0 +1,162 @@
+"""Building a program: what generated code declares, turned into live runtime objects.
+
+Generated code declares each problem as a :class:`ProblemSpec` and the run as a
+:class:`RunConfig`; :func:`build` makes, in this order (the order fixes every random draw):
+
+1. the seed (Python's ``random`` and torch's generators);
+2. the modules, in source order, moved to the device (and cast for ``dtype`` runs);
+3. one :class:`~mloc.runtime.data.DataStream` per problem with data;
+4. per problem, its trainable parameters (the module's own, or a zero ``δ`` for a problem
+   with ``init``: its parameters are ``θ_init + δ``), its precision context and loss
+   scaler, then, once every problem's parameters exist, its runtime
+   :class:`~mloc.runtime.problem.Problem` whose loss is a
+   :class:`~mloc.runtime.binding.BoundLoss` over the modules it reads, and its optimizer
+   commit (:func:`~mloc.runtime.commit.optimizer_commit`);
+5. the :class:`~mloc.runtime.compose.Hierarchy` over the problems and edges, and the
+   parameters broadcast from rank 0 (data parallelism).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from mloc.runtime.binding import BoundLoss, select_parameters
+from mloc.runtime.commit import Pipeline, optimizer_commit
+from mloc.runtime.compose import Edge, Hierarchy
+from mloc.runtime.data import DataStream
+from mloc.runtime.distributed import DistContext
+from mloc.runtime.optim import Optimizer
+from mloc.runtime.precision import autocast_factory, grad_scaler_for
+from mloc.runtime.problem import Problem
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """One problem as the generated code declares it.
+
+    `loss(*modules, batch)` takes the modules of `reads` (the problems the loss names, in
+    order). `optimizer(lr)` builds the functional optimizer; `schedule(step) -> factor`
+    scales the learning rate (None: constant). `init` names the problem whose parameters
+    this one starts from at every `reset`.
+    """
+
+    name: str
+    reads: tuple[str, ...]
+    loss: Callable
+    optimizer: Callable[[Any], Optimizer]
+    lr: float
+    trainable: tuple[str, ...] = ("*",)
+    frozen: tuple[str, ...] = ()
+    init: str | None = None
+    clip_grad_norm: float | None = None
+    precision: str | None = None
+    schedule: Callable[[int], float] | None = None
+
+
+@dataclass
+class RunConfig:
+    steps: int = 1000
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
+    dtype: str | None = None          # e.g. "float64" for exact checks
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    return torch.device(name)
+
+
+@dataclass(eq=False)
+class Live:
+    """Runtime state of one problem."""
+
+    spec: ProblemSpec
+    module: nn.Module
+    params: tuple                        # the trainable tensors (δ for an `init` problem)
+    slots: list[str]
+    lr: Any                              # a number, or a 0-dim tensor a schedule rewrites
+    autocast: Callable[[], Any] = None   # the problem's precision context, built once
+    scaler: Any = None                   # a GradScaler for fp16 on CUDA, else None
+    problem: Problem | None = None       # set once every problem's parameters exist
+    commit: Callable | None = None       # commit(grads): the optimizer step, bound once
+    pipeline: Pipeline | None = None     # the commit pipeline, built at the first step
+    batch: tuple = ()
+    last_loss: torch.Tensor | None = None
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class Built:
+    """A built program: its modules, data streams, problems and hierarchy."""
+
+    modules: dict[str, nn.Module]
+    streams: dict[str, DataStream]
+    live: dict[str, Live]
+    hierarchy: Hierarchy
+    cast: torch.dtype | None             # the floating dtype of a `dtype` run, else None
+
+
+def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
+          build_modules: Callable[[], dict], data: dict[str, Callable], config: RunConfig,
+          dist: DistContext, device: torch.device) -> Built:
+    """Build the program (see the module docstring for the order)."""
+    seed_everything(config.seed)
+    cast = getattr(torch, config.dtype) if config.dtype else None
+    modules = build_modules()
+    for m in modules.values():
+        m.to(device=device, dtype=cast) if cast else m.to(device)
+    streams = {n: DataStream(n, f, device=device, rank=dist.rank, world=dist.world)
+               for n, f in data.items()}
+    live = {spec.name: _live(spec, modules[spec.name], config.precision, device) for spec in specs}
+    for lv in live.values():    # every problem's parameters exist now: bind the losses
+        lv.problem = _problem(lv, live)
+        lv.commit = optimizer_commit(lv)
+    reduce = dist.mean if dist.world > 1 else None
+    hierarchy = Hierarchy([lv.problem for lv in live.values()], edges, semantics, reduce)
+    dist.broadcast_params([t for lv in live.values() for t in lv.problem.params])
+    return Built(modules, streams, live, hierarchy, cast)
+
+
+def _live(spec: ProblemSpec, module: nn.Module, precision: str, device: torch.device) -> Live:
+    """The problem's trainable parameters (a zero δ for an `init` problem: MAML's
+    θ = θ_init + δ), its learning rate and its precision."""
+    slots = select_parameters(module, spec.trainable, spec.frozen)
+    named = dict(module.named_parameters())
+    if spec.init is None:
+        params = tuple(named[s] for s in slots)
+    else:
+        params = tuple(torch.zeros_like(named[s]).requires_grad_() for s in slots)
+    for n, t in named.items():
+        t.requires_grad_(n in slots and spec.init is None)
+    lr = torch.tensor(spec.lr, device=device) if spec.schedule else spec.lr
+    precision = spec.precision or precision
+    autocast = autocast_factory(precision, device)
+    scaler = grad_scaler_for(precision, device)
+    return Live(spec, module, params, slots, lr, autocast, scaler if scaler.is_enabled() else None)
+
+
+def _problem(lv: Live, live: dict[str, Live]) -> Problem:
+    """The runtime problem: its loss bound to the modules it reads, and the reads that
+    implies (a read problem's `init` problem is read too: its parameters are added)."""
+    reads = list(lv.spec.reads)
+    extra = [live[r].spec.init for r in reads if live[r].spec.init and live[r].spec.init not in reads]
+    runtime_reads = reads + list(dict.fromkeys(extra))
+    offsets = {i: runtime_reads.index(live[r].spec.init) for i, r in enumerate(reads) if live[r].spec.init}
+    bound = BoundLoss(lv.spec.loss, [live[r].module for r in reads], [live[r].slots for r in reads],
+                      [live[r].params for r in runtime_reads], lambda: (lv.batch,),
+                      offsets, module_count=len(reads))
+    return Problem(lv.spec.name, lv.params, bound, tuple(runtime_reads), lv.spec.optimizer(lv.lr))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)

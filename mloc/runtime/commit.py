@@ -1,0 +1,146 @@
+"""One commit pipeline per problem: every gradient source feeds it.
+
+A training step of a problem is ``grads, loss = source(pipeline.seed)`` followed by
+``pipeline.run(grads, loss)`` (:mod:`mloc.runtime.sources` holds the sources). The
+pipeline is built once per problem, with only the stages that apply, in this order:
+
+========== ==================================================================== ============
+stage      what it does                                                         built when
+========== ==================================================================== ============
+.grad      puts ``grads`` into the parameters' ``.grad`` (the next three act on  any of the
+           it, in place) and frees it after the commit, as a hand-written loop   next three
+           drops its gradients
+all-reduce averages ``.grad`` across processes                                  world > 1
+unscale    ``GradScaler.unscale_``: divides by the loss scale the source         fp16 (CUDA)
+           applied through ``seed`` (dynamic loss scaling, Micikevicius et al.,
+           ICLR 2018)
+clip       ``clip_grad_norm_`` (the total 2-norm, foreach)                      clip_grad_norm
+finite     watches the loss (or, for a source without one, the gradients, as     always
+           the problem's "hypergradient") for NaN/Inf on the device, without a
+           host sync (:class:`~mloc.runtime.metrics.FiniteGuard`); under loss
+           scaling only the loss: an overflow is the scaler's business
+commit     the learning-rate schedule, then the optimizer's step in place        always
+           (:func:`optimizer_commit`); under loss scaling through
+           ``GradScaler.step``, which skips it when the unscaled gradients are
+           not finite, then ``GradScaler.update``
+========== ==================================================================== ============
+
+The step counter of the problem is advanced last. An fp32 single-process step is thus
+``finite`` and ``commit`` on the gradients as the source returned them: the lines a
+hand-written loop runs, plus keeping the detached loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from mloc.runtime.distributed import DistContext
+from mloc.runtime.metrics import FiniteGuard
+from mloc.runtime.precision import ScaledStep
+from mloc.runtime.tree import Params
+
+Seed = Callable[[Tensor], Tensor]
+"""What a source applies to its loss before differentiating it (the loss scaler's ``scale``)."""
+
+Run = Callable[[Params, "Tensor | None"], None]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A problem's built commit pipeline (see the module docstring).
+
+    ``run(grads, loss)`` commits one step from ``grads`` (dense, one per parameter; the
+    pipeline may overwrite them in place); ``loss`` is the source's detached loss, or
+    None. ``seed`` is what the source must apply to its loss before differentiating
+    (None: nothing). ``on_grad`` says the stages act on ``.grad``: a source that can
+    leave its gradients there itself, laid out as ``loss.backward()`` lays them out,
+    should (the ``.grad`` stage then finds them in place)."""
+
+    stages: tuple[str, ...]
+    seed: Seed | None
+    on_grad: bool
+    run: Run
+
+
+def build_pipeline(lv: Any, dist: DistContext, guard: FiniteGuard, clock: Any) -> Pipeline:
+    """The pipeline of the problem whose runtime state is ``lv``
+    (:class:`mloc.runtime.build.Live`: its ``problem``, ``spec``, ``scaler``, ``commit``;
+    ``last_loss`` and ``steps`` are written). ``clock.step_count + 1`` is the step a
+    watch records (1-based, as logged)."""
+    params, scaler, clip = lv.problem.params, lv.scaler, lv.spec.clip_grad_norm
+    commit, seed = lv.commit, None
+    acts: dict[str, Callable[[], None]] = {}        # the stages acting on .grad, in order
+    if dist.world > 1:
+        acts["all-reduce"] = lambda: dist.allreduce_grads(params)
+    if scaler is not None:
+        proxy = ScaledStep(params, lambda: lv.commit(tuple(p.grad for p in params)))
+        acts["unscale"] = lambda: scaler.unscale_(proxy)
+        commit, seed = _scaled(scaler, proxy), scaler.scale
+    if clip is not None:
+        acts["clip"] = lambda: torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+    run = _finite(lv, guard, clock, commit, watch_grads=scaler is None)
+    if acts:
+        run = _on_grad(params, tuple(acts.values()), run)
+    stages = ((".grad", *acts) if acts else ()) + ("finite", "commit")
+    return Pipeline(stages, seed, bool(acts), run)
+
+
+def optimizer_commit(lv: Any) -> Callable[[Params], None]:
+    """``commit(grads)``: the learning-rate schedule, then the optimizer's step in place
+    (:meth:`Optimizer.commit`). The optimizer state is read from and written to
+    ``lv.problem`` at every call (a restore replaces it); the schedule reads ``lv.steps``."""
+    problem, spec = lv.problem, lv.spec
+    no_grad = torch.no_grad()      # one context object, entered once per commit
+    schedule, lr, base = spec.schedule, lv.lr, spec.lr
+    params, step = problem.params, problem.optimizer.commit
+
+    def commit(grads: Params) -> None:
+        if schedule is not None:
+            lr.fill_(base * schedule(lv.steps))
+        with no_grad:
+            problem.state = step(grads, problem.state, params)
+    return commit
+
+
+def _finite(lv: Any, guard: FiniteGuard, clock: Any, commit: Callable[[Params], None],
+            watch_grads: bool) -> Run:
+    """The finite stage, then ``commit``, then the step counter."""
+    name = lv.spec.name
+    keep_loss, keep_grads = guard.loss_watcher(name), guard.grads_watcher(name, "hypergradient")
+
+    def run(grads: Params, loss: Tensor | None) -> None:
+        if loss is not None:
+            lv.last_loss = loss
+            keep_loss(clock.step_count + 1, loss)
+        elif watch_grads:
+            keep_grads(clock.step_count + 1, grads)
+        commit(grads)
+        lv.steps += 1
+    return run
+
+
+def _on_grad(params: Params, acts: tuple[Callable[[], None], ...], then: Run) -> Run:
+    """The ``.grad`` stage around ``acts`` (the stages acting on ``.grad``, in order)."""
+    def run(grads: Params, loss: Tensor | None) -> None:
+        for p, g in zip(params, grads):
+            p.grad = g
+        for act in acts:
+            act()
+        then(tuple(p.grad for p in params), loss)
+        for p in params:
+            p.grad = None
+    return run
+
+
+def _scaled(scaler: torch.amp.GradScaler, proxy: ScaledStep) -> Callable[[Params], None]:
+    """The commit under loss scaling: ``scaler.step`` runs the optimizer's commit (the
+    proxy's step, from the unscaled ``.grad``) unless they overflowed (the scale is then
+    halved; otherwise it grows every 2000 steps), then ``scaler.update``."""
+    def commit(grads: Params) -> None:
+        scaler.step(proxy)
+        scaler.update()
+    return commit
