@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE", help=".mlo files to check")
     p.add_argument("--format", choices=("full", "concise", "json"), default="full",
                    help="diagnostics: full (source and carets), concise (one line each) or json (one object per line)")
-    add_pass_options(p, CHECKS)
+    add_pass_options(p, CHECKS, " (the later passes run user code: `mloc compile --print-after PASS`)")
 
     p = command("graph", "print or render a program's dependency graph", cmd_graph)
     p.add_argument("file", metavar="FILE", help="the .mlo file")

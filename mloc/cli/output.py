@@ -92,9 +92,9 @@ def print_timings(out: Output, unit) -> None:
     out.err("\n".join(f"  {name:<10} {sec * 1e3:8.2f} ms" for name, sec in unit.timings))
 
 
-def add_pass_options(p, passes) -> None:
+def add_pass_options(p, passes, note: str = "") -> None:
     """`--print-after PASS` and `--time-passes`, their choices taken from `passes`."""
     names = tuple(x.name for x in passes)
     p.add_argument("--print-after", choices=names, metavar="PASS",
-                   help=f"print the program after a pass: {', '.join(names)}")
+                   help=f"print the program after a pass: {', '.join(names)}{note}")
     p.add_argument("--time-passes", action="store_true", help="print how long each pass took")
