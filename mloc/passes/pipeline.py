@@ -32,6 +32,7 @@ from mloc.passes.dataflow import infer_dataflow
 from mloc.passes.hierarchy import HierarchyFacts, check_hierarchy
 from mloc.passes.plan import Plan, Sizes, plan_program
 from mloc.passes.resolve import resolve
+from mloc.passes.support import unsupported
 from mloc.source import SourceFile
 
 
@@ -190,7 +191,6 @@ class CheckSupport(Pass):
         return unit.ok and unit.graph is not None
 
     def run(self, unit, diags):
-        from mloc.passes.support import unsupported
         diags.extend(unsupported(unit.graph))
         return unit
 
