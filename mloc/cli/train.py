@@ -157,7 +157,8 @@ def _reference_errors(ns: dict, config, grads: dict, compiled: Compiled) -> dict
             return e
         return Edge(e.upper, e.lower, cg(iters=min(2 * sizes[e.lower], 1000), tol=1e-14))
 
-    program = build({**ns, "EDGES": tuple(reference(e) for e in ns["EDGES"])}, config)
+    # other methods, other compositions: the runtime composes them itself
+    program = build({**ns, "EDGES": tuple(reference(e) for e in ns["EDGES"]), "COMPOSITION": None}, config)
     ref = program.hypergradients()
     out = {}
     for up, g in grads.items():

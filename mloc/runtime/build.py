@@ -107,8 +107,10 @@ class Built:
 
 def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
           build_modules: Callable[[], dict], data: dict[str, Callable], config: RunConfig,
-          dist: DistContext, device: torch.device) -> Built:
-    """Build the program (see the module docstring for the order)."""
+          dist: DistContext, device: torch.device, compositions: dict | None = None) -> Built:
+    """Build the program (see the module docstring for the order). ``compositions``: each
+    upper's hypergradient composition as the compiler planned it (``None``: the
+    ``Hierarchy`` computes them with the same function)."""
     seed_everything(config.seed)
     cast = getattr(torch, config.dtype) if config.dtype else None
     modules = build_modules()
@@ -121,7 +123,7 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
         lv.problem = _problem(lv, live)
         lv.commit = optimizer_commit(lv)
     reduce = dist.mean if dist.world > 1 else None
-    hierarchy = Hierarchy([lv.problem for lv in live.values()], edges, semantics, reduce)
+    hierarchy = Hierarchy([lv.problem for lv in live.values()], edges, semantics, reduce, compositions)
     dist.broadcast_params([t for lv in live.values() for t in lv.problem.params])
     return Built(modules, streams, live, hierarchy, cast)
 

@@ -45,18 +45,21 @@ class Program:
     def __init__(self, *, name: str, specs: Sequence[ProblemSpec], edges: Sequence[Edge],
                  semantics: str, build_modules: Callable[[], dict], data: dict[str, Callable],
                  schedule: Callable[["Program"], None], config: RunConfig,
-                 evaluations: Sequence[tuple[int, str, Callable]] = ()):
+                 evaluations: Sequence[tuple[int, str, Callable]] = (), compositions: dict | None = None):
         self.name, self.config, self._schedule = name, config, schedule
         self.dist = DistContext.from_env()
         self.device = resolve_device(config.device, self.dist.local_rank)
         self.step_count = 0
         self.evaluations = tuple(evaluations)
         self.guard = FiniteGuard()
-        built = build(specs, edges, semantics, build_modules, data, config, self.dist, self.device)
+        built = build(specs, edges, semantics, build_modules, data, config, self.dist, self.device,
+                      compositions)
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
         self.hierarchy, self._cast = built.hierarchy, built.cast
         self._lower_fns: dict[str, Callable[[bool], None]] = {}    # built at first use
         self._upper_fns: dict[str, Callable[[], None]] = {}
+        for lv in self.live.values():
+            lv.problem.optimizer.start()
 
     # --- the schedule's vocabulary ------------------------------------------------------
     def draw(self, name: str) -> None:
@@ -169,10 +172,23 @@ class Program:
 
     # --- state --------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        for lv in self.live.values():        # background optimizer work lands in the state
+            lv.problem.optimizer.drain()
         return _state.snapshot(self.name, self.step_count, self.live, self.streams)
 
     def load_state_dict(self, state: dict) -> None:
+        for lv in self.live.values():
+            lv.problem.optimizer.drain()
         self.step_count = _state.restore(state, self.live, self.streams)
+
+    def close(self) -> None:
+        """End of the run, normally or not: optimizers stop their background work, the
+        process group (data parallelism) is left."""
+        try:
+            for lv in self.live.values():
+                lv.problem.optimizer.close()
+        finally:
+            self.dist.close()
 
 
 def _stepper(draw: Callable[[], None], source: Source, pipeline: Pipeline) -> Callable[..., None]:

@@ -35,7 +35,7 @@ def build(ns: dict, config: RunConfig) -> Program:
     """Instantiate the program a generated module (`ns`, its globals) declares."""
     return Program(name=ns["NAME"], specs=ns["PROBLEMS"], edges=ns["EDGES"], semantics=ns["SEMANTICS"],
                    build_modules=ns["build_modules"], data=ns["DATA"], schedule=ns["outer_step"],
-                   config=config, evaluations=ns["EVALUATIONS"])
+                   config=config, evaluations=ns["EVALUATIONS"], compositions=ns.get("COMPOSITION"))
 
 
 @dataclass(frozen=True)
@@ -145,5 +145,5 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
     except Exception as err:  # noqa: BLE001 - the program's own code raising during training
         return _user_error(err, f"step {program.step_count + 1}")
     finally:
-        program.dist.close()
+        program.close()
     return 0
