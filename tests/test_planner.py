@@ -3,6 +3,8 @@ would measure them (no user code runs here)."""
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 from mloc.passes.pipeline import compile_source
@@ -107,26 +109,22 @@ def test_each_method_plans_its_step_shape():
         assert plan_to_json(plan)["compositions"]["high"]["shape"] == shape
 
 
-def _runtime_hierarchy(ns):
-    """A runtime `Hierarchy` of a generated module's problems and edges (stand-in
-    parameters: only the structure is compared), without the planned compositions."""
-    import torch
-
-    from mloc.runtime import Hierarchy, Problem
-    problems = [Problem(s.name, (torch.zeros(1, requires_grad=True),), lambda *a: 0, s.reads)
-                for s in ns["PROBLEMS"]]
-    return Hierarchy(problems, ns["EDGES"], ns["SEMANTICS"])
+CASES = [("data_reweighting", ()), ("maml", ()), ("hpo", ()), ("trilevel", ()),
+         ("maml", ("meta->adapt.hypergrad=first_order",))]
 
 
-def test_the_planned_compositions_are_the_runtimes():
-    """Every example's planned compositions (emitted as COMPOSITION) are what the runtime
-    computes from its own method objects: one function, one table of capabilities."""
+@pytest.mark.parametrize("name,overrides", CASES, ids=[f"{n}{'+' if o else ''}{','.join(o)}" for n, o in CASES])
+def test_the_planned_compositions_are_the_runtimes(name, overrides):
+    """The planned compositions (emitted as COMPOSITION) are what the runtime computes from
+    the problems it builds (their reads include the `init` problems) and its own method
+    objects: one function, one table of capabilities."""
     from mloc.codegen.compile import compile_program, load_generated
+    from mloc.runtime.engine import RunConfig
+    from mloc.runtime.launch import build
     from tests.conftest import PROGRAMS, ROOT
-    for name in ("data_reweighting", "maml", "hpo", "trilevel"):
-        c = compile_program(str(PROGRAMS / f"{name}.mlo"), out_dir=ROOT / "build" / name)
-        ns = load_generated(c.source, str(ROOT / "build" / name / "train.py"))
-        planned = ns["COMPOSITION"]
-        assert planned == c.plan.compositions and planned
-        hier = _runtime_hierarchy(ns)
-        assert {top: hier.composition(top) for top in planned} == planned, name
+    c = compile_program(str(PROGRAMS / f"{name}.mlo"), overrides, out_dir=ROOT / "build" / name)
+    ns = load_generated(c.source, str(ROOT / "build" / name / "train.py"))
+    planned = ns["COMPOSITION"]
+    assert planned == c.plan.compositions and planned
+    program = build({**ns, "COMPOSITION": None}, RunConfig(steps=1, device="cpu"))
+    assert {top: program.hierarchy.composition(top) for top in planned} == planned

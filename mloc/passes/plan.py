@@ -119,11 +119,20 @@ def _semantics(g: ProgramGraph) -> tuple[str, str]:
 
 def _structure(g: ProgramGraph) -> tuple[dict, dict]:
     """Each problem's loss reads and its hierarchy uppers (what the compositions depend on)."""
-    reads = {n: tuple(g.problem(n).loss.read_names()) for n in g.names()}
+    reads = {n: _runtime_reads(g, n) for n in g.names()}
     uppers: dict[str, set[str]] = {n: set() for n in g.names()}
     for e in g.hierarchy_edges():
         uppers[e.lower].add(e.upper)
     return reads, uppers
+
+
+def _runtime_reads(g: ProgramGraph, name: str) -> tuple[str, ...]:
+    """The problems `name`'s loss reads, then the `init` problems of those it reads (a
+    problem started from another's weights is θ_init + δ: its loss reads θ_init too), as
+    the runtime binds them (`mloc.runtime.build`)."""
+    reads = tuple(g.problem(name).loss.read_names())
+    inits = [g.problem(r).init[0] for r in reads if g.problem(r).init is not None]
+    return reads + tuple(dict.fromkeys(i for i in inits if i not in reads))
 
 
 def _compositions(g: ProgramGraph, edges: tuple[EdgePlan, ...], semantics: str) -> dict:

@@ -62,7 +62,7 @@ EDGES = (
 )
 SEMANTICS = 'per_edge'
 COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
-    'meta': Composition(top='meta', down=('adapt',), up=(('adapt', (), True),), seeds=('adapt',), nested=(), live_seeds=False, shape='fused'),
+    'meta': Composition(top='meta', down=('adapt',), up=(('adapt', (), True),), seeds=('adapt', 'meta'), nested=(), live_seeds=False, shape='fused'),
 }
 
 
