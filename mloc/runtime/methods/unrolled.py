@@ -57,7 +57,6 @@ class itd:
     steps: int
     truncate: int | None = None
     mode: str = "reverse"
-    unrolls = True  # its point is θ_K, not the live parameters (a class attribute)
 
     def __post_init__(self):
         if self.mode not in _MODES:
@@ -68,11 +67,6 @@ class itd:
     @property
     def kept(self) -> int:
         return self.steps if self.truncate is None else self.truncate
-
-    @property
-    def fusable(self) -> bool:
-        """Reverse mode can hand ``θ_K`` (with its graph) straight to the top's loss."""
-        return self.mode == "reverse"
 
     def _prefix(self, op):
         """The truncated prefix: the first ``steps - kept`` steps, without graph."""
