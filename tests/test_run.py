@@ -69,6 +69,16 @@ def test_nan_stops_with_the_problem_and_step_and_keeps_the_last_good_checkpoint(
     assert all(torch.isfinite(t).all() for t in params(tmp_path).values() if t.is_floating_point())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("option", [("--precision", "fp16"), ("--device", "cuda"), ("--device", "cuda:3")])
+def test_a_device_or_precision_this_machine_lacks_is_a_usage_error(tmp_path, option):
+    """Not a bug in mloc (exit 101): exit 2, one line naming what is missing, a help line."""
+    proc = mloc("run", str(SMALL), "--steps", "2", "--out", str(tmp_path), "--quiet", *option)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and "= help: use " in proc.stderr
+    assert "Traceback" not in proc.stderr and "E900" not in proc.stderr
+
+
 def test_corrupt_or_truncated_checkpoint_is_a_clear_error(tmp_path):
     assert mloc("run", str(SMALL), "--steps", "5", "--out", str(tmp_path), "--quiet").returncode == 0
     ckpt = tmp_path / "checkpoint.pt"

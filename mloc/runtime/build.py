@@ -31,7 +31,7 @@ from mloc.runtime.compose import Edge, Hierarchy
 from mloc.runtime.data import DataStream
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.optim import Optimizer
-from mloc.runtime.precision import autocast_factory, grad_scaler_for
+from mloc.runtime.precision import DeviceError, autocast_factory, grad_scaler_for
 from mloc.runtime.problem import Problem
 
 
@@ -72,7 +72,14 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         name = f"cuda:{local_rank}"
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            have = f"{count} CUDA device(s)" if count else "no CUDA device (or a torch built without CUDA)"
+            raise DeviceError(f"device {name} is not available: this machine has {have}",
+                              "use --device cpu (or auto), or a cuda:N with N below the device count")
+    return device
 
 
 @dataclass(eq=False)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mloc.runtime.checkpoint import CheckpointError
+from mloc.runtime.precision import DeviceError
 from mloc.runtime.engine import Program, RunConfig
 from mloc.runtime.loop import Intervals, resume, train
 from mloc.runtime.metrics import NonFiniteError
@@ -123,6 +124,9 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
     Exit codes: 0 done, 1 the run failed, 2 a bad checkpoint."""
     try:
         program = build(ns, config)
+    except DeviceError as e:
+        print(f"error: {e}\n  = help: {e.help}", file=sys.stderr)
+        return 2
     except Exception as err:  # noqa: BLE001 - user code raising while the program is built
         return _user_error(err, "building the program")
     try:

@@ -25,6 +25,15 @@ from typing import Callable, Sequence
 
 import torch
 
+
+class DeviceError(ValueError):
+    """The device or precision a run asks for is not available on this machine (an
+    environment problem, reported as a usage error: exit 2). ``help`` says what to use."""
+
+    def __init__(self, message: str, help: str):
+        super().__init__(message)
+        self.help = help
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -39,12 +48,12 @@ def autocast_for(precision: str, device) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
     if precision == "bf16":
         if kind == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ValueError("this CUDA device does not support bf16; use precision = fp16")
+            raise DeviceError("this CUDA device does not support bf16", "use --precision fp16 (or fp32)")
         return torch.autocast(kind, dtype=torch.bfloat16)
     if precision == "fp16":
         if kind != "cuda":
-            raise ValueError(f"precision fp16 needs a CUDA device, not {kind}; bf16 is the "
-                             f"mixed precision for the {kind}")
+            raise DeviceError(f"precision fp16 needs a CUDA device, not {kind}",
+                              f"use --precision bf16 (the mixed precision for the {kind}) or fp32")
         return torch.autocast("cuda", dtype=torch.float16)
     raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
 

@@ -23,8 +23,10 @@ def test_bf16_autocasts_on_the_cpu():
 
 
 def test_fp16_on_the_cpu_points_to_bf16():
-    with pytest.raises(ValueError, match="bf16 is the mixed precision for the cpu"):
+    from mloc.runtime.precision import DeviceError
+    with pytest.raises(DeviceError, match="fp16 needs a CUDA device, not cpu") as err:
         autocast_for("fp16", "cpu")
+    assert "bf16 (the mixed precision for the cpu)" in err.value.help
 
 
 def test_unknown_precision():
