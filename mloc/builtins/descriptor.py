@@ -79,7 +79,13 @@ class MethodCaps:
     `differentiable`: its BR-VJP can itself be differentiated (`exact` semantics below a
     middle level). `needs`: optimizer capabilities (`OptimizerCaps.provides`) it requires of
     the lower problem's optimizer. `planned`: a placeholder the planner replaces with a
-    concrete method (`auto`); it never reaches the runtime."""
+    concrete method (`auto`); it never reaches the runtime.
+
+    What the hypergradient composer (`mloc.ir.composition.step_caps`) reads: `no_indirect`:
+    the method drops the indirect term, so the composer skips the edge (`first_order`).
+    `fusable`: with `mode="reverse"`, two levels, the upper's loss can back-propagate through
+    the unrolled point directly (one backward). `two_level`: the runtime offers the whole
+    two-level step as one closure, with the same numbers as the general path."""
 
     unrolls: bool = False
     implicit: bool = False
@@ -87,6 +93,9 @@ class MethodCaps:
     differentiable: bool = False
     needs: frozenset[str] = frozenset()
     planned: bool = False
+    no_indirect: bool = False
+    fusable: bool = False
+    two_level: bool = False
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,8 @@ ITD = Descriptor(
               Param("steps", Int(1), None, doc="steps differentiated (default: the edge's unroll)"),
               Param("truncate", Int(1), None, doc="differentiate only the last T steps"),
               Param("mode", Enum(ITD_MODES), "auto")),
-    MethodCaps(unrolls=True, reads_init=True, needs=frozenset({"differentiable"})),
+    MethodCaps(unrolls=True, reads_init=True, needs=frozenset({"differentiable"}),
+               fusable=True),
     "mloc.runtime.methods:itd", _itd)
 
 CG = Descriptor(
@@ -91,18 +92,18 @@ NEUMANN = Descriptor(
 FINITE_DIFF = Descriptor(
     signature("finite_diff", "identity Hessian, mixed product by central differences (DARTS)",
               Param("eps", POSITIVE, 0.01)),
-    MethodCaps(),
+    MethodCaps(two_level=True),
     "mloc.runtime.methods:finite_diff", _finite_diff)
 
 SAMA = Descriptor(
     signature("sama", "SAMA: finite differences on the optimizer-adjusted direction",
               Param("eps", POSITIVE, 0.01)),
-    MethodCaps(needs=frozenset({"sama_diag"})),
+    MethodCaps(needs=frozenset({"sama_diag"}), two_level=True),
     "mloc.runtime.methods:sama", _sama)
 
 FIRST_ORDER = Descriptor(
     signature("first_order", "drop the indirect term (first-order MAML)"),
-    MethodCaps(reads_init=True, differentiable=True),
+    MethodCaps(reads_init=True, differentiable=True, no_indirect=True),
     "mloc.runtime.methods:first_order", _first_order)
 
 AUTO = Descriptor(

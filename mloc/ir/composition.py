@@ -29,8 +29,10 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import graphlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable, Mapping
+
+from mloc.builtins import METHODS
 
 Step = tuple[str, tuple[str, ...], bool]  # (lower, inner targets, feeds the top)
 SHAPES = ("bound", "fused", "single", "general")
@@ -40,7 +42,8 @@ _SIMULTANEOUS = (" (under `exact` semantics, two problems that feed back through
 
 @dataclass(frozen=True)
 class StepCaps:
-    """What the composer needs to know of a lower's method.
+    """What the composer needs to know of one edge's method, derived from its descriptor's
+    :class:`~mloc.builtins.MethodCaps` and the edge's options by :func:`step_caps`.
 
     ``zero``: no indirect term, skipped entirely (``first_order``). ``unrolls``: its point
     is ``θ_K``, not the live parameters (``itd``). ``fusable``: two levels, the top's loss
@@ -55,21 +58,25 @@ class StepCaps:
     two_level: bool = False
 
 
-_CAPS = {
-    "first_order": StepCaps(zero=True),
-    "itd": StepCaps(unrolls=True, fusable=True),  # fusable in reverse mode only
-    "finite_diff": StepCaps(two_level=True),
-    "sama": StepCaps(two_level=True),
-}
-
-
 def step_caps(method: str, args: Mapping[str, object]) -> StepCaps:
-    """The :class:`StepCaps` of method ``method`` with options ``args`` (the one table;
-    a method it does not name, such as a test's wrapper, has none)."""
-    caps = _CAPS.get(method, StepCaps())
-    if caps.fusable and args.get("mode", "reverse") != "reverse":
-        caps = replace(caps, fusable=False)
-    return caps
+    """The :class:`StepCaps` of method ``method`` (a name in ``mloc.builtins.METHODS``) with
+    options ``args``; a name it does not hold (a test's own method class) has none."""
+    desc = METHODS.get(method)
+    if desc is None:
+        return StepCaps()
+    c = desc.caps
+    return StepCaps(zero=c.no_indirect, unrolls=c.unrolls, two_level=c.two_level,
+                    fusable=c.fusable and args.get("mode", "reverse") == "reverse")
+
+
+def factory_caps(factory: type, args: Mapping[str, object]) -> StepCaps:
+    """The :class:`StepCaps` of a runtime method object of class ``factory``: the caps of the
+    descriptor whose ``runtime`` names that class (identity, not a naming convention), with
+    options ``args``. Called by the runtime only (``Descriptor.load`` imports it)."""
+    for name, desc in METHODS.items():
+        if desc.runtime is not None and desc.load() is factory:
+            return step_caps(name, args)
+    return StepCaps()
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import Tensor
 
-from mloc.ir.composition import Composition, compose, feedback, step_caps, topo
+from mloc.ir.composition import Composition, compose, factory_caps, feedback, topo
 from mloc.lang.vocabulary import SEMANTICS
 from mloc.runtime import tree
 from mloc.runtime.adjoints import ReducedOp, backward, concat, flat, grad_of, propagate, split
@@ -58,10 +58,10 @@ class Edge:
 
 
 def method_caps(method):
-    """The :class:`~mloc.ir.composition.StepCaps` of a runtime method object: a runtime
-    method is the factory its descriptor names, a class named as the language's method,
-    its fields the method's options (an object of any other class has none)."""
-    return step_caps(type(method).__name__, getattr(method, "__dict__", {}))
+    """The :class:`~mloc.ir.composition.StepCaps` of a runtime method object: those of the
+    descriptor whose runtime factory is its class, its fields the method's options (an
+    object of any other class, such as a test's wrapper, has none)."""
+    return factory_caps(type(method), getattr(method, "__dict__", {}))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ Every method object has
 Methods are frozen dataclasses (their fields are the options of the language) and are
 linear in ``v``: adjoints can be summed before a single application. What the composer
 plans around (a method that unrolls, reverse-mode ``itd`` fused with the top's backward,
-``first_order`` skipped entirely) is declared once, in ``mloc.ir.composition.step_caps``.
+``first_order`` skipped entirely) is declared once, in the descriptor's ``MethodCaps``.
 A method may also offer ``two_level(lower, args, buffers, upper_loss, upper_args, seeds,
 params) -> step``: its whole two-level hypergradient step as one closure, built once per
 plan (``finite_diff`` and ``sama``, whose steps are short enough for the runtime's own

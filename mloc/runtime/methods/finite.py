@@ -300,7 +300,7 @@ def _preconditioned(problem, args, theta, v):
 class first_order:
     """First order (FO-MAML): drop the indirect term, ``dθ*/dx ≈ 0`` for the uppers.
 
-    The composer skips it (``StepCaps.zero`` in :mod:`mloc.ir.composition`): no seed, no
+    The composer skips it (``MethodCaps.no_indirect`` in its descriptor): no seed, no
     BR-VJP.
 
     Finn et al., "Model-Agnostic Meta-Learning", ICML 2017, §5.2. Exact when the lower's
