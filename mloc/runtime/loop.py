@@ -74,13 +74,12 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
             metrics.write(done, "*", steps_per_s=rate)
             if progress:
                 progress(done, steps, last, rate)
-        for every, label, fn in program.evaluations:
-            if done % every == 0 or done == steps:
-                value = float(fn(program))
-                last[label] = value
-                metrics.write(done, "*", eval=label, value=value)
-                if progress is not None and hasattr(progress, "note"):
-                    progress.note(f"{program.name} step {done}: {label} = {value:.4g}")
+        due = [label for every, label, _ in program.evaluations if done % every == 0 or done == steps]
+        for label, value in (program.evaluate(due) if due else {}).items():
+            last[label] = value
+            metrics.write(done, "*", eval=label, value=value)
+            if progress is not None and hasattr(progress, "note"):
+                progress.note(f"{program.name} step {done}: {label} = {value:.4g}")
         if intervals.checkpoint_every and done % intervals.checkpoint_every == 0 and done != steps:
             program.guard.check()
             save(program, out)
