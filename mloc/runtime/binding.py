@@ -94,6 +94,7 @@ class BoundLoss:
         self.keys = [tuple(f"mods.{i}.{s}" for s in slots[i]) for i in range(count)]
         self.owned = [p if type(p) is tuple else tuple(p) for p in own]   # keep identities
         self.batch_of = batch_of
+        self.watch = None   # called around each forward: see `mloc.runtime.buffers.OwnForward`
         self.offsets = dict(offsets or {})
         self.fn, self.modules = fn, tuple(modules)
         flat = [k for keys in self.keys for k in keys]
@@ -170,20 +171,27 @@ class BoundLoss:
         return loss
 
     def __call__(self, *params: Params) -> Tensor:
+        if self.watch is not None:
+            self.watch.before()
         extra = self.batch_of()
         if self._is_own(params):
-            return self.fn(*self.modules, *extra)
-        values: list[Tensor] = []
-        for i in range(len(self.keys)):
-            given = params[i]
-            if i in self.offsets:
-                base = params[self.offsets[i]]
-                given = tuple(b + d for b, d in zip(base, given))
-            values.extend(given)
-        if self._slots is not None:
-            return self._slots.call(self.fn, (*self.modules, *extra), values)
-        mapping = dict(zip((k for keys in self.keys for k in keys), values))
-        return torch.func.functional_call(self.container, mapping, extra, strict=False)
+            loss = self.fn(*self.modules, *extra)
+        else:
+            values: list[Tensor] = []
+            for i in range(len(self.keys)):
+                given = params[i]
+                if i in self.offsets:
+                    base = params[self.offsets[i]]
+                    given = tuple(b + d for b, d in zip(base, given))
+                values.extend(given)
+            if self._slots is not None:
+                loss = self._slots.call(self.fn, (*self.modules, *extra), values)
+            else:
+                mapping = dict(zip((k for keys in self.keys for k in keys), values))
+                loss = torch.func.functional_call(self.container, mapping, extra, strict=False)
+        if self.watch is not None:
+            self.watch.after()
+        return loss
 
 
 def select_parameters(module: nn.Module, trainable: Sequence[str], frozen: Sequence[str]) -> list[str]:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from mloc.runtime import state as _state
+from mloc.runtime.buffers import buffers_of, frozen, guard_step, inference
 from mloc.runtime.build import Live, ProblemSpec, RunConfig, build, resolve_device
 from mloc.runtime.commit import Pipeline, build_pipeline
 from mloc.runtime.compose import Edge
@@ -76,7 +77,9 @@ class Program:
             lv = self.live[name]
             reads = lv.spec.reads
             loss = lv.problem.loss.step_loss(reads.index(name) if name in reads else None)
-            source = plain_gradient(lv.problem.params, loss, lv.autocast)
+            others = buffers_of((self.live[r].module for r in reads if r != name),
+                                exclude=tuple(lv.module.buffers()))
+            source = guard_step(plain_gradient(lv.problem.params, loss, lv.autocast), others)
             fn = self._lower_fns[name] = _stepper(self._drawer(name), source, self._pipeline(lv))
         fn(draw)
 
@@ -88,6 +91,9 @@ class Program:
             pipeline = self._pipeline(lv)
             source = hypergradient(self.hierarchy.hypergrad, name, lv.problem.params, lv.autocast,
                                    into_grad=pipeline.on_grad)
+            own = buffers_of((lv.module,))
+            source = guard_step(source, buffers_of(self.modules.values(), exclude=own), own,
+                                lv.problem.loss)
             fn = self._upper_fns[name] = _stepper(self._drawer(name), source, pipeline)
         fn()
 
@@ -129,17 +135,18 @@ class Program:
                 named[s].copy_(b + d)
         return lv.module
 
-    @torch.no_grad()
     def losses(self) -> dict[str, float]:
-        """Each problem's loss on its current batch (one host sync; for logging)."""
+        """Each problem's loss on its current batch (for logging), with the modules in
+        evaluation mode, no autograd, no buffer changed (:func:`~mloc.runtime.buffers.inference`)."""
         out = {}
-        for name, lv in self.live.items():
-            if not lv.batch:
-                continue
-            args = [self.live[r].problem.params for r in lv.problem.reads]
-            with lv.autocast():
-                value = lv.problem.loss(*args)
-            out[name] = float(value)
+        with inference(self.modules.values()):
+            for name, lv in self.live.items():
+                if not lv.batch:
+                    continue
+                args = [self.live[r].problem.params for r in lv.problem.reads]
+                with lv.autocast():
+                    value = lv.problem.loss(*args)
+                out[name] = float(value)
         return out
 
     def hypergradients(self) -> dict[str, dict[str, torch.Tensor]]:
@@ -156,19 +163,24 @@ class Program:
             saved = [p.grad for p in lv.problem.params]
             for p in lv.problem.params:
                 p.grad = None
-            self.hierarchy.hypergrad(name)
+            with frozen(buffers_of(self.modules.values())):
+                self.hierarchy.hypergrad(name)
             out[name] = {s: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
                          for s, p in zip(lv.slots, lv.problem.params)}
             for p, g in zip(lv.problem.params, saved):
                 p.grad = g
         return out
 
-    def evaluate(self) -> dict[str, float]:
-        out = {}
-        with torch.no_grad():
-            for _, label, fn in self.evaluations:
-                out[label] = float(fn(self))
-        return out
+    def evaluate(self, labels: Sequence[str] | None = None) -> dict[str, float]:
+        """The program's evaluations (all, or those named in ``labels``), each a float.
+
+        Every module in evaluation mode (dropout off, BatchNorm on its running statistics)
+        and its previous mode restored after; no autograd (an evaluation that needs
+        gradients enters ``torch.enable_grad()`` itself); no buffer changed. ``mloc run``
+        and the Python API both evaluate through here."""
+        with inference(self.modules.values()):
+            return {label: float(fn(self)) for _, label, fn in self.evaluations
+                    if labels is None or label in labels}
 
     # --- state --------------------------------------------------------------------------
     def state_dict(self) -> dict:
