@@ -250,7 +250,8 @@ def _schedule(g: ProgramGraph, edges: tuple[EdgePlan, ...], periods: dict[str, i
     body: tuple = ()
     previous = None
     for p in levels:
-        inner: list = []
+        inner: list = [Action("reset", n, note=f"start from `{g.problem(n).init[0]}`'s weights")
+                       for n in order if _reset_period(g, n, periods) == p]
         if previous is not None:
             inner.append(Loop(p // previous, body, f"{p // previous} step(s) of the level below"))
         for name in (n for n in order if periods[n] == p):
@@ -259,12 +260,18 @@ def _schedule(g: ProgramGraph, edges: tuple[EdgePlan, ...], periods: dict[str, i
     return Loop(1, body)
 
 
+def _reset_period(g: ProgramGraph, name: str, periods: dict[str, int]) -> int | None:
+    """The level whose every step starts with `name`'s reset: an `init` problem starts again
+    once per step of its upper (the lowest-period one), before its own steps of that step;
+    None without `init`."""
+    if g.problem(name).init is None:
+        return None
+    return max(periods[name], min((periods[u] for u in g.uppers(name)), default=periods[name]))
+
+
 def _actions(g: ProgramGraph, name: str, itd_into: dict, edges) -> list:
-    node = g.problem(name)
     lowers = g.lowers(name)
     out: list = []
-    if node.init is not None:
-        out.append(Action("reset", name, note=f"start from `{node.init[0]}`'s weights"))
     if not lowers:
         if name in itd_into:
             out.append(Action("draw", name, note=f"its {itd_into[name].unroll} steps are unrolled by `itd`"))
