@@ -7,6 +7,7 @@ import pytest
 
 from pathlib import Path
 
+from mloc.builtins import METHODS
 from mloc.passes.pipeline import compile_source
 from mloc.passes.plan import Sizes, plan_program, plan_table, plan_to_json
 from mloc.source import SourceFile
@@ -128,3 +129,18 @@ def test_the_planned_compositions_are_the_runtimes(name, overrides):
     assert planned == c.plan.compositions and planned
     program = build({**ns, "COMPOSITION": None}, RunConfig(steps=1, device="cpu"))
     assert {top: program.hierarchy.composition(top) for top in planned} == planned
+
+
+@pytest.mark.parametrize("method", ["first_order", "itd"])
+def test_an_init_problem_is_reset_once_per_upper_step_before_its_unrolled_steps(method):
+    """`reset` opens the upper's step, outside the loop of the lower's `unroll` steps (it
+    used to sit inside it, so every lower step started again from `init`)."""
+    from mloc.codegen.compile import compile_program
+    from tests.conftest import PROGRAMS
+    c = compile_program(str(PROGRAMS / "maml.mlo"), (f"meta->adapt.hypergrad={method}",))
+    schedule = plan_to_json(c.plan)["schedule"]
+    unrolls = METHODS[method.split("(")[0]].caps.unrolls
+    lower = [{"action": "draw", "problem": "adapt", "count": 1}] if unrolls else \
+        [{"repeat": 5, "body": [{"action": "lower_step", "problem": "adapt", "count": 1}]}]
+    assert schedule == [{"action": "reset", "problem": "adapt", "count": 1}, *lower,
+                        {"action": "upper_step", "problem": "meta", "count": 1}]
