@@ -117,6 +117,9 @@ class Emitter:
             self.emit(f"def {p.name}_loss({', '.join(reads + ('batch',))}):")
             self.emit(f"    return {render_value(p.loss.call)}  {self.at(p.loss.span)}")
             self.block()
+            for lines in _hooks(p, self.at):
+                self.emit("\n".join(lines))
+                self.block()
 
     def problems(self) -> None:
         self.emit("PROBLEMS = (")
@@ -143,6 +146,10 @@ class Emitter:
             fields.append(f"clip_grad_norm={p.clip_grad_norm!r}")
         if p.precision is not None:
             fields.append(f"precision={p.precision!r}")
+        if p.project is not None:
+            fields.append(f"project={p.name}_project")
+        if p.reinit is not False:
+            fields.append("reinit=True" if p.reinit is True else f"reinit={p.name}_reinit")
         schedule = SCHEDULES[p.schedule.name] if p.schedule is not None else None
         if schedule is not None and not schedule.caps.identity:
             sargs = [f"{k}={v!r}" for k, v in p.schedule.args]
@@ -167,6 +174,8 @@ class Emitter:
     def schedule(self) -> None:
         self.emit("def outer_step(p):")
         self.emit('    """One step of the top problem: the planner\'s schedule."""')
+        for line in _warmup(self.plan.warmup):
+            self.emit(line)
         self._loop_body(self.plan.schedule, 1)
         self.block()
 
@@ -255,6 +264,27 @@ def _method_call(e) -> str:
         args["steps"] = e.unroll
     inner = ", ".join(f"{k}={v!r}" for k, v in args.items() if v is not None)
     return f"{descriptor.runtime_attr}({inner})"
+
+
+def _hooks(p: ProblemNode, at) -> list[list[str]]:
+    """The problem's `project` and `reinit` calls as functions of its module."""
+    out = []
+    for key, when in (("project", "after every optimizer step"), ("reinit", "at each step of its upper")):
+        call = getattr(p, key)
+        if call not in (None, True, False):
+            out.append([f"def {p.name}_{key}({p.name}):  # {when}, under no_grad",
+                        f"    {render_value(call.call)}  {at(call.span)}"])
+    return out
+
+
+def _warmup(actions) -> list[str]:
+    """The warm-up steps, once, before the first outer step."""
+    if not actions:
+        return []
+    out = ["    if p.step_count == 0:  # before the first outer step"]
+    for a in actions:
+        out += [f"        for _ in range({a.count}):  # {a.note}", f"            p.lower_step({a.problem!r})"]
+    return out
 
 
 def _action(a: Action) -> str:

@@ -70,6 +70,8 @@ class ProblemNode:
     clip_grad_norm: float | None = None
     precision: str | None = None
     schedule: Builtin | None = None
+    project: PyCall | None = None
+    reinit: PyCall | bool = False
     order: int = 0              # position in the source, for stable tie-breaking
 
 
@@ -82,6 +84,7 @@ class HierarchyEdge:
     method: Builtin
     unroll: int
     span: Span
+    warmup: int = 0
 
     kind = "hierarchy"
 

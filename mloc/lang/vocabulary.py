@@ -21,8 +21,8 @@ class FieldSpec:
     """One `key = value` a block accepts.
 
     kind: "pycall" (a call into the user's Python module), "builtin" (a name or call from
-    the `mloc.builtins` registry named by `table`), "problem" (a problem's name) or "value"
-    (a literal of `type`).
+    the `mloc.builtins` registry named by `table`), "problem" (a problem's name), "value"
+    (a literal of `type`) or "flag_or_pycall" (`true`/`false`, or a pycall).
     """
 
     name: str
@@ -55,12 +55,18 @@ PROBLEM_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
               type=Float(0, open_lo=True)),
     FieldSpec("precision", "value", "this problem's autocast precision", type=Enum(PRECISIONS)),
     FieldSpec("schedule", "builtin", "learning-rate schedule", table="schedules"),
+    FieldSpec("reinit", "flag_or_pycall", "start again at each step of its upper: `true` from its "
+              "own initial parameters, or a call that re-initializes its module", problems=True),
+    FieldSpec("project", "pycall", "runs on the problem's module, under no_grad, after every "
+              "optimizer step (e.g. clamp a hyperparameter)", problems=True),
 )}
 
 EDGE_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("hypergrad", "builtin", "the best-response-Jacobian method (default: auto)",
               table="methods"),
     FieldSpec("unroll", "value", "lower-problem steps per upper step (default: 1)", type=Int(1)),
+    FieldSpec("warmup", "value", "steps the lower problem takes alone before the upper's first "
+              "step (default: 0)", type=Int(0)),
 )}
 
 CHAIN_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (

@@ -6,7 +6,7 @@ from mloc.builtins import TABLES
 from mloc.diagnostics import Diagnostics, closest, did_you_mean
 from mloc.frontend import ast
 from mloc.lang import vocabulary as V
-from mloc.lang.types import INVALID
+from mloc.lang.types import INVALID, Bool
 from mloc.passes.builtins import bind_builtin
 from mloc.passes.names import Scope, resolve_pycall
 
@@ -71,12 +71,14 @@ def report_missing(fields: Fields, table: dict[str, V.FieldSpec], owner: str, sp
 
 def check_value(field: ast.Field, spec: V.FieldSpec, scope: Scope, where: str, diags: Diagnostics):
     """Check one field's value according to its spec; INVALID after reporting."""
-    if spec.kind == "pycall":
+    if spec.kind == "pycall" or (spec.kind == "flag_or_pycall" and isinstance(field.value, ast.Call)):
         out = resolve_pycall(field.value, where, scope, diags, problems=spec.problems, batch=spec.batch)
     elif spec.kind == "builtin":
         out = bind_builtin(field.value, TABLES[spec.table], spec.table, diags)
     elif spec.kind == "problem":
         out = problem_ref(field.value, scope, where, diags)
+    elif spec.kind == "flag_or_pycall" and not isinstance(field.value, ast.Call):
+        out = Bool().check(field.value, where, diags)
     else:
         out = spec.type.check(field.value, where, diags)
     return INVALID if out is None else out

@@ -88,6 +88,7 @@ class Plan:
     problems: tuple[str, ...]
     # each upper's BR-VJP composition and step shape: what the runtime executes
     compositions: dict[str, Composition] = field(default_factory=dict)
+    warmup: tuple[Action, ...] = ()   # before the first outer step: lowers training alone
 
     def edge(self, upper: str, lower: str) -> EdgePlan:
         return next(e for e in self.edges if (e.upper, e.lower) == (upper, lower))
@@ -101,8 +102,11 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
                   for e in g.hierarchy_edges())
     periods = _periods(g, edges)
     order = tuple(reversed(g.topological_order()))
+    warmup = tuple(Action("lower_step", e.lower, e.warmup, f"warm-up: `{e.lower}` trains alone first")
+                   for e in g.hierarchy_edges() if e.warmup)
     return Plan(g.info.semantics, semantics, reason, edges, order, periods,
-                _schedule(g, edges, periods), budget, g.names(), _compositions(g, edges, semantics))
+                _schedule(g, edges, periods), budget, g.names(), _compositions(g, edges, semantics),
+                warmup)
 
 
 def _semantics(g: ProgramGraph) -> tuple[str, str]:
@@ -250,7 +254,7 @@ def _schedule(g: ProgramGraph, edges: tuple[EdgePlan, ...], periods: dict[str, i
     body: tuple = ()
     previous = None
     for p in levels:
-        inner: list = [Action("reset", n, note=f"start from `{g.problem(n).init[0]}`'s weights")
+        inner: list = [Action("reset", n, note=_reset_note(g.problem(n)))
                        for n in order if _reset_period(g, n, periods) == p]
         if previous is not None:
             inner.append(Loop(p // previous, body, f"{p // previous} step(s) of the level below"))
@@ -261,12 +265,26 @@ def _schedule(g: ProgramGraph, edges: tuple[EdgePlan, ...], periods: dict[str, i
 
 
 def _reset_period(g: ProgramGraph, name: str, periods: dict[str, int]) -> int | None:
-    """The level whose every step starts with `name`'s reset: an `init` problem starts again
-    once per step of its upper (the lowest-period one), before its own steps of that step;
-    None without `init`."""
-    if g.problem(name).init is None:
+    """The level whose every step starts with `name`'s reset: an `init` or `reinit` problem
+    starts again once per step of its upper (the lowest-period one), before its own steps
+    of that step; None without either."""
+    if not _restarts(g.problem(name)):
         return None
     return max(periods[name], min((periods[u] for u in g.uppers(name)), default=periods[name]))
+
+
+def _restarts(node) -> bool:
+    """It starts again at each step of its upper (`init` or `reinit`): unrolled steps are
+    not committed, a reset opens each of those steps."""
+    return node.init is not None or node.reinit is not False
+
+
+def _reset_note(node) -> str:
+    if node.init is not None:
+        return f"start from `{node.init[0]}`'s weights"
+    if node.reinit is True:
+        return "start again from its initial weights"
+    return f"start again: `{node.reinit.text}`"
 
 
 def _actions(g: ProgramGraph, name: str, itd_into: dict, edges) -> list:
@@ -281,7 +299,7 @@ def _actions(g: ProgramGraph, name: str, itd_into: dict, edges) -> list:
         out.append(Action("upper_step", name, note="hypergradient through " + ", ".join(lowers)))
     for low in lowers:
         e = itd_into.get(low)
-        if e is not None and e.upper == name and g.problem(low).init is None:
+        if e is not None and e.upper == name and not _restarts(g.problem(low)):
             out.append(Action("commit", low, e.unroll, "take the unrolled steps for real"))
     return out
 
@@ -305,6 +323,7 @@ def plan_to_json(plan: Plan) -> dict:
         "compositions": {top: _composition_json(c) for top, c in plan.compositions.items()},
         "periods": dict(sorted(plan.periods.items())),
         "schedule": _schedule_json(plan.schedule),
+        "warmup": [{"action": a.kind, "problem": a.problem, "count": a.count} for a in plan.warmup],
     }
 
 
@@ -338,6 +357,9 @@ def plan_table(plan: Plan) -> str:
     lines.append(f"semantics: {plan.runtime_semantics} ({plan.semantics_reason})")
     lines.append(f"memory budget: {format_bytes(plan.memory_budget) if plan.memory_budget else 'none'}")
     lines.append("composition order (adjoints, bottom-up): " + " -> ".join(plan.order))
+    if plan.warmup:
+        lines.append("before the first outer step:")
+        lines += _schedule_lines(Loop(1, plan.warmup), 1)
     lines.append("schedule, one outer step:")
     lines += _schedule_lines(plan.schedule, 1)
     return "\n".join(lines) + "\n"

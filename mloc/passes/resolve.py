@@ -43,6 +43,7 @@ def resolve(module: ast.Module, src: SourceFile, diags: Diagnostics) -> Resolved
             reads += node_reads
             loss_spans[a.name.name] = loss_span
     edges, links, uncertain = _edges(module, problem_asts, {p.name: p for p in problems}, diags)
+    _check_restarts(problems, edges, diags)
     chains, groups, broken_stages = resolve_chains(module, set(problem_asts), diags)
     info = ProgramInfo(name, src.path, (), resolve_settings(module, diags),
                        resolve_train(module, scope, diags), chains)
@@ -128,10 +129,35 @@ def _problem(p: ast.Problem, order: int, scope: Scope, diags: Diagnostics):
               for k, f in fields.items()}
     reads = _reads(name, values) if "loss" in fields else None
     loss_span = values["loss"].span if reads is not None else None
+    if values.get("project") not in (None, INVALID):
+        _check_acts_alone(name, values, "project", "E215", "lib.clamp", diags)
+    if values.get("reinit") not in (None, False, INVALID):
+        _check_acts_alone(name, values, "reinit", "E216", "lib.reset", diags)
     if missing or INVALID in values.values():
         return None, reads, loss_span
     node = ProblemNode(name=name, span=p.span, name_span=p.name.span, order=order, **values)
     return node, reads, loss_span
+
+
+def _check_acts_alone(name: str, values: dict, key: str, code: str, example: str,
+                      diags: Diagnostics) -> None:
+    """`project` and `reinit` act on the problem's own module: a call names that problem and
+    no other, and the problem trains its module's parameters directly (not through `init`)."""
+    value = values[key]
+    reads = value.reads if value is not True else ((name, None),)
+    others = [(q, span) for q, span in reads if q != name]
+    if others or not reads:
+        q, span = others[0] if others else (None, value.span)
+        diags.error(code, f"the `{key}` of `{name}` must act on `{name}` alone"
+                    + (f", but it names `{q}`" if q else ", but it names no problem"), span,
+                    help=f"pass `{name}` (its module) and nothing else, e.g. `{example}({name})`")
+    elif values.get("init") not in (None, INVALID):
+        why = ("a projection of them would be lost" if key == "project" else
+               "it already starts again from them at each of its upper's steps")
+        diags.error(code, f"`{name}` starts from `{values['init'][0]}` (`init`): its module's "
+                    f"parameters are rebuilt from the upper's at every step, so {why}",
+                    values["init"][1] if key == "reinit" else value.span,
+                    help=f"drop `{key}` or drop `init`")
 
 
 def _reads(name: str, values: dict) -> list[Read] | None:
@@ -148,7 +174,7 @@ def _edges(module: ast.Module, problem_asts: dict, by_name: dict, diags: Diagnos
     links: dict[tuple[str, str], Link] = {}
     uncertain: set[str] = set()
     for e in module.of_type(ast.Edge):
-        method, unroll = _edge_options(e, diags)
+        method, unroll, warmup = _edge_options(e, diags)
         for up, low in zip(e.path, e.path[1:]):
             if not _edge_ends(up, low, problem_asts, diags):
                 # the known end, and the problem a misspelt end probably meant, are in limbo
@@ -164,7 +190,7 @@ def _edges(module: ast.Module, problem_asts: dict, by_name: dict, diags: Diagnos
             links[up.name, low.name] = Link(up.name, low.name, span)
             if method is None or unroll is INVALID:
                 continue
-            edge = HierarchyEdge(up.name, low.name, method, unroll, span)
+            edge = HierarchyEdge(up.name, low.name, method, unroll, span, warmup)
             if low.name in by_name:
                 checked = check_method(edge, by_name[low.name], diags)
                 if checked is None:
@@ -174,13 +200,42 @@ def _edges(module: ast.Module, problem_asts: dict, by_name: dict, diags: Diagnos
     return tuple(edges.values()), tuple(links.values()), uncertain
 
 
+def _check_restarts(problems: list[ProblemNode], edges: tuple[HierarchyEdge, ...],
+                    diags: Diagnostics) -> None:
+    """`reinit` restarts a lower problem at each step of its upper (E216 without one);
+    `warmup` trains a lowest problem alone first (E217 for a problem with lowers, or one
+    that starts again at every upper step anyway)."""
+    by_name = {p.name: p for p in problems}
+    uppers = {e.lower for e in edges}
+    for p in problems:
+        if p.reinit is not False and p.name not in uppers:
+            span = p.reinit.span if p.reinit is not True else p.name_span
+            diags.error("E216", f"`{p.name}` has no upper problem, so nothing marks when `reinit` "
+                        "would start it again", span,
+                        help=f"declare an edge `UPPER -> {p.name}`, or drop `reinit`")
+    for e in edges:
+        low = by_name.get(e.lower)
+        if not e.warmup or low is None:
+            continue
+        if any(x.upper == e.lower for x in edges):
+            why = f"`{e.lower}` has lower problems of its own, whose steps a warm-up would skip"
+        elif low.init is not None or low.reinit is not False:
+            why = f"`{e.lower}` starts again at every step of `{e.upper}` (`init`/`reinit`), undoing it"
+        else:
+            continue
+        diags.error("E217", f"`warmup` cannot apply to `{e.upper} -> {e.lower}`: {why}", e.span,
+                    help="drop `warmup` from this edge")
+
+
 def _edge_options(e: ast.Edge, diags: Diagnostics):
     fields = index_fields(e.body, V.EDGE_FIELDS, "a hierarchy edge", diags) if e.body else {}
     method_value = fields["hypergrad"].value if "hypergrad" in fields else ast.Name(("auto",), e.span)
     method = bind_builtin(method_value, METHODS, "methods", diags)
     unroll = V.EDGE_FIELDS["unroll"].type.check(fields["unroll"].value, "`unroll`", diags) \
         if "unroll" in fields else 1
-    return method, unroll
+    warmup = V.EDGE_FIELDS["warmup"].type.check(fields["warmup"].value, "`warmup`", diags) \
+        if "warmup" in fields else 0
+    return method, unroll, (0 if warmup is INVALID else warmup)
 
 
 def _edge_ends(up: ast.Ident, low: ast.Ident, problem_asts: dict, diags: Diagnostics) -> bool:

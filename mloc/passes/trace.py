@@ -8,7 +8,8 @@ problems a loss *names* with the problems whose parameters *reach* it:
   unused argument) is an error (E701): the edge the name implies would carry nothing;
 - a loss that raises, or a constructor or data call that raises, is reported at its span
   in the `.mlo` file (E702), not as a traceback;
-- a loss that is not a floating-point scalar is E703.
+- a loss that is not a floating-point scalar is E703;
+- a `project` call is run once on its module, under no_grad (E702 if it raises).
 
 Returns the parameter counts and saved-activation sizes the planner's cost model uses.
 """
@@ -56,6 +57,8 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
     for p in g.problems():
         if p.name in batches and all(r in modules for r in p.loss.read_names()):
             _check_loss(g, p, mods, modules, batches[p.name], sizes, diags)
+        if p.project is not None and p.name in modules:
+            _check_project(g, p, mods, modules, diags)
     return sizes, diags
 
 
@@ -138,6 +141,23 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
                 label="no gradient flows from here",
                 help=f"a `.detach()`, a `torch.no_grad()` block or an unused argument cuts `{r}` off; "
                      f"use it differentiably, or drop it from the loss and the hierarchy"))
+
+
+def _check_project(g, p, mods, modules: dict, diags: list) -> None:
+    """Run `project` once, on the meta module (or, if it needs values, a real one)."""
+    from mloc.runtime import introspect as intro
+
+    def run(module):
+        return intro.without_grad(lambda: evaluate(p.project.call, {**mods, p.name: module}))
+    try:
+        try:
+            run(modules[p.name])
+        except (RuntimeError, NotImplementedError) as err:
+            if "meta" not in str(err):
+                raise
+            run(evaluate(p.module.call, mods))
+    except Exception as err:  # noqa: BLE001 - user code
+        diags.append(_raised(p.project.span, f"the `project` of `{p.name}`", err))
 
 
 def _loss_function(p, mods):

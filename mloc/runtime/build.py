@@ -42,7 +42,10 @@ class ProblemSpec:
     `loss(*modules, batch)` takes the modules of `reads` (the problems the loss names, in
     order). `optimizer(lr)` builds the functional optimizer; `schedule(step) -> factor`
     scales the learning rate (None: constant). `init` names the problem whose parameters
-    this one starts from at every `reset`.
+    this one starts from at every `reset`. `project(module)` runs under no_grad after
+    every optimizer step (None: nothing). `reinit`: at every `reset`, start again from the
+    parameters the module was built with (True) or from what `reinit(module)` sets (under
+    no_grad), with a fresh optimizer state (False: no reinit).
     """
 
     name: str
@@ -56,6 +59,8 @@ class ProblemSpec:
     clip_grad_norm: float | None = None
     precision: str | None = None
     schedule: Callable[[int], float] | None = None
+    project: Callable[[nn.Module], Any] | None = None
+    reinit: bool | Callable[[nn.Module], Any] = False
 
 
 @dataclass

@@ -23,6 +23,8 @@ commit     the learning-rate schedule, then the optimizer's step in place       
            (:func:`optimizer_commit`); under loss scaling through
            ``GradScaler.step``, which skips it when the unscaled gradients are
            not finite, then ``GradScaler.update``
+project    the program's ``project`` call on the problem's module, under         project
+           ``no_grad`` (Betty's ``param_callback``: e.g. clamp λ ≥ 1e-8)
 ========== ==================================================================== ============
 
 The step counter of the problem is advanced last. An fp32 single-process step is thus
@@ -82,10 +84,13 @@ def build_pipeline(lv: Any, dist: DistContext, guard: FiniteGuard, clock: Any) -
         commit, seed = _scaled(scaler, proxy), scaler.scale
     if clip is not None:
         acts["clip"] = lambda: torch.nn.utils.clip_grad_norm_(params, clip, foreach=True)
+    project = lv.spec.project
+    if project is not None:
+        commit = _projected(commit, project, lv.module)
     run = _finite(lv, guard, clock, commit, watch_grads=scaler is None)
     if acts:
         run = _on_grad(params, tuple(acts.values()), run)
-    stages = ((".grad", *acts) if acts else ()) + ("finite", "commit")
+    stages = ((".grad", *acts) if acts else ()) + ("finite", "commit") + (("project",) if project else ())
     return Pipeline(stages, seed, bool(acts), run)
 
 
@@ -104,6 +109,15 @@ def optimizer_commit(lv: Any) -> Callable[[Params], None]:
         with no_grad:
             problem.state = step(grads, problem.state, params)
     return commit
+
+
+def _projected(commit: Callable[[Params], None], project: Callable, module) -> Callable[[Params], None]:
+    """``commit``, then ``project(module)`` under ``no_grad``."""
+    def run(grads: Params) -> None:
+        commit(grads)
+        with torch.no_grad():
+            project(module)
+    return run
 
 
 def _finite(lv: Any, guard: FiniteGuard, clock: Any, commit: Callable[[Params], None],

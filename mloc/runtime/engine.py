@@ -59,6 +59,7 @@ class Program:
         self.hierarchy, self._cast = built.hierarchy, built.cast
         self._lower_fns: dict[str, Callable[[bool], None]] = {}    # built at first use
         self._upper_fns: dict[str, Callable[[], None]] = {}
+        self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
             lv.problem.optimizer.start()
 
@@ -98,8 +99,9 @@ class Program:
         fn()
 
     def reset(self, name: str) -> None:
-        """Start `name` again from its `init` problem's parameters (δ = 0, fresh optimizer)."""
-        _state.restart(self.live[name].problem)
+        """Start `name` again, with a fresh optimizer state: from its `init` problem's
+        parameters (δ = 0), or (`reinit`) from its initial parameters or its reinit call."""
+        _state.restart(self.live[name].problem, self._starts.get(name))
 
     def outer_step(self) -> None:
         self._schedule(self)
@@ -201,6 +203,14 @@ class Program:
                 lv.problem.optimizer.close()
         finally:
             self.dist.close()
+
+
+def _start_of(lv: Live):
+    """Where `reset` starts a `reinit` problem: its parameters as built (a copy), or its
+    reinit call on its module."""
+    if lv.spec.reinit is True:
+        return tuple(t.detach().clone() for t in lv.problem.params)
+    return lambda: lv.spec.reinit(lv.module)
 
 
 def _stepper(draw: Callable[[], None], source: Source, pipeline: Pipeline) -> Callable[..., None]:

@@ -51,6 +51,12 @@ def first_batch(data):
     return to_meta(next(iter(data)))
 
 
+def without_grad(fn: Callable[[], object]) -> object:
+    """``fn()`` under ``torch.no_grad()`` (how a `project` call runs)."""
+    with torch.no_grad():
+        return fn()
+
+
 def param_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 

@@ -52,10 +52,17 @@ def restore(state: dict, live: Mapping[str, Any], streams: Mapping[str, DataStre
     return step
 
 
-def restart(problem) -> None:
-    """Start ``problem`` again from zero parameters (the ``δ`` of an ``init`` problem) with
-    a fresh optimizer state."""
+def restart(problem, start=None) -> None:
+    """Start ``problem`` again with a fresh optimizer state, from ``start``: a tuple of
+    tensors to copy, a callable that sets the parameters (called under no_grad), or None
+    for zero parameters (the ``δ`` of an ``init`` problem)."""
     with torch.no_grad():
-        for p in problem.params:
-            p.zero_()
+        if start is None:
+            for p in problem.params:
+                p.zero_()
+        elif callable(start):
+            start()
+        else:
+            for p, s in zip(problem.params, start):
+                p.copy_(s)
     problem.state = problem.optimizer.init(problem.params)

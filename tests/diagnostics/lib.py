@@ -47,3 +47,7 @@ def accuracy(*problems_and_data):
 
 def test_data(batch_size: int = 8):
     return loader(batch_size)
+
+
+def clamp(*problems):
+    """A projection or re-initialization (the E215/E216 corpus cases)."""

@@ -1,0 +1,125 @@
+"""`reinit`, `warmup` and `project` (docs/language.md) against a loop written by hand.
+
+The program (tests/features/restart.mlo) is quadratic: the lower problem minimizes
+L(w, h) = ½‖w − m‖² + ½ Σᵢ exp(hᵢ) wᵢ² (m the batch mean) with SGD and momentum, the upper
+F(w) = ½‖w − m'‖² with plain SGD. Its Hessian H = I + diag(exp h) is diagonal and
+∂²L/∂w∂h = diag(exp(h) ⊙ w), so the implicit hypergradient is exactly
+−exp(h) ⊙ w ⊙ (w − m') / (1 + exp(h)), which conjugate gradients (d = 3, 10 iterations)
+reach to round-off. Everything runs in float64; 1e-12 leaves room for CG's last
+iterations and the order of additions, nothing more.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import mloc
+from mloc.passes.pipeline import compile_file
+
+HERE = Path(__file__).parent / "features"
+RESTART = HERE / "restart.mlo"
+TOL = 1e-12
+
+
+def _points(seed):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("feat_ref", HERE / "feat.py")
+    feat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(feat)
+    return [b.double() for b in feat.points(seed=seed)]
+
+
+def hand(outer: int, unroll: int = 3, reinit=None, warmup: int = 0, project=None):
+    """The program's schedule written out: `reinit` None (warm start), "initial" or a
+    constant; `warmup` lower steps before the first outer step; `project` (lo, hi) clamps
+    the upper after each of its steps."""
+    low, up = _points(0), _points(1)
+    draws = {"low": 0, "up": 0}
+
+    def draw(which, data):
+        b = data[draws[which] % len(data)]
+        draws[which] += 1
+        return b
+    w, h = torch.zeros(3, dtype=torch.float64), torch.full((3,), -0.5, dtype=torch.float64)
+    buf = None
+
+    def lower_step(w, buf):
+        g = (w - draw("low", low).mean(0)) + h.exp() * w
+        buf = g.clone() if buf is None else 0.5 * buf + g
+        return w - 0.3 * buf, buf
+    for _ in range(warmup):
+        w, buf = lower_step(w, buf)
+    for _ in range(outer):
+        if reinit is not None:
+            w = torch.zeros(3, dtype=torch.float64) if reinit == "initial" else torch.full((3,), reinit, dtype=torch.float64)
+            buf = None
+        for _ in range(unroll):
+            w, buf = lower_step(w, buf)
+        v = w - draw("up", up).mean(0)
+        h = h - 1.0 * (-(h.exp() * w) * v / (1 + h.exp()))
+        if project is not None:
+            h = h.clamp(*project)
+    return w, h
+
+
+def run(outer: int, *sets: str, path=RESTART):
+    s = mloc.load(path, set=list(sets), dtype="float64")
+    for _ in range(outer):
+        s.step()
+    return s.module("model").w.detach(), s.module("hyper").w.detach(), s
+
+
+def close(a, b):
+    return torch.allclose(a, b, rtol=0, atol=TOL)
+
+
+def test_the_hand_loop_is_the_program_without_the_new_fields():
+    w, h, _ = run(3)
+    rw, rh = hand(3)
+    assert close(w, rw) and close(h, rh)
+
+
+@pytest.mark.parametrize("value,ref", [("true", "initial"), ("feat.clamp(model, lo=0.25, hi=0.25)", 0.25)])
+def test_reinit_starts_the_lower_again_at_each_upper_step(value, ref):
+    w, h, s = run(3, f"model.reinit={value}")
+    rw, rh = hand(3, reinit=ref)
+    assert close(w, rw) and close(h, rh)
+    assert not close(h, hand(3)[1])          # it changes the result
+
+
+def test_warmup_trains_the_lower_alone_first_and_only_once():
+    w, h, s = run(3, "hyper->model.warmup=4")
+    rw, rh = hand(3, warmup=4)
+    assert close(w, rw) and close(h, rh)
+    assert s.program.live["model"].steps == 4 + 3 * 3
+
+
+def test_project_runs_after_every_step_of_its_problem():
+    w, h, _ = run(3, "hyper.project=feat.clamp(hyper, lo=-0.55, hi=-0.45)")
+    rw, rh = hand(3, project=(-0.55, -0.45))
+    assert close(w, rw) and close(h, rh)
+    assert not close(h, hand(3)[1])
+
+
+def test_the_generated_code_says_what_runs():
+    src = run(0, "model.reinit=true", "hyper.project=feat.clamp(hyper)")[2].source
+    assert "reinit=True" in src and "project=hyper_project" in src and "p.reset('model')" in src
+    assert "def hyper_project(hyper):" in src and "feat.clamp(hyper)" in src
+    src = run(0, "hyper->model.warmup=2")[2].source
+    assert "if p.step_count == 0:" in src and "for _ in range(2):" in src
+
+
+@pytest.mark.parametrize("sets,code", [
+    (("model.reinit=feat.clamp(hyper)",), "E216"),               # acts on another problem
+    (("hyper.reinit=true",), "E216"),                            # the top has no upper
+    (("hyper.project=feat.clamp(model)",), "E215"),
+    (("hyper.project=feat.broken(hyper)",), "E702"),             # raises when traced
+    (("model.reinit=true", "hyper->model.warmup=3"), "E217"),    # reset every step anyway
+])
+def test_misuse_is_a_diagnostic(sets, code):
+    with pytest.raises(mloc.api.ProgramError) as err:
+        mloc.load(RESTART, set=list(sets))
+    assert code in {d.code for d in err.value.diagnostics}
