@@ -32,10 +32,12 @@ def _points(seed):
     return [b.double() for b in feat.points(seed=seed)]
 
 
-def hand(outer: int, unroll: int = 3, reinit=None, warmup: int = 0, project=None):
+def hand(outer: int, unroll: int = 3, reinit=None, warmup: int = 0, project=None,
+         up_acc: int = 1, low_acc: int = 1):
     """The program's schedule written out: `reinit` None (warm start), "initial" or a
     constant; `warmup` lower steps before the first outer step; `project` (lo, hi) clamps
-    the upper after each of its steps."""
+    the upper after each of its steps; `up_acc` micro-steps per upper step, each after its
+    own lower solve (a meta-batch); `low_acc` micro-batches per lower step."""
     low, up = _points(0), _points(1)
     draws = {"low": 0, "up": 0}
 
@@ -47,19 +49,22 @@ def hand(outer: int, unroll: int = 3, reinit=None, warmup: int = 0, project=None
     buf = None
 
     def lower_step(w, buf):
-        g = (w - draw("low", low).mean(0)) + h.exp() * w
+        g = sum((w - draw("low", low).mean(0)) + h.exp() * w for _ in range(low_acc)) / low_acc
         buf = g.clone() if buf is None else 0.5 * buf + g
         return w - 0.3 * buf, buf
     for _ in range(warmup):
         w, buf = lower_step(w, buf)
     for _ in range(outer):
-        if reinit is not None:
-            w = torch.zeros(3, dtype=torch.float64) if reinit == "initial" else torch.full((3,), reinit, dtype=torch.float64)
-            buf = None
-        for _ in range(unroll):
-            w, buf = lower_step(w, buf)
-        v = w - draw("up", up).mean(0)
-        h = h - 1.0 * (-(h.exp() * w) * v / (1 + h.exp()))
+        total = torch.zeros(3, dtype=torch.float64)
+        for _ in range(up_acc):
+            if reinit is not None:
+                w = torch.zeros(3, dtype=torch.float64) if reinit == "initial" else torch.full((3,), reinit, dtype=torch.float64)
+                buf = None
+            for _ in range(unroll):
+                w, buf = lower_step(w, buf)
+            v = w - draw("up", up).mean(0)
+            total = total + (-(h.exp() * w) * v / (1 + h.exp()))
+        h = h - 1.0 * total / up_acc
         if project is not None:
             h = h.clamp(*project)
     return w, h
@@ -97,6 +102,18 @@ def test_warmup_trains_the_lower_alone_first_and_only_once():
     assert s.program.live["model"].steps == 4 + 3 * 3
 
 
+@pytest.mark.parametrize("sets,kw", [
+    (("hyper.accumulate=3",), dict(up_acc=3)),
+    (("model.accumulate=2",), dict(low_acc=2)),
+    (("hyper.accumulate=2", "model.reinit=true"), dict(up_acc=2, reinit="initial")),   # a meta-batch
+], ids=["upper", "lower", "meta-batch"])
+def test_accumulate_averages_micro_steps(sets, kw):
+    w, h, s = run(3, *sets)
+    rw, rh = hand(3, **kw)
+    assert close(w, rw) and close(h, rh)
+    assert not close(h, hand(3)[1])
+
+
 def test_project_runs_after_every_step_of_its_problem():
     w, h, _ = run(3, "hyper.project=feat.clamp(hyper, lo=-0.55, hi=-0.45)")
     rw, rh = hand(3, project=(-0.55, -0.45))
@@ -118,6 +135,7 @@ def test_the_generated_code_says_what_runs():
     (("hyper.project=feat.clamp(model)",), "E215"),
     (("hyper.project=feat.broken(hyper)",), "E702"),             # raises when traced
     (("model.reinit=true", "hyper->model.warmup=3"), "E217"),    # reset every step anyway
+    (("model.accumulate=2", "hyper->model.hypergrad=itd"), "E218"),
 ])
 def test_misuse_is_a_diagnostic(sets, code):
     with pytest.raises(mloc.api.ProgramError) as err:

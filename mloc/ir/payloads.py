@@ -72,6 +72,7 @@ class ProblemNode:
     schedule: Builtin | None = None
     project: PyCall | None = None
     reinit: PyCall | bool = False
+    accumulate: int = 1
     order: int = 0              # position in the source, for stable tie-breaking
 
 

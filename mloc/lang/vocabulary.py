@@ -57,6 +57,8 @@ PROBLEM_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("schedule", "builtin", "learning-rate schedule", table="schedules"),
     FieldSpec("reinit", "flag_or_pycall", "start again at each step of its upper: `true` from its "
               "own initial parameters, or a call that re-initializes its module", problems=True),
+    FieldSpec("accumulate", "value", "micro-steps per optimizer step, their gradients averaged; "
+              "on an upper problem each follows its own lower solve (a meta-batch)", type=Int(1)),
     FieldSpec("project", "pycall", "runs on the problem's module, under no_grad, after every "
               "optimizer step (e.g. clamp a hyperparameter)", problems=True),
 )}

@@ -23,6 +23,7 @@ from mloc.builtins import METHODS, OPTIMIZERS, Shape
 from mloc.ir.composition import Composition, compose_all, feedback, step_caps
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.payloads import HierarchyEdge
+from mloc.passes.schedule import Action, Loop, periods_of, schedule_json, schedule_lines, schedule_of
 
 
 @dataclass(frozen=True)
@@ -59,23 +60,6 @@ class EdgePlan:
 
 
 @dataclass(frozen=True)
-class Action:
-    """One line of the schedule: `kind` is lower_step, upper_step, draw, reset or commit."""
-
-    kind: str
-    problem: str
-    count: int = 1
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Loop:
-    repeat: int
-    body: tuple["Action | Loop", ...]
-    note: str = ""
-
-
-@dataclass(frozen=True)
 class Plan:
     semantics: str              # what the program asked for
     runtime_semantics: str      # what the runtime is given
@@ -100,12 +84,12 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
     semantics, reason = _semantics(g)
     edges = tuple(_with_state(g, _plan_edge(g, e, sizes, budget, semantics), sizes)
                   for e in g.hierarchy_edges())
-    periods = _periods(g, edges)
+    periods = periods_of(g, edges)
     order = tuple(reversed(g.topological_order()))
     warmup = tuple(Action("lower_step", e.lower, e.warmup, f"warm-up: `{e.lower}` trains alone first")
                    for e in g.hierarchy_edges() if e.warmup)
     return Plan(g.info.semantics, semantics, reason, edges, order, periods,
-                _schedule(g, edges, periods), budget, g.names(), _compositions(g, edges, semantics),
+                schedule_of(g, edges, periods), budget, g.names(), _compositions(g, edges, semantics),
                 warmup)
 
 
@@ -234,76 +218,6 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) ->
                     f"auto: nothing fits the budget ({format_bytes(budget)}); the smallest method")
 
 
-def _periods(g: ProgramGraph, edges: tuple[EdgePlan, ...]) -> dict[str, int]:
-    """Lowest-level steps per step of each problem: 1 at the bottom, unroll × below above.
-    An `itd` edge's unrolled steps happen inside the upper's hypergradient: factor 1."""
-    periods: dict[str, int] = {}
-    for name in reversed(g.topological_order()):
-        below = [periods[e.lower] * (1 if METHODS[e.method].caps.unrolls else e.unroll)
-                 for e in edges if e.upper == name]
-        periods[name] = max(below, default=1)
-    return periods
-
-
-def _schedule(g: ProgramGraph, edges: tuple[EdgePlan, ...], periods: dict[str, int]) -> Loop:
-    """Nested loops by period: each level repeats the one below `period ratio` times, then
-    steps its own problems (lower ones first)."""
-    itd_into = {e.lower: e for e in edges if METHODS[e.method].caps.unrolls}
-    order = list(reversed(g.topological_order()))          # lowest first
-    levels = sorted(set(periods.values()))
-    body: tuple = ()
-    previous = None
-    for p in levels:
-        inner: list = [Action("reset", n, note=_reset_note(g.problem(n)))
-                       for n in order if _reset_period(g, n, periods) == p]
-        if previous is not None:
-            inner.append(Loop(p // previous, body, f"{p // previous} step(s) of the level below"))
-        for name in (n for n in order if periods[n] == p):
-            inner += _actions(g, name, itd_into, edges)
-        body, previous = tuple(inner), p
-    return Loop(1, body)
-
-
-def _reset_period(g: ProgramGraph, name: str, periods: dict[str, int]) -> int | None:
-    """The level whose every step starts with `name`'s reset: an `init` or `reinit` problem
-    starts again once per step of its upper (the lowest-period one), before its own steps
-    of that step; None without either."""
-    if not _restarts(g.problem(name)):
-        return None
-    return max(periods[name], min((periods[u] for u in g.uppers(name)), default=periods[name]))
-
-
-def _restarts(node) -> bool:
-    """It starts again at each step of its upper (`init` or `reinit`): unrolled steps are
-    not committed, a reset opens each of those steps."""
-    return node.init is not None or node.reinit is not False
-
-
-def _reset_note(node) -> str:
-    if node.init is not None:
-        return f"start from `{node.init[0]}`'s weights"
-    if node.reinit is True:
-        return "start again from its initial weights"
-    return f"start again: `{node.reinit.text}`"
-
-
-def _actions(g: ProgramGraph, name: str, itd_into: dict, edges) -> list:
-    lowers = g.lowers(name)
-    out: list = []
-    if not lowers:
-        if name in itd_into:
-            out.append(Action("draw", name, note=f"its {itd_into[name].unroll} steps are unrolled by `itd`"))
-        else:
-            out.append(Action("lower_step", name))
-    else:
-        out.append(Action("upper_step", name, note="hypergradient through " + ", ".join(lowers)))
-    for low in lowers:
-        e = itd_into.get(low)
-        if e is not None and e.upper == name and not _restarts(g.problem(low)):
-            out.append(Action("commit", low, e.unroll, "take the unrolled steps for real"))
-    return out
-
-
 def format_bytes(n: int | None) -> str:
     """`12.3 MiB`, `4.0 KiB`, or `unknown`."""
     if n is None:
@@ -322,7 +236,7 @@ def plan_to_json(plan: Plan) -> dict:
         "composition_order": list(plan.order),
         "compositions": {top: _composition_json(c) for top, c in plan.compositions.items()},
         "periods": dict(sorted(plan.periods.items())),
-        "schedule": _schedule_json(plan.schedule),
+        "schedule": schedule_json(plan.schedule),
         "warmup": [{"action": a.kind, "problem": a.problem, "count": a.count} for a in plan.warmup],
     }
 
@@ -332,16 +246,6 @@ def _composition_json(c: Composition) -> dict:
             "seeds": list(c.seeds), "nested": [[m, [[n, list(t), out] for n, t, out in up], list(b)]
                                                for m, up, b in c.nested],
             "live_seeds": c.live_seeds, "shape": c.shape}
-
-
-def _schedule_json(loop: Loop) -> list:
-    out = []
-    for item in loop.body:
-        if isinstance(item, Loop):
-            out.append({"repeat": item.repeat, "body": _schedule_json(item)})
-        else:
-            out.append({"action": item.kind, "problem": item.problem, "count": item.count})
-    return out
 
 
 def plan_table(plan: Plan) -> str:
@@ -359,24 +263,12 @@ def plan_table(plan: Plan) -> str:
     lines.append("composition order (adjoints, bottom-up): " + " -> ".join(plan.order))
     if plan.warmup:
         lines.append("before the first outer step:")
-        lines += _schedule_lines(Loop(1, plan.warmup), 1)
+        lines += schedule_lines(Loop(1, plan.warmup), 1)
     lines.append("schedule, one outer step:")
-    lines += _schedule_lines(plan.schedule, 1)
+    lines += schedule_lines(plan.schedule, 1)
     return "\n".join(lines) + "\n"
 
 
 def _args_text(e: EdgePlan) -> str:
     inner = ", ".join(f"{k}={v!r}" for k, v in e.args if v is not None and k != "mode")
     return f"({inner})" if inner else ""
-
-
-def _schedule_lines(loop: Loop, depth: int) -> list[str]:
-    out = []
-    for item in loop.body:
-        if isinstance(item, Loop):
-            out.append("  " * depth + f"repeat {item.repeat}:")
-            out += _schedule_lines(item, depth + 1)
-        else:
-            times = f" x{item.count}" if item.count > 1 else ""
-            out.append("  " * depth + f"{item.kind} {item.problem}{times}" + (f"   ({item.note})" if item.note else ""))
-    return out

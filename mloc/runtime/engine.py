@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from mloc.runtime import state as _state
+from mloc.runtime.accumulate import Accumulator
 from mloc.runtime.buffers import buffers_of, frozen, guard_step, inference
 from mloc.runtime.build import Live, ProblemSpec, RunConfig, build, resolve_device
 from mloc.runtime.commit import Pipeline, build_pipeline
@@ -59,6 +60,7 @@ class Program:
         self.hierarchy, self._cast = built.hierarchy, built.cast
         self._lower_fns: dict[str, Callable[[bool], None]] = {}    # built at first use
         self._upper_fns: dict[str, Callable[[], None]] = {}
+        self._accumulators: dict[str, Accumulator] = {}
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
             lv.problem.optimizer.start()
@@ -75,28 +77,44 @@ class Program:
         """One gradient step of `name` on its own loss (the lowest problems)."""
         fn = self._lower_fns.get(name)
         if fn is None:
-            lv = self.live[name]
-            reads = lv.spec.reads
-            loss = lv.problem.loss.step_loss(reads.index(name) if name in reads else None)
-            others = buffers_of((self.live[r].module for r in reads if r != name),
-                                exclude=tuple(lv.module.buffers()))
-            source = guard_step(plain_gradient(lv.problem.params, loss, lv.autocast), others)
-            fn = self._lower_fns[name] = _stepper(self._drawer(name), source, self._pipeline(lv))
+            fn = self._lower_fns[name] = _stepper(self._drawer(name), self._source(name),
+                                                  self._pipeline(self.live[name]))
         fn(draw)
 
     def upper_step(self, name: str) -> None:
         """Hypergradient of `name` through every problem below it, then its optimizer step."""
         fn = self._upper_fns.get(name)
         if fn is None:
-            lv = self.live[name]
-            pipeline = self._pipeline(lv)
-            source = hypergradient(self.hierarchy.hypergrad, name, lv.problem.params, lv.autocast,
-                                   into_grad=pipeline.on_grad)
-            own = buffers_of((lv.module,))
-            source = guard_step(source, buffers_of(self.modules.values(), exclude=own), own,
-                                lv.problem.loss)
-            fn = self._upper_fns[name] = _stepper(self._drawer(name), source, pipeline)
+            fn = self._upper_fns[name] = _stepper(self._drawer(name), self._source(name),
+                                                  self._pipeline(self.live[name]))
         fn()
+
+    def accumulate(self, name: str) -> None:
+        """One micro-step of `name` (`accumulate = k`): draw, add its gradient up."""
+        acc = self._accumulators.get(name)
+        if acc is None:
+            acc = self._accumulators[name] = Accumulator(self._drawer(name), self._source(name),
+                                                         self._pipeline(self.live[name]))
+        acc.add()
+
+    def apply(self, name: str) -> None:
+        """`name`'s optimizer step on the mean of its accumulated micro-steps."""
+        self._accumulators[name].apply()
+
+    def _source(self, name: str) -> Source:
+        """Where `name`'s steps take their gradients: its plain gradient (a lowest problem)
+        or its hypergradient, with the buffer rule applied (`mloc.runtime.buffers`)."""
+        lv = self.live[name]
+        if not self.hierarchy.lowers.get(name):
+            reads = lv.spec.reads
+            loss = lv.problem.loss.step_loss(reads.index(name) if name in reads else None)
+            others = buffers_of((self.live[r].module for r in reads if r != name),
+                                exclude=tuple(lv.module.buffers()))
+            return guard_step(plain_gradient(lv.problem.params, loss, lv.autocast), others)
+        source = hypergradient(self.hierarchy.hypergrad, name, lv.problem.params, lv.autocast,
+                               into_grad=self._pipeline(lv).on_grad)
+        own = buffers_of((lv.module,))
+        return guard_step(source, buffers_of(self.modules.values(), exclude=own), own, lv.problem.loss)
 
     def reset(self, name: str) -> None:
         """Start `name` again, with a fresh optimizer state: from its `init` problem's

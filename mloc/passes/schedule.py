@@ -1,0 +1,147 @@
+"""The step schedule: who steps when, within one outer step (the planner's last decision).
+
+Periods count lowest-level micro-steps: 1 at the bottom; above, the largest of `unroll` ×
+the lower's period over its edges (an `itd` edge's unrolled steps happen inside the upper's
+hypergradient: factor 1), times the problem's own `accumulate`. Each level repeats the one
+below `period ratio` times, then steps its own problems, lowest first. A problem that
+starts again at each step of its upper (`init`, `reset`) is reset at the start of that
+step; a problem with `accumulate = k` takes k micro-steps, each after everything below it
+in one of its steps (its lowers' resets and steps: a meta-batch of k lower solves), and one
+optimizer step on their mean (`apply`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mloc.builtins import METHODS
+from mloc.ir.graph import ProgramGraph
+
+
+@dataclass(frozen=True)
+class Action:
+    """One line of the schedule: `kind` is lower_step, upper_step, draw, reset, commit,
+    accumulate (one micro-step's gradient, added up) or apply (the optimizer step on the
+    mean of the accumulated micro-steps)."""
+
+    kind: str
+    problem: str
+    count: int = 1
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Loop:
+    repeat: int
+    body: tuple["Action | Loop", ...]
+    note: str = ""
+
+
+def periods_of(g: ProgramGraph, edges) -> dict[str, int]:
+    """Lowest-level micro-steps per step of each problem (see the module docstring)."""
+    periods: dict[str, int] = {}
+    for name in reversed(g.topological_order()):
+        below = [periods[e.lower] * (1 if METHODS[e.method].caps.unrolls else e.unroll)
+                 for e in edges if e.upper == name]
+        periods[name] = max(below, default=1) * g.problem(name).accumulate
+    return periods
+
+
+def schedule_of(g: ProgramGraph, edges, periods: dict[str, int]) -> Loop:
+    """Nested loops by period: each level repeats the one below `period ratio` times, then
+    steps its own problems (lower ones first). An accumulating problem's k micro-steps each
+    take 1/k of that (its meta-batch); where the ratio does not divide by k (another
+    problem's levels in between), its micro-steps run back to back after them."""
+    itd_into = {e.lower: e for e in edges if METHODS[e.method].caps.unrolls}
+    order = list(reversed(g.topological_order()))          # lowest first
+    body: tuple = ()
+    previous = None
+    for p in sorted(set(periods.values())):
+        names = [n for n in order if periods[n] == p]
+        ratio = p // previous if previous is not None else 1
+        acc = next((n for n in names if g.problem(n).accumulate > 1
+                    and ratio % g.problem(n).accumulate == 0), None)
+        k = g.problem(acc).accumulate if acc else 1
+        inner: list = [Action("reset", n, note=_reset_note(g.problem(n)))
+                       for n in order if _reset_period(g, n, periods) == p]
+        if previous is not None:
+            inner.append(Loop(ratio // k, body, f"{ratio // k} step(s) of the level below"))
+        after: list = []
+        for name in names:
+            steps = _actions(g, name, itd_into, edges, micro=name == acc)
+            (after if acc and names.index(name) > names.index(acc) else inner).extend(steps)
+        if acc:
+            inner = [Loop(k, tuple(inner), f"accumulate: {k} micro-steps of `{acc}`"),
+                     Action("apply", acc, note=f"one step on the mean of the {k}"), *after]
+        body, previous = tuple(inner), p
+    return Loop(1, body)
+
+
+def _reset_period(g: ProgramGraph, name: str, periods: dict[str, int]) -> int | None:
+    """The level whose every step starts with `name`'s reset: an `init` or `reinit` problem
+    starts again once per step of its upper (the lowest-period one), before its own steps
+    of that step; None without either."""
+    if not _restarts(g.problem(name)):
+        return None
+    return max(periods[name], min((periods[u] for u in g.uppers(name)), default=periods[name]))
+
+
+def _restarts(node) -> bool:
+    """It starts again at each step of its upper (`init` or `reinit`): unrolled steps are
+    not committed, a reset opens each of those steps."""
+    return node.init is not None or node.reinit is not False
+
+
+def _reset_note(node) -> str:
+    if node.init is not None:
+        return f"start from `{node.init[0]}`'s weights"
+    if node.reinit is True:
+        return "start again from its initial weights"
+    return f"start again: `{node.reinit.text}`"
+
+
+def _actions(g: ProgramGraph, name: str, itd_into: dict, edges, micro: bool = False) -> list:
+    """`name`'s actions in its level: its step (as one micro-step when ``micro``; back to
+    back micro-steps when it accumulates and is not interleaved), then the commits of its
+    `itd` lowers."""
+    lowers = g.lowers(name)
+    k = g.problem(name).accumulate
+    out: list = []
+    if micro or k > 1:
+        what = Action("accumulate", name, note="one micro-step, added up")
+        out += [what] if micro else [Loop(k, (what,), f"accumulate: {k} micro-steps"),
+                                     Action("apply", name, note=f"one step on the mean of the {k}")]
+    elif not lowers:
+        if name in itd_into:
+            out.append(Action("draw", name, note=f"its {itd_into[name].unroll} steps are unrolled by `itd`"))
+        else:
+            out.append(Action("lower_step", name))
+    else:
+        out.append(Action("upper_step", name, note="hypergradient through " + ", ".join(lowers)))
+    for low in lowers:
+        e = itd_into.get(low)
+        if e is not None and e.upper == name and not _restarts(g.problem(low)):
+            out.append(Action("commit", low, e.unroll, "take the unrolled steps for real"))
+    return out
+
+
+def schedule_json(loop: Loop) -> list:
+    out = []
+    for item in loop.body:
+        if isinstance(item, Loop):
+            out.append({"repeat": item.repeat, "body": schedule_json(item)})
+        else:
+            out.append({"action": item.kind, "problem": item.problem, "count": item.count})
+    return out
+
+
+def schedule_lines(loop: Loop, depth: int) -> list[str]:
+    out = []
+    for item in loop.body:
+        if isinstance(item, Loop):
+            out.append("  " * depth + f"repeat {item.repeat}:")
+            out += schedule_lines(item, depth + 1)
+        else:
+            times = f" x{item.count}" if item.count > 1 else ""
+            out.append("  " * depth + f"{item.kind} {item.problem}{times}" + (f"   ({item.note})" if item.note else ""))
+    return out
