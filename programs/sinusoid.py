@@ -68,3 +68,10 @@ def zero_shot_error(model: nn.Module, tasks: SineTasks, n_tasks: int = 20) -> fl
     """Query MSE of the meta-initialisation before adaptation, averaged over held-out tasks."""
     it = iter(tasks)
     return sum(mse(model, next(it)).item() for _ in range(n_tasks)) / n_tasks
+
+
+def proximal_mse(model: nn.Module, meta: nn.Module, batch, lam: float = 2.0) -> torch.Tensor:
+    """iMAML's inner objective: the task loss plus (λ/2)‖θ − φ‖², which keeps the adapted
+    weights θ near the meta-initialisation φ (Rajeswaran et al., NeurIPS 2019, eq. 4)."""
+    prox = sum((p - q).pow(2).sum() for p, q in zip(model.parameters(), meta.parameters()))
+    return mse(model, batch) + 0.5 * lam * prox
