@@ -141,3 +141,19 @@ def test_misuse_is_a_diagnostic(sets, code):
     with pytest.raises(mloc.api.ProgramError) as err:
         mloc.load(RESTART, set=list(sets))
     assert code in {d.code for d in err.value.diagnostics}
+
+
+def test_a_batch_dtype_the_loss_cannot_mix_is_caught_at_the_data_field():
+    from mloc.codegen.compile import compile_program
+    c = compile_program(str(HERE / "dtype_mismatch.mlo"), ())
+    assert [(d.code, d.span.line, d.span.col) for d in c.diagnostics] == [("E706", 8, 17)]
+    assert "float64" in c.diagnostics[0].message and "float32" in c.diagnostics[0].message
+    # promotion that works (float64 batches, float32 vector parameters) is not an error
+    assert compile_program(str(RESTART), ("model.data=feat.points64(seed=0)",)).ok
+
+
+def test_bare_tensor_batches_log_their_losses():
+    """Batches that are tensors (not tuples) are valid: `losses()` used to test their truth."""
+    s = run(1)[2]
+    assert set(s.losses()) == {"model", "hyper"}
+    assert set(s.hypergradients()) == {"hyper"}

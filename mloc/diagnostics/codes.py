@@ -90,6 +90,7 @@ _ALL = (
     Code("E703", "bad-loss", "a loss that is not a differentiable scalar"),
     Code("E704", "not-executable-yet", "a construct that is checked but not yet executed"),
     Code("E705", "init-shape-mismatch", "`init = U` between modules whose parameters differ in shape"),
+    Code("E706", "data-dtype-mismatch", "a problem's batches and its module's parameters have floating dtypes its loss cannot mix"),
     Code("W101", "unused-import", "an import that no field uses"),
     Code("W102", "unused-argument", "an argument that has no effect with the chosen options"),
     Code("E900", "internal-error", "a bug in mloc"),

@@ -9,7 +9,10 @@ problems a loss *names* with the problems whose parameters *reach* it:
 - a loss that raises, or a constructor or data call that raises, is reported at its span
   in the `.mlo` file (E702), not as a traceback;
 - a loss that is not a floating-point scalar is E703;
-- a `project` call is run once on its module, under no_grad (E702 if it raises).
+- a `project` call is run once on its module, under no_grad (E702 if it raises);
+- batches whose floating dtype differs from the module's parameters are run once for real
+  (the meta device does not check dtypes): a loss that cannot mix them is E706, at the
+  `data` field.
 
 Returns the parameter counts and saved-activation sizes the planner's cost model uses.
 """
@@ -112,6 +115,8 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
     from mloc.runtime import introspect as intro
 
     reads = p.loss.read_names()
+    if not _dtypes_mix(g, p, mods, modules[p.name], data, diags):
+        return
     try:
         probe, used = _probe(g, p, mods, modules, data)
     except Exception as err:  # noqa: BLE001
@@ -158,6 +163,30 @@ def _check_project(g, p, mods, modules: dict, diags: list) -> None:
             run(evaluate(p.module.call, mods))
     except Exception as err:  # noqa: BLE001 - user code
         diags.append(_raised(p.project.span, f"the `project` of `{p.name}`", err))
+
+
+def _dtypes_mix(g, p, mods, meta_module, data, diags: list) -> bool:
+    """False (after E706) when the batches' floating dtype differs from the module's and
+    the loss, run once on the real modules and batch, fails on it."""
+    from mloc.runtime import introspect as intro
+
+    batch = next(iter(data))
+    have, want = intro.floating_dtypes(batch), intro.floating_dtypes(meta_module)
+    if not have or not want or have <= want:
+        return True
+    real = {r: evaluate(g.problem(r).module.call, mods) for r in p.loss.read_names()}
+    try:
+        _loss_function(p, mods)(*real.values(), batch)
+        return True
+    except Exception as err:  # noqa: BLE001 - user code
+        text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        names = lambda s: "/".join(sorted(str(d).replace("torch.", "") for d in s))  # noqa: E731
+        diags.append(Diagnostic(
+            "E706", f"the batches of `{p.name}` are {names(have)}, but its module's parameters are "
+            f"{names(want)}, and its loss fails on them ({text})", p.data.span, label="batches from here",
+            help=f"convert the batches in the data call (e.g. `x.float()`), or build the module in "
+                 f"{names(have)}"))
+        return False
 
 
 def _loss_function(p, mods):

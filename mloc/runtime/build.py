@@ -101,7 +101,7 @@ class Live:
     problem: Problem | None = None       # set once every problem's parameters exist
     commit: Callable | None = None       # commit(grads): the optimizer step, bound once
     pipeline: Pipeline | None = None     # the commit pipeline, built at the first step
-    batch: tuple = ()
+    batch: Any = None                    # the current batch; None until the first draw
     last_loss: torch.Tensor | None = None
     steps: int = 0
 

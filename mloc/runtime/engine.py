@@ -161,7 +161,7 @@ class Program:
         out = {}
         with inference(self.modules.values()):
             for name, lv in self.live.items():
-                if not lv.batch:
+                if lv.batch is None:
                     continue
                 args = [self.live[r].problem.params for r in lv.problem.reads]
                 with lv.autocast():
@@ -176,9 +176,9 @@ class Program:
             if not self.hierarchy.lowers.get(name):
                 continue
             for below in self.hierarchy.lowers[name]:
-                if not self.live[below].batch:
+                if self.live[below].batch is None:
                     self.draw(below)
-            if not lv.batch:
+            if lv.batch is None:
                 self.draw(name)
             saved = [p.grad for p in lv.problem.params]
             for p in lv.problem.params:

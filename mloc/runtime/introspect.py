@@ -51,6 +51,15 @@ def first_batch(data):
     return to_meta(next(iter(data)))
 
 
+def floating_dtypes(tree) -> set:
+    """The floating dtypes of the tensors in a batch or of a module's parameters."""
+    if isinstance(tree, nn.Module):
+        return {t.dtype for t in tree.parameters() if t.is_floating_point()}
+    found: set = set()
+    map_tensors(tree, lambda t: found.add(t.dtype) if t.is_floating_point() else None)
+    return found
+
+
 def without_grad(fn: Callable[[], object]) -> object:
     """``fn()`` under ``torch.no_grad()`` (how a `project` call runs)."""
     with torch.no_grad():

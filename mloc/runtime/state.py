@@ -47,7 +47,7 @@ def restore(state: dict, live: Mapping[str, Any], streams: Mapping[str, DataStre
     for n, s in streams.items():
         s.restore(state["data"][n])
     for lv in live.values():
-        lv.batch = ()
+        lv.batch = None
     restore_rng(state["rng"])
     return step
 

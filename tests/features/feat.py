@@ -31,3 +31,24 @@ def clamp(module, lo: float = -1.0, hi: float = 1.0):
 
 def broken(module):
     raise ValueError("no projection today")
+
+
+class Affine(nn.Module):
+    """w·x through nn.Linear, whose matmul refuses mixed dtypes."""
+
+    def __init__(self, n: int = 3):
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+
+
+def points64(n: int = 3, seed: int = 0, batch: int = 4):
+    """`points` in float64 (for the dtype-mismatch test)."""
+    return [b.double() for b in points(n, seed, batch)]
+
+
+def fit_affine(model, hyper, batch):
+    return 0.5 * (model.lin(batch) - batch).pow(2).mean() + 0.5 * (hyper.w.exp() * model.lin.weight.pow(2).sum(0)).sum()
+
+
+def val_affine(model, batch):
+    return 0.5 * (model.lin(batch) - batch).pow(2).mean()
