@@ -6,8 +6,9 @@ earlier stage of P's chain a `chain` edge. Anything else is an error (E210). The
 hierarchy edge must carry dataflow (E209), an upper problem must read some problem below
 it (E211), a lowest problem must read itself (E212), chain stages must read the stage
 before (E505), a method whose descriptor does not `reads_init` cannot see an upper problem
-that enters only through `init` (E403), and under `exact` semantics a method below a middle
-level with feedback must be `differentiable` (E404). `auto` passes both: the planner
+that enters only through `init` (E403), a lower problem that `accumulate`s cannot be
+unrolled by `itd` (E218, `auto` on an init-only edge included), and under `exact`
+semantics a method below a middle level with feedback must be `differentiable` (E404). `auto` passes both: the planner
 chooses `itd` for an init-only edge and `cg` under `exact` semantics.
 
 The checks run on the declared structure and on every loss that resolved, so a mistake in
@@ -131,6 +132,13 @@ def _check_links(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str],
                         f"`{edge.lower}` reads it only through `init`", edge.method.span,
                         help="use `itd(...)` (MAML), `first_order`, or read the upper problem in "
                              "the loss (a proximal term, as iMAML does)")
+        caps, low = METHODS[edge.method.name].caps, g.problem(edge.lower)
+        if low.accumulate > 1 and (caps.unrolls or (caps.planned and via_init and not via_loss)):
+            method = "itd" if caps.planned else f"`{edge.method.name}`"
+            diags.error("E218", f"`{edge.lower}` accumulates {low.accumulate} micro-steps per step, but "
+                        f"{method} unrolls its steps on one batch each" +
+                        (" (`auto` picks itd: the upper enters only through `init`)" if caps.planned else ""),
+                        edge.span, help=f"use another method on this edge, or drop `accumulate` from `{edge.lower}`")
 
 
 def _check_problems(r: ResolvedProgram, h: nx.DiGraph, uncertain: frozenset[str], diags: Diagnostics) -> None:

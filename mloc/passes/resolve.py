@@ -215,10 +215,6 @@ def _check_restarts(problems: list[ProblemNode], edges: tuple[HierarchyEdge, ...
                         help=f"declare an edge `UPPER -> {p.name}`, or drop `reinit`")
     for e in edges:
         low = by_name.get(e.lower)
-        if low is not None and low.accumulate > 1 and METHODS[e.method.name].caps.unrolls:
-            diags.error("E218", f"`{e.lower}` accumulates {low.accumulate} micro-steps per step, but "
-                        f"`{e.method.name}` unrolls its steps on one batch each", e.span,
-                        help=f"use another method on this edge, or drop `accumulate` from `{e.lower}`")
         if not e.warmup or low is None:
             continue
         if any(x.upper == e.lower for x in edges):
