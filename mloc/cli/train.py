@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -80,37 +78,89 @@ def cmd_plan(args, out: Output) -> int:
 
 
 def cmd_run(args, out: Output) -> int:
+    """Compile, open the run folder (the rule of `mloc.runtime.runfolder`), write the
+    compiled files and `config.json` there, and train in this process or, with `--nproc N`,
+    in N workers launched and watched by this one."""
     if args.steps is not None and args.steps < 1:
         raise UsageError("--steps must be at least 1")
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
     if args.resume and not (Path(args.resume) / "checkpoint.pt").is_file():
         raise UsageError(f"{args.resume} holds no checkpoint.pt", help="pass the --out folder of an earlier run")
-    out_dir = Path(args.out)
-    if (out_dir / "checkpoint.pt").exists() and not args.resume and not args.overwrite:
-        raise UsageError(f"{out_dir} already holds a run (checkpoint.pt); it is left as it is",
-                         help=f"continue it with `--resume {out_dir}`, start over with `--overwrite`, "
-                              "or choose another --out")
-    compiled = _compiled(args, out, out_dir)
+    from mloc.runtime import runfolder
+    try:
+        choice = runfolder.choose(Path(args.out) if args.out else None, Path(args.resume) if args.resume else None,
+                                  args.overwrite, Path(args.file).stem)
+    except (runfolder.RunFolderError, runfolder.RunIOError) as e:
+        raise UsageError(str(e), help=getattr(e, "help", None)) from None
+    # a fresh runs/NAME/N is created later; any N sits at the same depth, which is all the
+    # compiled program's relative import path depends on
+    compiled = _compiled(args, out, choice.fresh_root / "1" if choice.fresh_root else choice.dir)
     if compiled is None:
         return EXIT_ERRORS
-    if args.overwrite and not args.resume:
-        for name in ("checkpoint.pt", "metrics.jsonl"):
-            (out_dir / name).unlink(missing_ok=True)
-    train = write_outputs(compiled, out_dir)
-    from mloc.runtime.launch import RunOptions, run
+    try:
+        return _run_in_folder(args, out, compiled, choice)
+    except _run_errors() as e:
+        raise UsageError(str(e), help=getattr(e, "help", None)) from None
+
+
+def _run_errors() -> tuple:
+    """The runtime's errors that are the user's (exit 2), imported only when one is raised."""
+    from mloc.runtime.checkpoint import CheckpointError
+    from mloc.runtime.precision import DeviceError
+    from mloc.runtime.runfolder import RunFolderError, RunIOError
+    return CheckpointError, DeviceError, RunFolderError, RunIOError
+
+
+def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
+    from mloc.runtime.launch import RunOptions, check_resume, run, run_record
+    from mloc.runtime.runfolder import RunFolder, RunIOError, write_config
+    ns = load_generated(compiled.source, str((choice.dir / "train.py").resolve()))
     options = RunOptions(steps=args.steps, seed=args.seed, device=args.device, precision=args.precision,
-                         out=out_dir, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
-    if args.nproc > 1:
-        return _torchrun(train, args.nproc, replace(options, quiet=True).argv(), out)
-    ns = load_generated(compiled.source, str(train.resolve()))
-    return run(ns, options.config(ns["DEFAULTS"]), options.out, options.resume, quiet=options.quiet)
+                         resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
+    config = options.config(ns["DEFAULTS"])
+    if options.resume is not None:
+        check_resume(options.resume, ns["NAME"], config.steps)
+    program = {"file": str(Path(args.file).resolve()), "sha256": _sha256(Path(args.file)), "set": list(args.set or ())}
+    with RunFolder(choice) as folder:
+        try:
+            train = write_outputs(compiled, folder.dir)
+        except OSError as e:
+            raise RunIOError(e.filename or folder.dir, e) from None
+        write_config(folder.dir, run_record(config, program, options.resume, args.nproc))
+        options = replace(options, out=folder.dir, resume=folder.dir if options.resume else None)
+        if args.nproc > 1:
+            _warn_per_replica(compiled, args.nproc, out)
+            return _launch(train, args.nproc, replace(options, quiet=True), out, args.quiet)
+        ns["__file__"] = str(train.resolve())
+        return run(ns, config, folder.dir, options.resume, quiet=options.quiet, owner=folder.owner)
 
 
-def _torchrun(train: Path, nproc: int, argv: list[str], out: Output) -> int:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(train), *argv]
-    out.err(f"launching {nproc} processes: {' '.join(cmd[1:])}")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.call(cmd, env=env)
+def _sha256(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _warn_per_replica(compiled: Compiled, nproc: int, out: Output) -> None:
+    """Once: the parts of the program that data parallelism does not average (README)."""
+    parts = [f"the itd edge {e.upper}->{e.lower}" for e in compiled.plan.edges if e.method == "itd"]
+    parts += [f"the exact nested solve of `{m}`" for c in compiled.plan.compositions.values()
+              for m, _, _ in c.nested]
+    if parts:
+        out.err(f"warning: with --nproc {nproc}, {', '.join(parts)} run{'s' * (len(parts) == 1)} per replica: "
+                "each process unrolls or solves on its own shard, and only the resulting gradients are averaged")
+
+
+def _launch(train: Path, nproc: int, options, out: Output, quiet: bool) -> int:
+    from mloc.runtime.workers import exit_code, launch
+    if not quiet:
+        out.err(f"training {train.parent} with {nproc} processes")
+    outcome = launch(train, nproc, options.argv())
+    if outcome.report:
+        out.err(outcome.report)
+    if outcome.code == 0 and not quiet:
+        out.err(f"done; wrote {options.out / 'checkpoint.pt'} and {options.out / 'metrics.jsonl'}")
+    return exit_code(outcome.code)
 
 
 def cmd_hypergrad(args, out: Output) -> int:
@@ -200,11 +250,15 @@ def add_commands(command) -> None:
                    help="change a field for this run, checked like the file: PROBLEM.FIELD, UPPER->LOWER.FIELD, "
                         "train.FIELD or a setting (repeatable)")
     p.add_argument("--nproc", type=int, default=1, help="data-parallel processes, launched with torchrun (default 1)")
-    p.add_argument("--out", default="runs/latest", metavar="DIR",
-                   help="where train.py, metrics.jsonl and checkpoint.pt go (default: runs/latest)")
-    p.add_argument("--resume", metavar="DIR", help="continue from DIR/checkpoint.pt (the --out of an earlier run)")
+    p.add_argument("--out", metavar="DIR",
+                   help="where train.py, config.json, metrics.jsonl and checkpoint.pt go; it must not hold "
+                        "another run (default: a fresh runs/PROGRAM/N, linked from runs/PROGRAM/latest)")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue the run in DIR (from DIR/checkpoint.pt), in DIR itself unless --out names "
+                        "another folder, which must hold no run and receives a copy")
     p.add_argument("--overwrite", action="store_true",
-                   help="start over in an --out folder that already holds a run (its checkpoint and metrics are replaced)")
+                   help="start over in an --out folder that already holds a run (its checkpoint, metrics and "
+                        "config are deleted)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
     p = command("hypergrad", "compute each upper problem's hypergradient at the initial state", cmd_hypergrad)

@@ -1,18 +1,22 @@
 """Checkpoints: atomic writes, safe loads, optimizer states and RNG streams as plain trees.
 
 A checkpoint file is ``torch.save`` of ``{"format": FORMAT_VERSION, "program": NAME,
-"payload": PAYLOAD}``. The payload is a **tree** of tensors, numbers (``int``, ``float``,
+"sha256": DIGEST, "payload": PAYLOAD}``, where DIGEST is :func:`digest` of the program
+name and the payload: every leaf with its path, type, dtype, shape and raw bytes, so one
+flipped bit anywhere in the payload is found on load. The payload is a **tree** of tensors, numbers (``int``, ``float``,
 ``bool``), strings, ``None``, and plain ``list``/``tuple``/``dict`` containers (no
 subclasses: a NamedTuple would need its class to load). It is read back with
 ``torch.load(weights_only=True)``, which executes no code from the file.
 
-- :func:`save_checkpoint` writes a temporary file in the target's directory, flushes and
-  fsyncs it, then ``os.replace``\\ s it over the target (and fsyncs the directory): a crash
-  at any point leaves either the old checkpoint or the new one under the final name,
-  never a partial file.
+- :func:`save_checkpoint` serialises in memory, writes a temporary file in the target's
+  directory, flushes and fsyncs it, then ``os.replace``\\ s it over the target (and fsyncs
+  the directory): a crash at any point leaves either the old checkpoint or the new one
+  under the final name, never a partial file. A failed write (a full disk) removes the
+  temporary file and raises :class:`~mloc.runtime.runfolder.RunIOError`.
 - :func:`load_checkpoint` turns every way a file can be wrong (missing, truncated, not a
-  checkpoint, an object of a disallowed type, another format version or program) into a
-  :class:`CheckpointError` with a one-sentence message naming the file and a ``help``.
+  checkpoint, an object of a disallowed type, another format version or program, a
+  checksum that does not match) into a :class:`CheckpointError` with a one-sentence
+  message naming the file and a ``help``.
 - :func:`state_to_tree` / :func:`tree_to_state` convert optimizer states (pytrees of any
   shape) to plain trees and back, bit for bit, checking the structure against a freshly
   initialised state (:func:`mloc.runtime.tree.to_plain` / ``from_plain``).
@@ -22,6 +26,9 @@ subclasses: a NamedTuple would need its class to load). It is read back with
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import io
 import os
 import pickle
 import random
@@ -32,8 +39,9 @@ from typing import Any
 import torch
 
 from mloc.runtime import tree
+from mloc.runtime.runfolder import RunIOError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _ZIP_MAGIC = b"PK\x03\x04"
 _NOT_OURS = "check the path; only files written by mloc's checkpointing can be resumed from"
 
@@ -52,21 +60,65 @@ def save_checkpoint(path: str | os.PathLike, payload: dict, program: str) -> Non
     """Atomically write ``payload`` (a tree, see the module docstring) for ``program``.
 
     Raises ``TypeError`` naming the offending entry when the payload holds anything but
-    tensors, numbers, strings, ``None`` and plain containers; nothing is written then.
+    tensors, numbers, strings, ``None`` and plain containers, and
+    :class:`~mloc.runtime.runfolder.RunIOError` when the file system refuses the write;
+    nothing is left behind then (an earlier checkpoint at ``path`` stays as it was).
     """
     _check_tree(payload, "payload")
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT_VERSION, "program": program, "sha256": digest(program, payload),
+                "payload": payload}, buf)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT_VERSION, "program": program, "payload": payload}, f)
+            f.write(buf.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        raise RunIOError(path, e) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        _remove(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def _remove(tmp: str | None) -> None:
+    if tmp is not None:
+        try:
+            Path(tmp).unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+def digest(program: str, payload: Any) -> str:
+    """SHA-256 of ``program`` and every leaf of ``payload`` in a fixed order: its path, its
+    type, and for a tensor its dtype, shape and raw bytes (read in place on the CPU)."""
+    h = hashlib.sha256(program.encode())
+    _feed(h, payload, "")
+    return h.hexdigest()
+
+
+def _feed(h, x: Any, where: str) -> None:
+    if isinstance(x, torch.Tensor):
+        t = x.detach().cpu().contiguous()
+        h.update(f"{where}:tensor:{t.dtype}:{tuple(t.shape)}\n".encode())
+        n = t.numel() * t.element_size()
+        if n:
+            h.update(memoryview((ctypes.c_char * n).from_address(t.data_ptr())))
+    elif type(x) in (list, tuple):
+        h.update(f"{where}:{type(x).__name__}:{len(x)}\n".encode())
+        for i, v in enumerate(x):
+            _feed(h, v, f"{where}[{i}]")
+    elif type(x) is dict:
+        h.update(f"{where}:dict:{len(x)}\n".encode())
+        for k, v in x.items():
+            _feed(h, v, f"{where}[{k!r}]")
+    else:
+        h.update(f"{where}:{type(x).__name__}:{x!r}\n".encode())
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -102,9 +154,9 @@ def _check_tree(x: Any, where: str) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, program: str | None) -> dict:
-    """The payload saved at ``path``, on the CPU; checks the format version and, unless
-    ``program`` is ``None``, that ``program`` wrote it. Every failure is a
-    :class:`CheckpointError`."""
+    """The payload saved at ``path``, on the CPU; checks the format version, the checksum
+    and, unless ``program`` is ``None``, that ``program`` wrote it. Every failure is a
+    :class:`CheckpointError`; the file is only read."""
     record = _read(Path(path))
     if type(record) is not dict or "format" not in record or "payload" not in record:
         raise CheckpointError(path, f"{path} is a PyTorch file but not an mloc checkpoint", _NOT_OURS)
@@ -112,11 +164,17 @@ def load_checkpoint(path: str | os.PathLike, program: str | None) -> dict:
         raise CheckpointError(path, f"{path} has checkpoint format {record['format']!r}, but this mloc "
                                     f"reads format {FORMAT_VERSION}",
                               "resume with the mloc version that wrote it, or start again without --resume")
-    if program is not None and record.get("program") != program:
-        raise CheckpointError(path, f"{path} was written by program `{record.get('program')}`, "
-                                    f"not `{program}`",
+    name = record.get("program")
+    if type(name) is not str or record.get("sha256") != digest(name, record["payload"]):
+        raise CheckpointError(path, f"{path} is damaged: its content does not match its checksum",
+                              "resume from an earlier checkpoint or a backup, or start again without --resume")
+    if program is not None and name != program:
+        raise CheckpointError(path, f"{path} was written by program `{name}`, not `{program}`",
                               "pass the checkpoint of this program, or start again without --resume")
     return record["payload"]
+
+
+_DAMAGED = "resume from an earlier checkpoint or a backup, or start again without --resume"
 
 
 def _read(path: Path) -> Any:
@@ -135,13 +193,24 @@ def _read(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        what = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
-        raise CheckpointError(path, f"{path} holds an object that a checkpoint may not contain ({what})",
-                              "it was not written by mloc; load only checkpoints you trust, "
-                              "through the tool that wrote them") from None
+        forbidden = _forbidden(str(e))
+        if forbidden is None:
+            raise CheckpointError(path, f"{path} is truncated or damaged (its records cannot be read)",
+                                  _DAMAGED) from None
+        raise CheckpointError(path, f"{path} holds `{forbidden}`, which a checkpoint may not contain "
+                                    "(loading it could run code)",
+                              "load only checkpoints you trust; mloc never writes such objects") from None
     except Exception:
         raise CheckpointError(path, f"{path} is truncated or damaged (its zip archive cannot be read)",
-                              "resume from an earlier checkpoint, or start again without --resume") from None
+                              _DAMAGED) from None
+
+
+def _forbidden(message: str) -> str | None:
+    """The global that ``weights_only`` refused (``posix.system``), from torch's message."""
+    import re
+
+    m = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", message)
+    return m.group(1) if m else None
 
 
 # --- optimizer states --------------------------------------------------------------------

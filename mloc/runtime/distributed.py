@@ -13,6 +13,10 @@ the same methods either way.
   need one buffer, hence one collective, per dtype.) With the shards of
   :mod:`mloc.runtime.data` (equal batch sizes on every rank), the average of the ranks'
   mean-loss gradients is the gradient of the mean loss over the global batch.
+
+:func:`launched_rank` says whether this process is one of several (and which), before any
+process group exists; :func:`is_peer_failure` tells a collective that failed because another rank died from
+a failure of this rank's own.
 """
 
 from __future__ import annotations
@@ -47,9 +51,9 @@ class DistContext:
     def from_env(cls, timeout_s: float = 600.0) -> DistContext:
         """The context torchrun describes in ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
         ``MASTER_ADDR`` and ``MASTER_PORT``; a single-process context when ``WORLD_SIZE``
-        is unset or 1. This is the runtime's only reader of ``os.environ``."""
+        is unset or 1. This module is the runtime's only reader of ``os.environ``."""
         env = os.environ
-        world = int(env.get("WORLD_SIZE", "1"))
+        world = int(env.get("WORLD_SIZE", "1") or 1)
         if world <= 1:
             device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
             return cls(device=device)
@@ -142,3 +146,24 @@ def _unflatten_into(flat: Tensor, tensors: list[Tensor]) -> None:
         with torch.no_grad():
             t.copy_(flat[offset : offset + n].view_as(t))
         offset += n
+
+
+def launched_rank() -> int | None:
+    """``RANK`` when this process is one of several (``WORLD_SIZE`` > 1), else None."""
+    env = os.environ
+    try:
+        return int(env["RANK"]) if int(env.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in env else None
+    except ValueError:
+        return None
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "Socket Timeout", "Timed out waiting", "NCCL communicator was aborted")
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """A collective or rendezvous that failed because another process of the job died or
+    stopped answering (what every surviving rank sees after one rank fails)."""
+    if isinstance(err, getattr(dist, "DistError", ())):
+        return True
+    return isinstance(err, RuntimeError) and any(s in str(err) for s in _PEER_GONE)

@@ -1,28 +1,41 @@
-"""Entry point of a generated `train.py`: parse its options, build the program, train.
+"""Entry point of a generated `train.py`: parse its options, open the run folder, train.
 
     python train.py [--steps N] [--seed S] [--device D] [--precision P] [--dtype float64]
-                    [--out DIR] [--resume DIR] [--quiet]
+                    [--out DIR] [--resume DIR] [--overwrite] [--quiet]
 
-Under `torchrun` every process runs this; data parallelism comes from the environment
-(`mloc.runtime.distributed.DistContext`). Exit codes: 0 done, 1 the run failed (NaN/Inf,
-an error in the program's code), 2 a bad option or checkpoint.
+The run folder follows the same rule as `mloc run` (:mod:`mloc.runtime.runfolder`): a new
+run never writes into a folder holding another one unless `--overwrite` is given; without
+`--out`, a fresh `runs/NAME/N`. Under `mloc run --nproc N` every worker runs this with
+`--launched-by PID` (:mod:`mloc.runtime.workers`): the launcher has opened the folder, and
+the worker only checks that it still owns it. Under a plain `torchrun`, rank 0 opens it.
+Exit codes: 0 done, 1 the run failed (NaN/Inf, an error in the program's code), 2 a bad
+option, folder, checkpoint or an I/O error, 3 (a worker only) another rank failed first,
+101 a bug in mloc, 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from mloc.runtime.checkpoint import CheckpointError
-from mloc.runtime.precision import DeviceError
+from mloc.runtime.checkpoint import CheckpointError, load_checkpoint
+from mloc.runtime.distributed import is_peer_failure, launched_rank
 from mloc.runtime.engine import Program, RunConfig
-from mloc.runtime.loop import Intervals, resume, train
+from mloc.runtime.loop import Intervals, Where, resume, train
 from mloc.runtime.metrics import NonFiniteError
+from mloc.runtime.precision import DeviceError
 from mloc.runtime.progress import Progress
+from mloc.runtime.runfolder import (CHECKPOINT, RunFolder, RunFolderError, RunIOError, check_owner, choose,
+                                    write_config)
 from mloc.runtime.user_modules import put_first
+from mloc.runtime.workers import EXIT_PEER, die_with_parent
+
+_FOLDER_ERRORS = (CheckpointError, RunFolderError, RunIOError, DeviceError)
 
 
 def program_dir(generated_file: str, relative: str) -> Path:
@@ -42,16 +55,19 @@ def build(ns: dict, config: RunConfig) -> Program:
 @dataclass(frozen=True)
 class RunOptions:
     """What `train.py`'s command line (and `mloc run`) may set; None keeps the program's
-    default (its `DEFAULTS`). `dtype` None trains in the modules' own dtype."""
+    default (its `DEFAULTS`). `dtype` None trains in the modules' own dtype; `out` None is
+    a fresh `runs/NAME/N`; `launched_by` is the pid of the `--nproc` launcher."""
 
     steps: int | None = None
     seed: int | None = None
     device: str | None = None
     precision: str | None = None
     dtype: str | None = None
-    out: Path = Path("runs/latest")
+    out: Path | None = None
     resume: Path | None = None
+    overwrite: bool = False
     quiet: bool = False
+    launched_by: int | None = None
 
     def config(self, defaults: RunConfig) -> RunConfig:
         given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
@@ -59,13 +75,12 @@ class RunOptions:
         return replace(defaults, dtype=self.dtype, **given)
 
     def argv(self) -> list[str]:
-        """The same options as `train.py` arguments (what a torchrun launch passes on)."""
+        """The same options as `train.py` arguments (what a `--nproc` launch passes on)."""
         out = []
-        for flag in ("steps", "seed", "device", "precision", "dtype"):
+        for flag in ("steps", "seed", "device", "precision", "dtype", "out", "resume", "launched_by"):
             if getattr(self, flag) is not None:
-                out += [f"--{flag}", str(getattr(self, flag))]
-        out += ["--out", str(self.out)] + (["--resume", str(self.resume)] if self.resume else [])
-        return out + (["--quiet"] if self.quiet else [])
+                out += [f"--{flag.replace('_', '-')}", str(getattr(self, flag))]
+        return out + (["--overwrite"] if self.overwrite else []) + (["--quiet"] if self.quiet else [])
 
 
 def parser(defaults: RunConfig) -> argparse.ArgumentParser:
@@ -75,10 +90,85 @@ def parser(defaults: RunConfig) -> argparse.ArgumentParser:
     p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto (default {defaults.device})")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help=f"default {defaults.precision}")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="parameter dtype")
-    p.add_argument("--out", type=Path, default=Path("runs/latest"), help="folder for metrics.jsonl and checkpoint.pt")
-    p.add_argument("--resume", type=Path, metavar="DIR", help="continue from DIR/checkpoint.pt")
+    p.add_argument("--out", type=Path, help="folder for metrics.jsonl and checkpoint.pt (default: a fresh runs/NAME/N)")
+    p.add_argument("--resume", type=Path, metavar="DIR",
+                   help="continue from DIR/checkpoint.pt, in DIR unless --out names another (empty) folder")
+    p.add_argument("--overwrite", action="store_true", help="start over in an --out folder that holds a run")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--launched-by", type=int, help=argparse.SUPPRESS)
     return p
+
+
+def _say(err: Exception) -> None:
+    help = getattr(err, "help", None)
+    print(f"error: {err}" + (f"\n  = help: {help}" if help else ""), file=sys.stderr)
+
+
+def main(ns: dict, argv: list[str] | None = None) -> int:
+    """`python train.py [options]`: parse the options, open the run folder, then `run`."""
+    options = RunOptions(**vars(parser(ns["DEFAULTS"]).parse_args(argv)))
+    if options.steps is not None and options.steps < 1:
+        print("error: --steps must be at least 1", file=sys.stderr)
+        return 2
+    config = options.config(ns["DEFAULTS"])
+    try:
+        return _main(ns, options, config)
+    except KeyboardInterrupt:
+        if options.launched_by is None:
+            print("interrupted", file=sys.stderr)
+        return 130
+    except _FOLDER_ERRORS as e:
+        _say(e)
+        return 2
+    except Exception as e:  # noqa: BLE001 - the last line of defence, as in `mloc run`: a bug in mloc
+        import traceback
+        traceback.print_exc()
+        print(f"error[E900]: internal error: {type(e).__name__}: {e}\n  = note: this is a bug in mloc, not in "
+              "your program; please report it with the traceback above", file=sys.stderr)
+        return 101
+
+
+def _main(ns: dict, options: RunOptions, config: RunConfig) -> int:
+    rank = launched_rank()
+    if rank is not None:
+        die_with_parent()               # a worker never outlives its launcher
+    if options.launched_by is not None:
+        if os.getppid() != options.launched_by:
+            return EXIT_PEER            # the launcher is gone already: write nothing
+        check_owner(options.out, options.launched_by)
+        return run(ns, config, options.out, options.resume, quiet=True, owner=options.launched_by)
+    if rank not in (None, 0):           # a plain torchrun: rank 0 opens the folder, the others write nothing
+        return run(ns, config, options.out or Path("."), options.resume, quiet=True)
+    if options.resume is not None:
+        check_resume(options.resume, ns["NAME"], config.steps)
+    choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])
+    with RunFolder(choice) as folder:
+        write_config(folder.dir, run_record(config, {"file": ns.get("__file__")}, options.resume))
+        return run(ns, config, folder.dir, folder.dir if options.resume else None, options.quiet,
+                   owner=folder.owner)
+
+
+def check_resume(directory: Path, name: str, steps: int) -> int:
+    """The step of `directory`'s checkpoint, read and verified before anything is written;
+    a :class:`RunFolderError` when `steps` leaves nothing to train."""
+    step = int(load_checkpoint(Path(directory) / CHECKPOINT, name)["step"])
+    if steps <= step:
+        raise RunFolderError(f"the checkpoint in {directory} is at step {step}, and the run is {steps} steps "
+                             "long: there is nothing left to train; nothing was written",
+                             f"pass --steps above {step} to train further")
+    return step
+
+
+def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: int = 1) -> dict:
+    """What `config.json` records about one start of a run."""
+    import torch
+
+    from mloc import __version__
+    file = program.get("file")
+    if file and "sha256" not in program and Path(file).is_file():
+        program = {**program, "sha256": hashlib.sha256(Path(file).read_bytes()).hexdigest()}
+    return {"program": program, **asdict(config), "nproc": nproc, "resumed_from": str(Path(resumed).resolve()) if resumed else None,
+            "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def _user_error(err: Exception, when: str) -> int:
@@ -92,15 +182,6 @@ def _user_error(err: Exception, when: str) -> int:
     print("  = help: fix the code at the last location above; the checkpoint on disk (if any) is the "
           "last good state", file=sys.stderr)
     return 1
-
-
-def main(ns: dict, argv: list[str] | None = None) -> int:
-    """`python train.py [options]`: parse the options, then `run`."""
-    options = RunOptions(**vars(parser(ns["DEFAULTS"]).parse_args(argv)))
-    if options.steps is not None and options.steps < 1:
-        print("error: --steps must be at least 1", file=sys.stderr)
-        return 2
-    return run(ns, options.config(ns["DEFAULTS"]), options.out, options.resume, quiet=options.quiet)
 
 
 def _user_frames(err: BaseException) -> list[str]:
@@ -118,36 +199,52 @@ def _user_frames(err: BaseException) -> list[str]:
     return frames
 
 
-def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, quiet: bool = False) -> int:
+def _rank(program: Program) -> str:
+    d = program.dist
+    return f" on rank {d.rank} of {d.world}" if d.world > 1 else ""
+
+
+def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, quiet: bool = False,
+        owner: int | None = None) -> int:
     """Build the program a generated module declares, train it for `config.steps` outer
-    steps (from `resume_dir`'s checkpoint if given), writing to `out`.
-    Exit codes: 0 done, 1 the run failed, 2 a bad checkpoint."""
+    steps (from `resume_dir`'s checkpoint if given), writing to `out` (a folder opened by
+    the caller; `owner` holds its lock). Exit codes as in the module docstring."""
     try:
         program = build(ns, config)
     except DeviceError as e:
-        print(f"error: {e}\n  = help: {e.help}", file=sys.stderr)
+        _say(e)
         return 2
     except Exception as err:  # noqa: BLE001 - user code raising while the program is built
-        return _user_error(err, "building the program")
+        if launched_rank() is not None and is_peer_failure(err):
+            return EXIT_PEER
+        rank = launched_rank()
+        return _user_error(err, "building the program" + (f" on rank {rank}" if rank is not None else ""))
+    try:
+        return _train(program, ns, config, Path(out), resume_dir, quiet, owner)
+    finally:
+        program.close()
+
+
+def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir: Path | None,
+           quiet: bool, owner: int | None) -> int:
+    where = Where()
     try:
         if resume_dir:
             resume(program, Path(resume_dir))
-        intervals = Intervals(**ns["INTERVALS"])
         start, t0 = program.step_count, time.perf_counter()
         with Progress(ns["NAME"], config.steps, enabled=not quiet and program.dist.is_main) as progress:
-            train(program, config.steps, out, intervals, progress)
-            seconds = time.perf_counter() - t0
-            progress.note(f"done: {config.steps - start} steps in {seconds:.1f} s; wrote "
+            train(program, config.steps, out, Intervals(**ns["INTERVALS"]), progress, owner, where)
+            progress.note(f"done: {config.steps - start} steps in {time.perf_counter() - t0:.1f} s; wrote "
                           f"{out / 'checkpoint.pt'} and {out / 'metrics.jsonl'}")
-    except CheckpointError as e:
-        print(f"error: {e}\n  = help: {e.help}", file=sys.stderr)
+    except _FOLDER_ERRORS as e:
+        _say(e)
         return 2
     except NonFiniteError as e:
-        print(f"error: {e}\n  = help: the last good checkpoint is {out / 'checkpoint.pt'} (if one was "
-              "written); lower the learning rate, clip gradients or check the data", file=sys.stderr)
+        print(f"error: {e}{_rank(program)}\n  = help: the last good checkpoint is {out / 'checkpoint.pt'} (if one "
+              "was written); lower the learning rate, clip gradients or check the data", file=sys.stderr)
         return 1
     except Exception as err:  # noqa: BLE001 - the program's own code raising during training
-        return _user_error(err, f"step {program.step_count + 1}")
-    finally:
-        program.close()
+        if program.dist.world > 1 and is_peer_failure(err):
+            return EXIT_PEER
+        return _user_error(err, where.text + _rank(program))
     return 0

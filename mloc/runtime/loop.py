@@ -9,6 +9,11 @@
 A checkpoint is written only after the finiteness check passed, so when a loss or
 hypergradient turns NaN/Inf the run stops with an error naming the problem and step, and
 the last checkpoint on disk is the last good one.
+
+`metrics.jsonl` is one history: a run from step 0 starts it empty, a resumed run drops
+the records past its checkpoint's step (those the resumed steps write again). mloc's own
+writes that fail (a full disk) raise :class:`~mloc.runtime.runfolder.RunIOError`; the
+user's code raising is told apart by :class:`Where`, which says what the loop was doing.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 from mloc.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from mloc.runtime.engine import Program
 from mloc.runtime.metrics import MetricsWriter
+from mloc.runtime.runfolder import RunIOError, check_owner, truncate_metrics
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -34,35 +40,70 @@ def checkpoint_path(out: Path) -> Path:
     return Path(out) / CHECKPOINT
 
 
-def save(program: Program, out: Path) -> Path:
+class Where:
+    """What the loop is doing, for error messages: ``step 12``, ``the evaluations after step 10``."""
+
+    text = "the first step"
+
+
+def save(program: Program, out: Path, owner: int | None = None) -> Path:
+    """Write `out/checkpoint.pt` on the main process (after checking that the run folder is
+    still locked by `owner`, when given); every process waits for it."""
     path = checkpoint_path(out)
     if program.dist.is_main:
+        if owner is not None:
+            check_owner(Path(out), owner)
         save_checkpoint(path, program.state_dict(), program.name)
     program.dist.barrier()
     return path
 
 
 def resume(program: Program, directory: Path) -> int:
-    """Load `directory/checkpoint.pt` into `program`; returns the step to continue from."""
+    """Load `directory/checkpoint.pt` into `program`; returns the step to continue from.
+    Anything that fails while restoring is a :class:`CheckpointError` naming the file."""
     path = checkpoint_path(directory)
     state = load_checkpoint(path, program.name)
     try:
         program.load_state_dict(state)
     except CheckpointError:
         raise
-    except (KeyError, ValueError, RuntimeError, TypeError, IndexError) as e:
+    except Exception as e:  # noqa: BLE001 - a checksummed file that still does not restore
         raise CheckpointError(path, f"{path} does not match this program ({type(e).__name__}: {e})",
                               "the program changed since the checkpoint was written; start again without --resume") from None
     return program.step_count
 
 
-def train(program: Program, steps: int, out: Path, intervals: Intervals, progress=None) -> dict:
-    """Run until `steps` outer steps are done; returns the final losses and evaluations."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsWriter(out / "metrics.jsonl", enabled=program.dist.is_main)
+class _Metrics(MetricsWriter):
+    """`MetricsWriter` whose failures are mloc's I/O errors, naming the file."""
+
+    def __init__(self, path: Path, enabled: bool):
+        try:
+            super().__init__(path, enabled=enabled)
+        except OSError as e:
+            raise RunIOError(path, e) from None
+
+    def write(self, step: int, problem: str, **values) -> None:
+        try:
+            super().write(step, problem, **values)
+        except OSError as e:
+            raise RunIOError(self.path, e) from None
+
+
+def train(program: Program, steps: int, out: Path, intervals: Intervals, progress=None,
+          owner: int | None = None, where: Where | None = None) -> dict:
+    """Run until `steps` outer steps are done; returns the final losses and evaluations.
+    `owner`: the pid that must hold the run folder's lock at every checkpoint."""
+    out, where = Path(out), where or Where()
     start, t0, last = program.step_count, time.perf_counter(), {}
+    if program.dist.is_main:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunIOError(e.filename or out, e, "create") from None
+        truncate_metrics(out, start)
+    metrics = _Metrics(out / "metrics.jsonl", enabled=program.dist.is_main)
     for step in range(start, steps):
+        where.text = f"step {step + 1}"
         program.outer_step()
         done = step + 1
         if done % intervals.log_every == 0 or done == steps:
@@ -74,6 +115,7 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
             metrics.write(done, "*", steps_per_s=rate)
             if progress:
                 progress(done, steps, last, rate)
+        where.text = f"the evaluations after step {done}"
         due = [label for every, label, _ in program.evaluations if done % every == 0 or done == steps]
         for label, value in (program.evaluate(due) if due else {}).items():
             last[label] = value
@@ -82,8 +124,8 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
                 progress.note(f"{program.name} step {done}: {label} = {value:.4g}")
         if intervals.checkpoint_every and done % intervals.checkpoint_every == 0 and done != steps:
             program.guard.check()
-            save(program, out)
+            save(program, out, owner)
     program.guard.check()
-    save(program, out)
+    save(program, out, owner)
     metrics.close()
     return last

@@ -1,0 +1,148 @@
+"""`--nproc N`: start N worker processes of a compiled `train.py`, watch them, report once.
+
+mloc launches the workers itself rather than through ``torchrun``: each worker gets the
+environment torchrun would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and the launcher's pid
+(``--launched-by``), and
+
+- dies with the launcher, whatever kills it (``PR_SET_PDEATHSIG``, set between fork and
+  exec); a worker whose launcher is already gone when it starts exits at once, and a
+  worker checks before every checkpoint that the run folder's lock still names its
+  launcher (:func:`mloc.runtime.runfolder.check_owner`);
+- writes its stderr to a file of its own. When every worker succeeds the launcher shows
+  rank 0's; when one fails the launcher stops the others and shows the diagnostic of the
+  rank that failed first, which names its rank, and nothing else: no launcher traceback,
+  no second report from the ranks whose collectives broke because of it (they exit with
+  :data:`EXIT_PEER`).
+
+The exit code is the failing rank's (1 the run failed, 2 a usage, I/O or checkpoint error,
+101 a bug in mloc), 130 after Ctrl-C, 0 when all succeed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+EXIT_PEER = 3           # a worker whose collective failed because another rank died first
+GRACE_S = 3.0           # how long the first failure waits for a rank that failed first-hand
+POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The run's exit code and the one report to show (stderr text, possibly empty)."""
+
+    code: int
+    report: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(rank: int, world: int, port: int) -> dict:
+    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+           "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    _LIBC = None
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent exits, however the
+    parent dies (Linux ``PR_SET_PDEATHSIG``; a no-op elsewhere). Safe between fork and
+    exec: the C library was opened before the fork."""
+    if _LIBC is not None and hasattr(_LIBC, "prctl"):
+        _LIBC.prctl(1, int(sig), 0, 0, 0)        # PR_SET_PDEATHSIG = 1
+
+
+def _preexec() -> None:
+    die_with_parent(signal.SIGKILL)
+
+
+def launch(train_py: Path, nproc: int, argv: list[str]) -> Outcome:
+    """Run ``python train_py *argv --launched-by PID`` in ``nproc`` processes (see the
+    module docstring); returns when all have exited."""
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="mloc-workers-") as logs:
+        paths = [Path(logs) / f"rank{r}.err" for r in range(nproc)]
+        procs = []
+        try:
+            for rank in range(nproc):
+                with open(paths[rank], "wb") as err:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, str(train_py), *argv, "--launched-by", str(os.getpid())],
+                        env=_env(rank, nproc, port), stderr=err, preexec_fn=_preexec))
+            code, rank = _watch(procs)
+        except KeyboardInterrupt:
+            _stop(procs, signal.SIGINT, timeout=10.0)
+            return Outcome(130, "interrupted")
+        finally:
+            _stop(procs, signal.SIGTERM, timeout=5.0)
+        return Outcome(code, _report(code, rank, nproc, paths))
+
+
+def _watch(procs: list[subprocess.Popen]) -> tuple[int, int]:
+    """Wait until all exit 0, or one fails; then (its code, its rank), the others stopped.
+    A rank that failed first-hand wins over one whose collective broke (EXIT_PEER)."""
+    first: tuple[int, int] | None = None
+    deadline = None
+    while True:
+        codes = [p.poll() for p in procs]
+        for rank, code in enumerate(codes):
+            if code not in (None, 0) and (first is None or (first[0] == EXIT_PEER and code != EXIT_PEER)):
+                first = (code, rank)
+                deadline = time.monotonic() + (GRACE_S if code == EXIT_PEER else 0.0)
+        if first is None and all(c == 0 for c in codes):
+            return 0, 0
+        if first is not None and (time.monotonic() >= deadline or all(c is not None for c in codes)):
+            return first
+        time.sleep(POLL_S)
+
+
+def _stop(procs: list[subprocess.Popen], sig: int, timeout: float) -> None:
+    """Send ``sig`` to the workers still running, wait up to ``timeout`` s, then kill."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(sig)
+    end = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(end - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _report(code: int, rank: int, world: int, paths: list[Path]) -> str:
+    text = paths[rank].read_text(encoding="utf-8", errors="replace").rstrip("\n")
+    if code == 0:
+        return text
+    if code == 130:
+        return "interrupted"
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        return (f"error: rank {rank} of {world} was killed by {name}"
+                + ("\n  = help: the system may have run out of memory" if -code == signal.SIGKILL else ""))
+    return text or f"error: rank {rank} of {world} exited with code {code}"
+
+
+def exit_code(code: int) -> int:
+    """A worker's exit code as the run's: a signal or a peer's failure is a failed run."""
+    return 1 if code < 0 or code == EXIT_PEER else code
