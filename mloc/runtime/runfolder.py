@@ -20,6 +20,7 @@ check that it still names their launcher before every checkpoint
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -76,7 +77,7 @@ def choose(out: Path | None, resume: Path | None, overwrite: bool, name: str,
     out = Path(out)
     try:
         if out.exists() and not out.is_dir():
-            raise RunIOError(out, "it is a file, not a folder")
+            raise RunIOError(out, os.strerror(errno.ENOTDIR), "use")
         held = holds_run(out)
     except OSError as e:
         raise RunIOError(e.filename or out, e, "use") from None
