@@ -157,3 +157,18 @@ def test_bare_tensor_batches_log_their_losses():
     s = run(1)[2]
     assert set(s.losses()) == {"model", "hyper"}
     assert set(s.hypergradients()) == {"hyper"}
+
+
+def test_mloc_run_trains_in_float64_when_asked(tmp_path):
+    """`mloc run --dtype float64` (as `python train.py --dtype` and the API's `dtype=`)."""
+    import os
+    import subprocess
+    import sys
+    from mloc.runtime.checkpoint import load_checkpoint
+    proc = subprocess.run([sys.executable, "-m", "mloc", "run", str(RESTART), "--dtype", "float64", "--steps", "3",
+                           "--out", str(tmp_path / "run"), "--quiet"], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    saved = load_checkpoint(tmp_path / "run" / "checkpoint.pt", None)["problems"]["hyper"]["params"][0]
+    assert saved.dtype == torch.float64
+    assert torch.equal(saved, run(3)[1])

@@ -117,7 +117,7 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
     from mloc.runtime.runfolder import RunFolder, RunIOError, write_config
     ns = load_generated(compiled.source, str((choice.dir / "train.py").resolve()))
     options = RunOptions(steps=args.steps, seed=args.seed, device=args.device, precision=args.precision,
-                         resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
+                         dtype=args.dtype, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
     config = options.config(ns["DEFAULTS"])
     if options.resume is not None:
         check_resume(options.resume, ns["NAME"], config.steps)
@@ -246,6 +246,9 @@ def add_commands(command) -> None:
     p.add_argument("--seed", type=int, help="random seed; default: the train block's")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto; default: the train block's")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="autocast precision; default: the train block's")
+    p.add_argument("--dtype", choices=("float32", "float64"),
+                   help="cast the modules and every floating batch to this dtype (float64 for exact "
+                        "comparisons); default: as the program builds them")
     p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE",
                    help="change a field for this run, checked like the file: PROBLEM.FIELD, UPPER->LOWER.FIELD, "
                         "train.FIELD or a setting (repeatable)")
