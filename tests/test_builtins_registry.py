@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mloc.builtins import METHODS, OPTIMIZERS, REQUIRED, SCHEDULES, TABLES, Shape
-from mloc.lang.types import Bool, Enum, Number
+from mloc.lang.types import Bool, Enum, ListOf, Number
 from mloc.passes.pipeline import compile_source
 from mloc.passes.plan import Sizes, plan_program
 from mloc.source import SourceFile
@@ -48,7 +48,16 @@ def _example(t) -> str:
         return "true"
     if isinstance(t, Number):
         return "2" if t.integer else "0.5"
+    if isinstance(t, ListOf):
+        return f"[{_example(t.item)}]"
     raise NotImplementedError(f"no example literal for {t!r}")
+
+
+def _value(t):
+    """The Python value the checker makes of `_example(t)`."""
+    if isinstance(t, ListOf):
+        return (_value(t.item),)
+    return 2 if t.integer else 0.5
 
 
 def _call(d) -> str:
@@ -82,8 +91,7 @@ def test_runtime_factory_takes_the_signature(kind, d):
 
 @pytest.mark.parametrize(("kind", "d"), RUNNABLE, ids=_ids(RUNNABLE))
 def test_runtime_factory_builds_with_the_checker_defaults(kind, d):
-    required = {p.name: 2 if p.type.integer else 0.5
-                for p in d.signature.params if p.default is REQUIRED}
+    required = {p.name: _value(p.type) for p in d.signature.params if p.default is REQUIRED}
     defaults = {p.name: p.default for p in d.signature.params if p.default is not REQUIRED}
     if d.name == "itd":
         defaults.update(steps=2, mode="reverse")    # the checker fills steps; the planner the mode

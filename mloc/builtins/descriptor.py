@@ -20,7 +20,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from mloc.lang.types import Type
+from mloc.lang.types import Kwargs, Ref, Type
 
 
 class _Required:
@@ -50,6 +50,17 @@ class Signature:
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
 
+    @property
+    def reference(self) -> Param | None:
+        """The parameter that names a Python class or function (a `Ref`), if any: such a
+        built-in may also be written as that name's call, `torch.optim.RAdam(lr=1e-3)`."""
+        return next((p for p in self.params if isinstance(p.type, Ref)), None)
+
+    @property
+    def rest(self) -> Param | None:
+        """The parameter collecting the keyword arguments no other one names (`Kwargs`)."""
+        return next((p for p in self.params if isinstance(p.type, Kwargs)), None)
+
 
 def signature(name: str, doc: str, *params: Param) -> Signature:
     return Signature(name, params, doc)
@@ -64,6 +75,9 @@ class OptimizerCaps:
     differentiable: bool = False
     sama_diag: bool = False
     state_per_param: int = 0
+    opaque: str = ""
+    """Why a method cannot look inside its update, where it says more than the missing
+    capability (the checker's E401 adds it as a note)."""
 
     @property
     def provides(self) -> frozenset[str]:

@@ -7,7 +7,7 @@ Adding one: its descriptor here, its `Optimizer` in `mloc/runtime/optim/` (named
 from __future__ import annotations
 
 from mloc.builtins.descriptor import Descriptor, OptimizerCaps, Param, registry, signature
-from mloc.lang.types import Bool, Enum, Float, Int, TupleOf
+from mloc.lang.types import Bool, Enum, Float, Int, Kwargs, Options, PyRef, Ref, TupleOf
 
 LR = Float(0, open_lo=True)
 UNIT = Float(0, 1, open_hi=True)
@@ -54,4 +54,20 @@ SHAMPOO = Descriptor(
     OptimizerCaps(differentiable=False, sama_diag=False, state_per_param=6),
     None)
 
-OPTIMIZERS: dict[str, Descriptor] = registry(SGD, ADAM, ADAMW, SHAMPOO)
+# Any torch.optim optimizer, or a factory `f(params, lr=..., **options)` returning one,
+# written as its name's call: `torch.optim.RAdam(lr=1e-3, betas=(0.9, 0.99))`. It steps the
+# parameters in place, outside autograd: no method may look inside its update. State per
+# parameter: at most three tensors for torch.optim's own (Adam with amsgrad).
+TORCH = Descriptor(
+    signature("torch", "any torch.optim optimizer (or a factory returning one), written as "
+              "its dotted name's call, e.g. `torch.optim.RAdam(lr=1e-3)`",
+              Param("lr", LR, doc="learning rate (a schedule's base)"),
+              Param("cls", Ref("a torch.optim optimizer class or a factory"),
+                    PyRef("torch.optim:SGD"), doc="the class or factory (default torch.optim.SGD)"),
+              Param("options", Kwargs(), Options(), doc="its other keyword arguments")),
+    OptimizerCaps(differentiable=False, sama_diag=False, state_per_param=3,
+                  opaque="a `torch.optim` optimizer updates the parameters in place, outside "
+                  "autograd, and mloc knows no derivative of its update"),
+    "mloc.runtime.optim:torch_optimizer")
+
+OPTIMIZERS: dict[str, Descriptor] = registry(SGD, ADAM, ADAMW, SHAMPOO, TORCH)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from mloc.builtins.descriptor import Descriptor, Param, ScheduleCaps, registry, signature
-from mloc.lang.types import Float, Int
+from mloc.lang.types import Float, Int, Kwargs, ListOf, Options, Ref
 
 GAMMA = Float(0, 1, open_lo=True)
 
@@ -23,4 +23,18 @@ SCHEDULES: dict[str, Descriptor] = registry(
                ScheduleCaps(), "mloc.runtime.schedules:step_decay"),
     Descriptor(signature("exponential", "multiply by gamma every step", Param("gamma", GAMMA)),
                ScheduleCaps(), "mloc.runtime.schedules:exponential"),
+    Descriptor(signature("multistep", "multiply by gamma at each milestone (torch's MultiStepLR)",
+                         Param("milestones", ListOf(Int(1), min_len=1, increasing=True),
+                               doc="the problem's step counts at which to decay, increasing"),
+                         Param("gamma", GAMMA, 0.1)),
+               ScheduleCaps(), "mloc.runtime.schedules:multistep"),
+    # Any torch.optim.lr_scheduler class, or a factory `f(optimizer, **options)` returning a
+    # scheduler, written as its name's call: `torch.optim.lr_scheduler.StepLR(step_size=10)`.
+    # Without a class (`schedule = torch`) the rate stays constant.
+    Descriptor(signature("torch", "any torch.optim.lr_scheduler class (or a factory returning "
+                         "one), written as its dotted name's call",
+                         Param("cls", Ref("an lr_scheduler class or a factory"), None,
+                               doc="the scheduler class or factory"),
+                         Param("options", Kwargs(), Options(), doc="its keyword arguments")),
+               ScheduleCaps(takes_base=True), "mloc.runtime.schedules:torch_schedule"),
 )

@@ -176,8 +176,11 @@ class TupleOf(Type):
 
 @dataclass(frozen=True)
 class ListOf(Type):
+    """A list of `item`s, at least `min_len` long; `increasing`: each item above the last."""
+
     item: Type
     min_len: int = 0
+    increasing: bool = False
 
     @property
     def expected(self) -> str:  # type: ignore[override]
@@ -190,7 +193,16 @@ class ListOf(Type):
             diags.error("E305", f"{where} needs at least {self.min_len} item(s)", value.span)
             return INVALID
         out = tuple(self.item.check(v, f"an item of {where}", diags) for v in value.items)
-        return INVALID if INVALID in out else out
+        if INVALID in out:
+            return INVALID
+        if self.increasing:
+            for v, before, now in zip(value.items[1:], out, out[1:]):
+                if now <= before:
+                    diags.error("E305", f"{where} must increase, but {v.span.text} follows "
+                                f"{before!r}", v.span, label="not above the item before",
+                                help="list them in increasing order, each once")
+                    return INVALID
+        return out
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]i?B|B)\s*$", re.IGNORECASE)
@@ -234,3 +246,79 @@ class Device(Type):
         diags.error("E305", f"{where} must be {self.expected}, got `{word}`", value.span,
                     label="not a device", help=f"did you mean `{meant}`?" if meant else None)
         return INVALID
+
+
+# --- references to Python, and options passed through to it -------------------------------
+
+class PyRef(str):
+    """A checked reference to a Python class or function: the string ``"module:attr"``
+    (``"torch.optim:RAdam"``; ``attr`` may be dotted) the runtime imports, with ``text``, the
+    reference as the program wrote it (``torch.optim.RAdam``, ``lib.make_optimizer``)."""
+
+    text: str
+
+    def __new__(cls, path: str, text: str | None = None) -> "PyRef":
+        out = super().__new__(cls, path)
+        out.text = text if text is not None else path.replace(":", ".")
+        return out
+
+
+class Options(dict):
+    """Keyword arguments passed through to Python as they are (the `Kwargs` of a built-in):
+    a dict whose repr is a Python literal. Hashed by its keys (built-ins are frozen values);
+    never mutated after checking."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
+
+
+@dataclass(frozen=True)
+class Ref(Type):
+    """A dotted name of a Python class or function (`torch.optim.RAdam`, `lib.make`). The
+    checker's binder resolves it against the imports (`mloc.passes.builtins`); `check`
+    only checks its shape and returns the `ast.Name`."""
+
+    what: str = "a class or function"
+
+    @property
+    def expected(self) -> str:  # type: ignore[override]
+        return f"a dotted name of {self.what}, such as `torch.optim.RAdam`"
+
+    def check(self, value, where, diags):
+        if isinstance(value, ast.Name) and len(value.parts) > 1:
+            return value
+        return self._wrong(value, where, diags, help="name it with its module, e.g. "
+                           "`torch.optim.RAdam` or `lib.make_optimizer`")
+
+
+@dataclass(frozen=True)
+class Literal(Type):
+    """A plain literal passed to Python: a number, string, boolean, `None`, or a list or
+    tuple of them (lists stay lists, tuples tuples)."""
+
+    expected = "a number, string, boolean, None, or a list or tuple of them"
+
+    def check(self, value, where, diags):
+        match value:
+            case ast.Number() | ast.String() | ast.Bool():
+                return value.value
+            case ast.Name(parts=("None",)):
+                return None
+            case ast.ListValue() | ast.TupleValue():
+                out = [self.check(v, f"an item of {where}", diags) for v in value.items]
+                if any(v is INVALID for v in out):
+                    return INVALID
+                return out if isinstance(value, ast.ListValue) else tuple(out)
+        return self._wrong(value, where, diags)
+
+
+@dataclass(frozen=True)
+class Kwargs(Type):
+    """The keyword arguments a built-in does not name itself, each an `item`, collected into
+    one `Options` (the binder fills it; it takes no value of its own)."""
+
+    item: Type = Literal()
+    expected = "keyword arguments"
+
+    def check(self, value, where, diags):
+        return self.item.check(value, where, diags)

@@ -13,14 +13,18 @@ from mloc.diagnostics import Diagnostics, did_you_mean
 from mloc.frontend import ast
 from mloc.ir.payloads import Builtin
 from mloc.builtins import REQUIRED, Descriptor, Signature
-from mloc.lang.types import INVALID
+from mloc.lang.types import INVALID, Options, PyRef
+from mloc.passes.names import Scope
+from mloc.passes.pymodules import find_module
 
 _UNKNOWN = {"optimizers": ("E301", "optimizer"), "methods": ("E302", "hypergradient method"),
             "schedules": ("E311", "schedule")}
 
 
 def bind_builtin(value: ast.Value, table: dict[str, Descriptor], table_name: str,
-                 diags: Diagnostics) -> Builtin | None:
+                 diags: Diagnostics, scope: Scope | None = None) -> Builtin | None:
+    """`scope` resolves references to Python (`torch.optim.RAdam`, `lib.make`) through the
+    file's imports; without it only full module paths resolve."""
     code, what = _UNKNOWN[table_name]
     if isinstance(value, ast.Call):
         func, args = value.func, value.args
@@ -32,6 +36,9 @@ def bind_builtin(value: ast.Value, table: dict[str, Descriptor], table_name: str
                     value.span, help="available: " + ", ".join(f"`{n}`" for n in table))
         return None
     descriptor = table.get(func.dotted)
+    python = next((d for d in table.values() if d.signature.reference), None)
+    if descriptor is None and len(func.parts) > 1 and python is not None:
+        return _bind_python(python, func, args, value.span, scope, diags)
     if descriptor is None:
         hint = did_you_mean(func.dotted, table) or "available: " + ", ".join(f"`{n}`" for n in table)
         diags.error(code, f"unknown {what} `{func.dotted}`", func.span, label=f"not {'an' if what[0] in 'aeiou' else 'a'} {what}", help=hint)
@@ -40,10 +47,68 @@ def bind_builtin(value: ast.Value, table: dict[str, Descriptor], table_name: str
         _not_implemented(descriptor, table, what, value.span, diags)
     sig = descriptor.signature
     bound = _bind_args(sig, args, value.span, diags)
-    if bound is None:
+    if bound is None or not _resolve_refs(sig, bound, scope, diags):
         return None
     _lint(sig, bound, args, value.span, diags)
     return Builtin(sig.name, tuple((p.name, bound[p.name]) for p in sig.params), value.span)
+
+
+def _bind_python(descriptor: Descriptor, func: ast.Name, args: tuple[ast.Arg, ...], span,
+                 scope: Scope | None, diags: Diagnostics) -> Builtin | None:
+    """`torch.optim.RAdam(lr=1e-3, ...)`: the built-in whose `reference` parameter is the
+    callee, bound with the call's arguments (the callee's name in messages)."""
+    sig, ref = descriptor.signature, descriptor.signature.reference
+    view = Signature(func.dotted, tuple(p for p in sig.params if p is not ref), sig.doc)
+    bound = _bind_args(view, args, span, diags)
+    target = resolve_ref(func, scope, diags)
+    if bound is None or target is None:
+        return None
+    bound[ref.name] = target
+    return Builtin(sig.name, tuple((p.name, bound[p.name]) for p in sig.params), span)
+
+
+def _resolve_refs(sig: Signature, bound: dict, scope: Scope | None, diags: Diagnostics) -> bool:
+    """Replace each `Ref` argument (an `ast.Name`) by the `PyRef` it resolves to."""
+    ref = sig.reference
+    if ref is None or not isinstance(bound.get(ref.name), ast.Name):
+        return True
+    bound[ref.name] = resolve_ref(bound[ref.name], scope, diags)
+    return bound[ref.name] is not None
+
+
+def resolve_ref(name: ast.Name, scope: Scope | None, diags: Diagnostics) -> PyRef | None:
+    """The `"module:attr"` a dotted name means: through the import that binds its head
+    (`lib.make` with `import factories as lib`), else a full module path
+    (`torch.optim.RAdam`); the module is the longest prefix that is one, found without
+    importing it. E101 for a head that is no import and no module, E106 for a missing
+    attribute (where the module's names can be read)."""
+    base = scope.base if scope and scope.base else name.span.source.directory
+    binding = scope.binding_of(name) if scope else None
+    if binding is not None:
+        scope.used_imports.add(binding)
+        info = scope.imports[binding]
+        if info is None:
+            return None                             # E105 was reported at the import
+        module, attrs = info.dotted, list(name.parts[len(binding.split(".")):])
+    else:
+        module, attrs = name.parts[0], list(name.parts[1:])
+        info = find_module(module, base)
+    if info is None or not attrs:
+        head = name.parts[0]
+        diags.error("E101", f"undefined module `{head}`" if info is None else
+                    f"`{name.dotted}` is a module, not a class or function", name.span,
+                    label="not defined" if info is None else "a module",
+                    help=f"import it (`import {head}`), or write the full module path, e.g. "
+                         "`torch.optim.RAdam`" if info is None else "name a class or function in it")
+        return None
+    while len(attrs) > 1 and (sub := find_module(f"{module}.{attrs[0]}", base)) is not None:
+        module, info, attrs = f"{module}.{attrs[0]}", sub, attrs[1:]
+    if not info.open and attrs[0] not in info.names:
+        diags.error("E106", f"module `{module}` has no attribute `{attrs[0]}`", name.span,
+                    label="not defined there", help=did_you_mean(attrs[0], info.names)
+                    or f"check the name in {info.path or module}")
+        return None
+    return PyRef(f"{module}:{'.'.join(attrs)}", name.dotted)
 
 
 def _not_implemented(descriptor: Descriptor, table: dict[str, Descriptor], what: str, span,
@@ -67,34 +132,37 @@ def _bind_args(sig: Signature, args: tuple[ast.Arg, ...], span, diags: Diagnosti
     given: dict[str, ast.Arg] = {}
     ok = True
     seen_keyword = positional_error = False
+    named = [p for p in sig.params if p is not sig.rest]   # a `Kwargs` takes keywords only
     for i, arg in enumerate(args):
         if arg.keyword is None:
             if seen_keyword:
-                meant = sig.params[i].name if i < len(sig.params) else sig.params[0].name if sig.params else "x"
+                meant = named[i].name if i < len(named) else named[0].name if named else "x"
                 diags.error("E308", "a positional argument cannot follow keyword arguments", arg.span,
                             help=f"name it, e.g. `{meant}={arg.value.span.text}`, or move it before the keywords")
                 ok = False
                 positional_error = True
                 continue
-            if i >= len(sig.params):
-                diags.error("E309", f"`{sig.name}` takes at most {len(sig.params)} positional "
+            if i >= len(named):
+                diags.error("E309", f"`{sig.name}` takes at most {len(named)} positional "
                             f"argument(s), got {len(args)}", arg.span,
                             help=_signature_text(sig))
                 ok = False
                 positional_error = True
                 continue
-            name = sig.params[i].name
+            name = named[i].name
         else:
             seen_keyword = True
             name = arg.keyword.name
-            if sig.param(name) is None:
+            if sig.rest is not None and (sig.param(name) is None or sig.param(name) is sig.rest):
+                name = f"**{name}"                  # one of the options passed through
+            elif sig.param(name) is None:
                 hint = did_you_mean(name, [p.name for p in sig.params]) or _signature_text(sig)
                 diags.error("E303", f"`{sig.name}` has no argument `{name}`", arg.keyword.span,
                             label="unknown argument", help=hint)
                 ok = False
                 continue
         if name in given:
-            diags.error("E307", f"argument `{name}` of `{sig.name}` is given twice", arg.span,
+            diags.error("E307", f"argument `{name.lstrip('*')}` of `{sig.name}` is given twice", arg.span,
                         help="remove one of them")
             ok = False
             continue
@@ -110,7 +178,12 @@ def _check_values(sig: Signature, given: dict[str, ast.Arg], span, diags: Diagno
     out: dict = {}
     ok = True
     for p in sig.params:
-        if p.name in given:
+        if p is sig.rest:
+            extra = {k[2:]: p.type.check(a.value, f"`{k[2:]}` of `{sig.name}`", diags)
+                     for k, a in given.items() if k.startswith("**")}
+            ok &= INVALID not in extra.values()
+            out[p.name] = Options(extra) if extra else p.default
+        elif p.name in given:
             v = p.type.check(given[p.name].value, f"`{p.name}` of `{sig.name}`", diags)
             ok &= v is not INVALID
             out[p.name] = v
@@ -127,5 +200,6 @@ def _check_values(sig: Signature, given: dict[str, ast.Arg], span, diags: Diagno
 
 
 def _signature_text(sig: Signature) -> str:
-    parts = [p.name if p.default is REQUIRED else f"{p.name}={p.default!r}" for p in sig.params]
+    parts = [f"**{p.name}" if p is sig.rest else p.name if p.default is REQUIRED
+             else f"{p.name}={p.default!r}" for p in sig.params]
     return f"`{sig.name}` takes ({', '.join(parts)})" if parts else f"`{sig.name}` takes no arguments"

@@ -2,8 +2,9 @@
 
 A method's `caps.needs` names the optimizer capabilities it requires of the lower
 problem's optimizer (`mloc.builtins`): `itd` backpropagates through the optimizer's update,
-so it needs a `differentiable` one (not shampoo, whose matrix roots are not); `sama` needs
-the diagonal ∂update/∂grad (`sama_diag`). A missing one is E401. An unrolling method
+so it needs a `differentiable` one (not shampoo, whose matrix roots are not, nor a
+`torch.optim` optimizer, which steps in place); `sama` needs the diagonal ∂update/∂grad
+(`sama_diag`). A missing one is E401, with the optimizer's `caps.opaque` as a note. An unrolling method
 cannot differentiate more steps than the edge unrolls (its `steps` default to the edge's
 `unroll`), and `truncate` cannot exceed `steps` (E402).
 """
@@ -30,21 +31,35 @@ def _listed(names: list[str]) -> str:
     return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
 
 
-def _missing(capability: str, method: Builtin, opt: str, lower: str, diags: Diagnostics) -> None:
-    have = providers(capability)
+def _shown(opt: Builtin) -> str:
+    """An optimizer as the program names it: `torch.optim.RAdam` for a Python reference."""
+    ref = OPTIMIZERS[opt.name].signature.reference
+    return getattr(opt.get(ref.name), "text", opt.name) if ref else opt.name
+
+
+def _missing(capability: str, method: Builtin, opt: Builtin, lower: str, diags: Diagnostics) -> None:
+    have, shown = providers(capability), _shown(opt)
+    why = OPTIMIZERS[opt.name].caps.opaque
+    notes = (f"{why}; `{method.name}` {_USES[capability]}",) if why and capability in _USES else ()
     if capability == "differentiable":
-        diags.error("E401", f"`{method.name}` cannot differentiate through `{opt}`, the optimizer "
+        diags.error("E401", f"`{method.name}` cannot differentiate through `{shown}`, the optimizer "
                     f"of `{lower}`", method.span, label="not differentiable",
                     help=f"use an implicit method such as `cg(...)` or `neumann(...)`, or give "
-                    f"`{lower}` a differentiable optimizer ({', '.join(have)})")
+                    f"`{lower}` a differentiable optimizer ({', '.join(have)})", notes=notes)
     elif capability == "sama_diag":
-        diags.error("E401", f"`{method.name}` has no diagonal update Jacobian for `{opt}`, the "
+        diags.error("E401", f"`{method.name}` has no diagonal update Jacobian for `{shown}`, the "
                     f"optimizer of `{lower}`", method.span,
-                    help=f"use `finite_diff(...)`, or {_listed(have)} for the lower problem")
+                    help=f"use `finite_diff(...)`, or {_listed(have)} for the lower problem",
+                    notes=notes)
     else:
         diags.error("E401", f"`{method.name}` needs `{capability}` of the lower optimizer, which "
-                    f"`{opt}`, the optimizer of `{lower}`, does not have", method.span,
+                    f"`{shown}`, the optimizer of `{lower}`, does not have", method.span,
                     help=f"use {_listed(have) or 'another method'} for the lower problem")
+
+
+# What a method does with the capability it needs, for E401's note.
+_USES = {"differentiable": "backpropagates through the lower optimizer's unrolled updates",
+         "sama_diag": "preconditions by the diagonal of the lower optimizer's ∂update/∂grad"}
 
 
 def check_method(edge: HierarchyEdge, lower: ProblemNode, diags: Diagnostics) -> Builtin | None:
@@ -53,7 +68,7 @@ def check_method(edge: HierarchyEdge, lower: ProblemNode, diags: Diagnostics) ->
     caps = METHODS[method.name].caps
     missing = sorted(caps.needs - OPTIMIZERS[opt.name].caps.provides)
     if missing:
-        _missing(missing[0], method, opt.name, lower.name, diags)
+        _missing(missing[0], method, opt, lower.name, diags)
         return None
     if not caps.unrolls:
         return method

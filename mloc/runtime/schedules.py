@@ -8,6 +8,7 @@ optimizer's learning-rate tensor, so a schedule never retraces or rebuilds the o
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from typing import Callable
 
 
@@ -42,3 +43,47 @@ def exponential(gamma: float) -> Callable[[int], float]:
 def constant() -> Callable[[int], float]:
     return lambda step: 1.0
 
+
+
+def multistep(milestones, gamma: float = 0.1) -> Callable[[int], float]:
+    """``gamma`` to the number of milestones at or below ``step``: torch's ``MultiStepLR``
+    (which multiplies its rate by ``gamma`` at each milestone: the same rates, up to the
+    rounding of ``base·γ·γ`` against ``base·γ²``)."""
+    ms = sorted(milestones)
+    return lambda step: gamma ** bisect_right(ms, step)
+
+
+def torch_schedule(cls=None, options=None, base: float = 1.0) -> Callable[[int], float]:
+    """The factor a ``torch.optim.lr_scheduler`` class (or a factory ``f(optimizer,
+    **options)`` returning a scheduler; ``cls`` as ``"module:attr"``) gives at each step:
+    the scheduler drives a stand-in SGD optimizer whose rate starts at ``base`` (so absolute
+    rates such as ``eta_min`` or ``max_lr`` mean what they say), stepped lazily as far as
+    asked and remembered; ``factor(k)`` is its rate after ``k`` steps over ``base``. The
+    rate after ``k`` steps is the one a hand-written loop with ``scheduler.step()`` after
+    each ``optimizer.step()`` uses for its step ``k``. None: the constant rate. A scheduler
+    whose ``step`` needs a metric (``ReduceLROnPlateau``) is refused."""
+    if cls is None:
+        return constant()
+    import inspect
+
+    import torch
+
+    from mloc.runtime.optim.torch_optim import load_ref
+
+    factory = load_ref(cls)
+    stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base)
+    scheduler = factory(stand_in, **dict(options or {}))
+    needs = [p.name for p in inspect.signature(scheduler.step).parameters.values()
+             if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
+    if needs:
+        raise ValueError(f"{type(scheduler).__name__}.step() needs {', '.join(needs)}: a schedule "
+                         "that reads a metric cannot be driven by the step count alone")
+    rates = [stand_in.param_groups[0]["lr"]]
+
+    def factor(step: int) -> float:
+        while len(rates) <= step:
+            stand_in.step()
+            scheduler.step()
+            rates.append(stand_in.param_groups[0]["lr"])
+        return rates[step] / base
+    return factor
