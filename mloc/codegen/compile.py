@@ -4,8 +4,8 @@
           -> trace -> support -> plan -> emit              user code on the meta device,
                                                            E704 gate, planner, train.py text
 
-`--set` overrides are spliced into the text before the pipeline runs (each is checked on
-the text before it). `load_generated` registers the generated text with `linecache`, so a
+`--set` overrides are spliced into the text together before the pipeline runs, which checks
+the result once (`mloc.codegen.overrides`); `emit` records them in train.py (`OVERRIDES`). `load_generated` registers the generated text with `linecache`, so a
 traceback through generated code shows its real lines (as torch.fx does for its generated
 code).
 """
@@ -17,26 +17,28 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mloc.codegen.emit import generate
-from mloc.codegen.overrides import Override, apply
+from mloc.codegen.overrides import Applied, apply_all
 from mloc.diagnostics import Diagnostic
-from mloc.passes.pipeline import (CHECKS, CheckSupport, Observer, Pass, PlanProgram, Trace, Unit, compile_source,
-                                  run_passes)
+from mloc.passes.pipeline import CHECKS, CheckSupport, Observer, Pass, PlanProgram, Trace, Unit, run_passes
 from mloc.passes.plan import Plan, Sizes
 from mloc.source import SourceFile
 
 
 @dataclass(frozen=True)
 class Emit(Pass):
+    """`overrides`: the `--set`s spliced into the source, recorded in train.py."""
+
     name = "emit"
     summary = "the plan -> train.py text (deterministic, with `# prog.mlo:LINE` comments)"
     stage = "compile"
+    overrides: tuple[str, ...] = ()
 
     def ready(self, unit):
         return unit.ok and unit.plan is not None
 
     def run(self, unit, diags):
         out = unit.out_dir if unit.out_dir is not None else Path(unit.source.path).resolve().parent
-        return replace(unit, generated=generate(unit.graph, unit.plan, out, unit.sizes))
+        return replace(unit, generated=generate(unit.graph, unit.plan, out, unit.sizes, self.overrides))
 
     def dump(self, unit):
         return unit.generated
@@ -48,9 +50,11 @@ PASSES: dict[str, Pass] = {p.name: p for p in PIPELINE}
 
 @dataclass(frozen=True)
 class Compiled:
-    """The result of the whole pipeline; `source` is the generated train.py (None on errors)."""
+    """The result of the whole pipeline; `source` is the generated train.py (None on errors);
+    `overrides` the `--set`s applied, in the order they were (as train.py's `OVERRIDES`)."""
 
     unit: Unit
+    overrides: tuple[str, ...] = ()
 
     @property
     def diagnostics(self) -> tuple[Diagnostic, ...]:
@@ -73,28 +77,22 @@ class Compiled:
         return self.unit.ok and self.unit.generated is not None
 
 
-def with_overrides(path: str, overrides: tuple[str, ...] = ()) -> tuple[SourceFile, Unit | None]:
-    """The file's text with every `--set` spliced in, each into a text that checks cleanly;
-    or, as the second item, the checked unit of the text that did not (OverrideError if an
-    override names nothing; OSError/UnicodeDecodeError propagate)."""
-    src = SourceFile.read(path)
-    for text in overrides:
-        unit = compile_source(src)
-        if not unit.ok or unit.ast is None:
-            return src, unit
-        src = SourceFile(path, apply(src.text, unit.ast, Override.parse(text)))
-    return src, None
+def with_overrides(path: str, overrides: tuple[str, ...] = ()) -> Applied:
+    """The file's text with every `--set` spliced in, all together (OverrideError if one
+    names nothing; OSError/UnicodeDecodeError propagate); nothing is checked yet."""
+    return apply_all(SourceFile.read(path), overrides)
 
 
 def compile_program(path: str, overrides: tuple[str, ...] = (), out_dir: Path | None = None, *,
                     observer: Observer | None = None) -> Compiled:
-    """Run `PIPELINE` on the file (with `overrides`); `out_dir` is where train.py will live
-    (default: beside the file); `observer(pass, unit)` sees each pass's result."""
-    src, stopped = with_overrides(path, overrides)
-    if stopped is not None:
-        return Compiled(stopped)
-    unit = Unit(src, out_dir=Path(out_dir) if out_dir is not None else None)
-    return Compiled(run_passes(unit, PIPELINE, observer=observer))
+    """Run `PIPELINE` once on the file with all its `overrides` applied; `out_dir` is where
+    train.py will live (default: beside the file); `observer(pass, unit)` sees each pass's
+    result. Diagnostics pointing into an override's text carry a note naming its `--set`."""
+    applied = with_overrides(path, overrides)
+    recorded = tuple(str(o) for o in applied.overrides)
+    unit = Unit(applied.source, out_dir=Path(out_dir) if out_dir is not None else None)
+    unit = run_passes(unit, (*PIPELINE[:-1], Emit(recorded)), observer=observer)
+    return Compiled(replace(unit, diagnostics=applied.annotate(unit.diagnostics)), recorded)
 
 
 def load_generated(source: str, filename: str) -> dict:

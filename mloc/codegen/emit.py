@@ -8,6 +8,7 @@ are the program's own; the same graph and plan always give the same bytes.
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from mloc import __version__
@@ -42,8 +43,8 @@ def render_value(value: ast.Value, names: dict[str, str] | None = None) -> str:
 
 
 class Emitter:
-    def __init__(self, g: ProgramGraph, plan: Plan, out_dir: Path, sizes=None):
-        self.g, self.plan, self.sizes = g, plan, sizes
+    def __init__(self, g: ProgramGraph, plan: Plan, out_dir: Path, sizes=None, overrides: tuple[str, ...] = ()):
+        self.g, self.plan, self.sizes, self.overrides = g, plan, sizes, overrides
         self.src = Path(g.info.source_path)
         self.name = self.src.name
         self.lines: list[str] = []
@@ -71,6 +72,7 @@ class Emitter:
         self.emit("")
         self.emit("    python train.py [--steps N] [--seed S] [--device D] [--precision P] [--out DIR] [--resume DIR]")
         self.emit("")
+        self.lines += _overrides_doc(self.name, self.overrides)
         self.emit(f"Semantics: {self.plan.runtime_semantics} ({self.plan.semantics_reason}).")
         self.emit('"""')
         self.emit("")
@@ -87,6 +89,7 @@ class Emitter:
             self.emit(f"import {imp.module}{alias}  # noqa: E402  {self.at(imp.span)}")
         self.emit("")
         self.emit(f"NAME = {self.g.info.name!r}")
+        self.emit(f"OVERRIDES = {self.overrides!r}  # the --set PATH=VALUE this file was compiled with")
         self.block()
 
     def used(self) -> list[Descriptor]:
@@ -292,6 +295,21 @@ def _action(a: Action) -> str:
     return f"p.{a.kind}({a.problem!r}){note}"
 
 
-def generate(g: ProgramGraph, plan: Plan, out_dir: Path, sizes=None) -> str:
-    """The text of `train.py` for `out_dir` (with the traced losses when `sizes` has them)."""
-    return Emitter(g, plan, out_dir, sizes).source()
+def _overrides_doc(name: str, overrides: tuple[str, ...]) -> list[str]:
+    """The header's docstring lines listing the `--set`s (none without overrides)."""
+    if not overrides:
+        return []
+    return [f"Compiled with {len(overrides)} override{'s' * (len(overrides) > 1)} of {name} (OVERRIDES below), "
+            "checked together with the file:",
+            *("    --set " + _docstring_safe(shlex.quote(text)) for text in overrides), ""]
+
+
+def _docstring_safe(text: str) -> str:
+    """`text` as it reads inside the generated module's docstring (one line, no end quote)."""
+    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"').replace("\n", "\\n").replace("\r", "\\r")
+
+
+def generate(g: ProgramGraph, plan: Plan, out_dir: Path, sizes=None, overrides: tuple[str, ...] = ()) -> str:
+    """The text of `train.py` for `out_dir` (with the traced losses when `sizes` has them),
+    recording the `--set` overrides its program was compiled with."""
+    return Emitter(g, plan, out_dir, sizes, overrides).source()

@@ -1,83 +1,277 @@
-"""`--set TARGET.FIELD=VALUE`: change a field of the program for one run, checked like the file.
+"""`--set PATH=VALUE`: change a field of the program, or one argument of a call in it, for one run.
 
-Targets: a problem (`classifier.optimizer=adam(lr=1e-3)`), an edge
-(`weight_net->classifier.hypergrad=neumann(iters=3, alpha=0.1)`), the train block
-(`train.steps=100`) or a program setting (`semantics=per_edge`). The override is spliced
-into the source text in place of the field's value (or added to its block when absent),
-and the whole file is checked again, so an override gets exactly the diagnostics the same
-text would get in the file.
+    classifier.optimizer=adam(lr=1e-3)          a problem's field (added when the file lacks it)
+    weight_net->classifier.hypergrad=cg()       an edge's field
+    train.steps=100                             the train block's
+    semantics=per_edge                          a program setting
+    classifier.optimizer.lr=0.05                one argument of the call a field holds: the
+                                                call's other arguments stay as the file has them
+    classifier.module.hidden=128                (any call: built-ins and your own)
+    e.hypergrad.alpha=0.1                       (a bare `hypergrad = neumann` becomes a call)
+
+All overrides are applied together, then the file is checked once: each is spliced into the
+source text in place of the value it names (or added to its block when absent), whole fields
+before arguments of them, so the order of the `--set`s never matters and an intermediate
+state is never checked. An override gets exactly the diagnostics the same text would get in
+the file, with a note naming the `--set` it came from (`Applied.annotate`). A path that names
+nothing, names one thing twice, or cannot be read is an `OverrideError` that says which
+`--set`, what is wrong and how to fix it.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Sequence
 
+from mloc.diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from mloc.frontend import ast
+from mloc.frontend.parse import parse
+from mloc.lang.vocabulary import EDGE_FIELDS, PROBLEM_FIELDS, SETTINGS, TRAIN_FIELDS
+from mloc.source import SourceFile
 
-_SET = re.compile(r"^\s*(?:(?P<target>[A-Za-z_]\w*(?:\s*->\s*[A-Za-z_]\w*)?)\s*\.\s*)?(?P<field>[A-Za-z_]\w*)\s*=(?P<value>.+)$",
-                  re.S)
+_IDENT = r"[A-Za-z_]\w*"
+_SET = re.compile(rf"^\s*(?P<head>{_IDENT}(?:\s*->\s*{_IDENT})?)(?P<path>(?:\s*\.\s*\w+)*)\s*=(?P<value>.*)$", re.S)
+_FORM = ("write PATH=VALUE: PROBLEM.FIELD, UPPER->LOWER.FIELD, train.FIELD or SETTING, optionally "
+         "followed by .ARGUMENT for one argument of a call, e.g. classifier.optimizer.lr=0.05")
 
 
 class OverrideError(ValueError):
-    """A `--set` that names nothing in the program or is not of the form TARGET.FIELD=VALUE."""
+    """A `--set` that cannot be read, names nothing in the program, or repeats another.
+
+    `message` says which `--set` and what is wrong, `help` how to fix it; `str()` shows both,
+    as the CLI renders a usage error."""
+
+    def __init__(self, message: str, help: str | None = None):
+        self.message, self.help = message, help
+        super().__init__(message + (f"\n  = help: {help}" if help else ""))
 
 
 @dataclass(frozen=True)
 class Override:
-    target: str | None      # problem name, "upper->lower", "train", or None (a program setting)
-    field: str
+    """One `--set`: `head` is a problem, `UPPER->LOWER`, `train` or a program setting;
+    `path` the field, then the arguments of the call it holds (empty for a setting)."""
+
+    head: str
+    path: tuple[str, ...]
     value: str
 
     @classmethod
     def parse(cls, text: str) -> "Override":
         m = _SET.match(text)
         if not m:
-            raise OverrideError(f"cannot read --set {text!r}; write TARGET.FIELD=VALUE, e.g. "
-                                "classifier.optimizer=adam(lr=1e-3) or train.steps=100")
-        target = re.sub(r"\s+", "", m.group("target")) if m.group("target") else None
-        return cls(target, m.group("field"), m.group("value").strip())
+            raise OverrideError(f"cannot read --set {text!r}", _FORM)
+        head = re.sub(r"\s+", "", m.group("head"))
+        path = tuple(p.strip() for p in m.group("path").split(".")[1:])
+        value = m.group("value").strip()
+        if not value:
+            raise OverrideError(f"--set {text!r} gives no value after `=`", _FORM)
+        return cls(head, path, value)
+
+    @property
+    def key(self) -> str:
+        """What it sets, e.g. `classifier.optimizer.lr`."""
+        return ".".join((self.head, *self.path))
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"
+
+    @property
+    def flag(self) -> str:
+        """As it would be typed: `--set 'classifier.optimizer.lr=0.05'`."""
+        return f"--set '{self}'"
 
 
-def _block_of(module: ast.Module, target: str | None):
-    if target is None:
-        return None
-    if target == "train":
-        blocks = module.of_type(ast.Train)
-        return blocks[0].body if blocks else None
-    if "->" in target:
-        up, low = target.split("->")
-        for e in module.of_type(ast.Edge):
-            pairs = list(zip((i.name for i in e.path), (i.name for i in e.path[1:])))
-            if (up, low) in pairs:
-                if len(pairs) > 1:
-                    raise OverrideError(f"the edge {up} -> {low} is declared in a chain `a -> b -> c`; "
-                                        "split it to override one edge")
-                return e.body if e.body is not None else e
-        raise OverrideError(f"the program has no edge {up} -> {low}")
-    for p in module.of_type(ast.Problem):
-        if p.name.name == target:
-            return p.body
-    raise OverrideError(f"the program has no problem `{target}` (targets: a problem, UPPER->LOWER, train)")
+@dataclass(frozen=True)
+class Applied:
+    """The source with every override spliced in; `regions` are the spliced ranges of its
+    text with the override each came from; `overrides` in the order they were applied."""
+
+    source: SourceFile
+    overrides: tuple[Override, ...] = ()
+    regions: tuple[tuple[int, int, Override], ...] = ()
+
+    def annotate(self, diagnostics: Sequence[Diagnostic]) -> tuple[Diagnostic, ...]:
+        """Each diagnostic that points into spliced text, with a note naming its `--set`."""
+        out = []
+        for d in diagnostics:
+            if d.span is not None and d.span.source.text == self.source.text:
+                notes = tuple(f"this text comes from {ov.flag}" for s, e, ov in self.regions
+                              if d.span.start < e and (d.span.end > s or d.span.start == s))
+                d = replace(d, notes=d.notes + notes) if notes else d
+            out.append(d)
+        return tuple(out)
 
 
-def apply(text: str, module: ast.Module, override: Override) -> str:
-    """The source text with the override spliced in."""
-    if override.target is None:
-        for s in module.of_type(ast.Setting):
-            if s.key.name == override.field:
-                return text[:s.value.span.start] + override.value + text[s.value.span.end:]
-        return text + f"\n{override.field} = {override.value}\n"
-    block = _block_of(module, override.target)
-    if block is None:
-        if override.target == "train":
-            return text + f"\ntrain {{ {override.field} = {override.value} }}\n"
-        raise OverrideError(f"cannot find {override.target}")
-    if isinstance(block, ast.Edge):   # an edge without braces
-        end = block.span.end
-        return text[:end] + f" {{ {override.field} = {override.value} }}" + text[end:]
-    for entry in block.entries:
-        if isinstance(entry, ast.Field) and entry.key.name == override.field:
-            return text[:entry.value.span.start] + override.value + text[entry.value.span.end:]
-    close = block.span.end - 1     # the closing brace
-    return text[:close] + f" {override.field} = {override.value} " + text[close:]
+def parse_all(texts: Sequence[str]) -> tuple[Override, ...]:
+    """The overrides in the order they are applied (fields before arguments of them, then by
+    what they set), so any order of the same `--set`s gives the same text; a thing set twice
+    is an error."""
+    overrides = [Override.parse(t) for t in texts]
+    seen: dict[str, Override] = {}
+    for ov in overrides:
+        if ov.key in seen:
+            raise OverrideError(f"{seen[ov.key].flag} and {ov.flag} both set `{ov.key}`",
+                                "give each field or argument once")
+        seen[ov.key] = ov
+    return tuple(sorted(overrides, key=lambda o: (len(o.path), o.key)))
+
+
+def apply_all(src: SourceFile, texts: Sequence[str]) -> Applied:
+    """Splice every override into `src`. Each is located in the file as the previous ones
+    left it (parsed, never checked); a text that no longer parses stops the splicing, and
+    the check of what was spliced so far reports it."""
+    overrides = parse_all(texts)
+    text, regions = src.text, ()
+    for ov in overrides:
+        try:
+            module = parse(SourceFile(src.path, text))
+        except DiagnosticError:
+            break
+        start, end, new = edit(text, module, ov)
+        text = text[:start] + new + text[end:]
+        regions = _shift(regions, start, end, len(new)) + ((start, start + len(new), ov),)
+    return Applied(SourceFile(src.path, text), overrides, regions)
+
+
+def _shift(regions, start: int, end: int, length: int) -> tuple:
+    """`regions` after text[start:end] was replaced by `length` characters."""
+    delta = length - (end - start)
+    out = []
+    for s, e, ov in regions:
+        if e <= start:
+            out.append((s, e, ov))
+        elif s >= end:
+            out.append((s + delta, e + delta, ov))
+        else:                       # the edit falls inside an earlier override's text
+            out.append((min(s, start), max(e + delta, start + length), ov))
+    return tuple(out)
+
+
+# --- locating what an override names ------------------------------------------------------
+
+def edit(text: str, module: ast.Module, ov: Override) -> tuple[int, int, str]:
+    """(start, end, new text): the override as one splice into `text`."""
+    kind, owner, fields, field, args = _target(module, ov)
+    if field not in fields:
+        hint = did_you_mean(field, fields)
+        noun = "setting" if kind == "setting" else "field"
+        raise OverrideError(f"{ov.flag}: {owner} has no {noun} `{field}`",
+                            (hint + " " if hint else "") + f"its {noun}s: {', '.join(fields)}"
+                            + ("; a problem's field is PROBLEM.FIELD" if kind == "setting" else ""))
+    where = ov.key[:len(ov.key) - len(".".join(args)) - bool(args)]     # the path to the field
+    value = _value_of(module, kind, ov.head, field)
+    if value is None:
+        if args:
+            raise OverrideError(f"{ov.flag}: {owner} does not set `{field}` in the file, so there is no call "
+                                f"whose `{args[0]}` could change",
+                                f"set the whole value, e.g. --set '{where}=CALL({args[0]}={ov.value})'")
+        return _insertion(text, module, kind, ov)
+    return _in_value(value, args, ov, where)
+
+
+def _target(module: ast.Module, ov: Override):
+    """(kind, description, its fields, field, arguments) of what `ov.head` names."""
+    problems = [p.name.name for p in module.of_type(ast.Problem)]
+    if "->" in ov.head:
+        kind, owner, fields = "edge", f"the edge `{ov.head.replace('->', ' -> ')}`", EDGE_FIELDS
+        _edge(module, ov)
+    elif ov.head == "train":
+        kind, owner, fields = "train", "the train block", TRAIN_FIELDS
+    elif ov.head in problems:
+        kind, owner, fields = "problem", f"problem `{ov.head}`", PROBLEM_FIELDS
+    elif ov.head in SETTINGS or ov.head in {s.key.name for s in module.of_type(ast.Setting)} or not ov.path:
+        return "setting", "the program", SETTINGS, ov.head, ov.path
+    else:
+        hint = did_you_mean(ov.head, problems + ["train", *SETTINGS])
+        raise OverrideError(f"{ov.flag}: the program has no problem, edge or setting `{ov.head}`",
+                            (hint + " " if hint else "") + f"problems: {', '.join(problems) or 'none'}; "
+                            "an edge is UPPER->LOWER, the train block `train`")
+    if not ov.path:
+        raise OverrideError(f"{ov.flag} names {owner} but none of its fields",
+                            f"write {ov.head}.FIELD=VALUE with FIELD one of: {', '.join(fields)}")
+    return kind, owner, fields, ov.path[0], ov.path[1:]
+
+
+def _edge(module: ast.Module, ov: Override) -> ast.Edge:
+    up, low = ov.head.split("->")
+    for e in module.of_type(ast.Edge):
+        pairs = list(zip((i.name for i in e.path), (i.name for i in e.path[1:])))
+        if (up, low) in pairs:
+            if len(pairs) > 1:
+                raise OverrideError(f"{ov.flag}: the edge {up} -> {low} is declared in a chain `a -> b -> c`",
+                                    "split the chain into one declaration per edge to override one of them")
+            return e
+    declared = [f"{a}->{b}" for e in module.of_type(ast.Edge) for a, b in
+                zip((i.name for i in e.path), (i.name for i in e.path[1:]))]
+    hint = did_you_mean(ov.head, declared)
+    raise OverrideError(f"{ov.flag}: the program has no edge {up} -> {low}",
+                        (hint + " " if hint else "") + f"its edges: {', '.join(declared) or 'none'}")
+
+
+def _block(module: ast.Module, kind: str, head: str) -> ast.Block | None:
+    if kind == "train":
+        trains = module.of_type(ast.Train)
+        return trains[0].body if trains else None
+    if kind == "edge":
+        up, low = head.split("->")
+        return next(e.body for e in module.of_type(ast.Edge)
+                    if (up, low) in zip((i.name for i in e.path), (i.name for i in e.path[1:])))
+    return next(p.body for p in module.of_type(ast.Problem) if p.name.name == head)
+
+
+def _value_of(module: ast.Module, kind: str, head: str, field: str) -> ast.Value | None:
+    if kind == "setting":
+        return next((s.value for s in module.of_type(ast.Setting) if s.key.name == field), None)
+    block = _block(module, kind, head)
+    entries = block.entries if block is not None else ()
+    return next((f.value for f in entries if isinstance(f, ast.Field) and f.key.name == field), None)
+
+
+def _insertion(text: str, module: ast.Module, kind: str, ov: Override) -> tuple[int, int, str]:
+    """Add a field the file does not set: at the end of its block, on the block's line."""
+    field, end = ov.path[0] if ov.path else ov.head, len(text)
+    if kind == "setting":
+        return end, end, f"\n{field} = {ov.value}\n"
+    block = _block(module, kind, ov.head)
+    if block is None and kind == "train":
+        return end, end, f"\ntrain {{ {field} = {ov.value} }}\n"
+    if block is None:                   # an edge without braces
+        e = _edge(module, ov)
+        return e.span.end, e.span.end, f" {{ {field} = {ov.value} }}"
+    close = block.span.end - 1          # the closing brace
+    return close, close, f" {field} = {ov.value} "
+
+
+def _in_value(value: ast.Value, args: tuple[str, ...], ov: Override, where: str) -> tuple[int, int, str]:
+    """Replace `value` (what the path `where` names), or (with `args`) the argument they
+    name inside the call it is."""
+    if not args:
+        return value.span.start, value.span.end, ov.value
+    name, rest = args[0], args[1:]
+    if isinstance(value, ast.Name) and not rest and not name.isdigit():   # `neumann` = `neumann()`
+        return value.span.start, value.span.end, f"{value.dotted}({name}={ov.value})"
+    if not isinstance(value, ast.Call):
+        raise OverrideError(f"{ov.flag}: `{where}` is `{value.span.text}`, not a call, so it has no argument "
+                            f"`{name}`", f"set the whole value: --set '{where}=VALUE'")
+    arg = _argument(value, name)
+    if arg is not None:
+        return _in_value(arg.value, rest, ov, f"{where}.{name}")
+    if rest or name.isdigit():
+        given = [a.keyword.name if a.keyword else str(i) for i, a in enumerate(value.args)]
+        raise OverrideError(f"{ov.flag}: `{where}` is `{value.span.text}`, which has no argument `{name}`",
+                            f"its arguments: {', '.join(given) or 'none'}; a missing keyword argument "
+                            "can be added only as the last part of the path")
+    if value.args:
+        pos = value.args[-1].span.end
+        return pos, pos, f", {name}={ov.value}"
+    pos = value.span.end - 1            # before the closing parenthesis
+    return pos, pos, f"{name}={ov.value}"
+
+
+def _argument(call: ast.Call, name: str) -> ast.Arg | None:
+    """The keyword argument `name`, or the positional one at index `name`."""
+    if name.isdigit():
+        positional = [a for a in call.args if a.keyword is None]
+        return positional[int(name)] if int(name) < len(positional) else None
+    return next((a for a in call.args if a.keyword is not None and a.keyword.name == name), None)

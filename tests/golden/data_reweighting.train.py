@@ -17,6 +17,7 @@ program_dir(__file__, '../../programs')  # the directory of data_reweighting.mlo
 import reweighting as lib  # noqa: E402  # data_reweighting.mlo:5
 
 NAME = 'data_reweighting'
+OVERRIDES = ()  # the --set PATH=VALUE this file was compiled with
 
 
 def build_modules():

@@ -16,6 +16,7 @@ program_dir(__file__, '../../programs')  # the directory of hpo.mlo, first on sy
 import penalties as hp  # noqa: E402  # hpo.mlo:6
 
 NAME = 'weight_decay_hpo'
+OVERRIDES = ()  # the --set PATH=VALUE this file was compiled with
 
 
 def build_modules():

@@ -16,6 +16,7 @@ program_dir(__file__, '../../programs')  # the directory of maml.mlo, first on s
 import sinusoid as tasks  # noqa: E402  # maml.mlo:6
 
 NAME = 'maml'
+OVERRIDES = ()  # the --set PATH=VALUE this file was compiled with
 
 
 def build_modules():

@@ -16,6 +16,7 @@ program_dir(__file__, '../../programs')  # the directory of trilevel.mlo, first 
 import regularized as lib  # noqa: E402  # trilevel.mlo:6
 
 NAME = 'regularized_reweighting'
+OVERRIDES = ()  # the --set PATH=VALUE this file was compiled with
 
 
 def build_modules():

@@ -1,0 +1,181 @@
+"""`--set` overrides: applied together and checked once (any order gives the same program),
+one argument of a call merged into the file's call, recorded in train.py's header and on
+the compiled unit, and bad overrides reported with which `--set`, what and how to fix."""
+
+from __future__ import annotations
+
+import ast as pyast
+import shlex
+
+import pytest
+
+from mloc.cli import main
+from mloc.codegen.compile import compile_program, load_generated
+from mloc.codegen.emit import _overrides_doc
+from mloc.codegen.overrides import OverrideError, apply_all
+from mloc.source import SourceFile
+from tests.conftest import PROGRAMS, ROOT
+
+MAML, MWN, HPO = (str(PROGRAMS / f"{n}.mlo") for n in ("maml", "data_reweighting", "hpo"))
+OUT = ROOT / "build" / "overrides"
+
+
+def compiled(path: str, *sets: str):
+    return compile_program(path, sets, out_dir=OUT)
+
+
+def optimizer(c, problem: str):
+    node = next(p for p in c.unit.graph.problems() if p.name == problem)
+    return node.optimizer.name, dict(node.optimizer.args)
+
+
+def edge(c, upper: str, lower: str):
+    return next(e for e in c.plan.edges if (e.upper, e.lower) == (upper, lower))
+
+
+# --- applied together ----------------------------------------------------------------------
+
+UNROLL_60 = ("meta->adapt.hypergrad=itd(steps=60)", "meta->adapt.unroll=60")
+
+
+@pytest.mark.parametrize("sets", [UNROLL_60, UNROLL_60[::-1]], ids=["hypergrad-first", "unroll-first"])
+def test_two_overrides_valid_only_together_work_in_either_order(sets):
+    """The file says itd(steps=5), unroll=5: each override alone is an error (E402), so a
+    check of the intermediate state fails one of the two orders."""
+    c = compiled(MAML, *sets)
+    assert c.ok, [d.message for d in c.diagnostics]
+    e = edge(c, "meta", "adapt")
+    assert e.unroll == 60 and dict(e.args)["steps"] == 60
+
+
+def test_the_order_of_the_overrides_does_not_change_a_byte():
+    sets = ("classifier.optimizer.lr=0.05", "train.steps=7", "weight_net->classifier.unroll=2",
+            "weight_net.optimizer=adam(lr=1e-3)")
+    assert compiled(MWN, *sets).source == compiled(MWN, *reversed(sets)).source
+
+
+def test_an_override_can_fix_an_error_in_the_file(tmp_path):
+    bad = tmp_path / "hpo.mlo"
+    bad.write_text((PROGRAMS / "hpo.mlo").read_text().replace("unroll = 50", "unroll = 0"))
+    (tmp_path / "penalties.py").write_text((PROGRAMS / "penalties.py").read_text())
+    assert [d.code for d in compile_program(str(bad), out_dir=tmp_path).diagnostics] == ["E305"]
+    fixed = compile_program(str(bad), ("decay->model.unroll=3",), out_dir=tmp_path)
+    assert fixed.ok and edge(fixed, "decay", "model").unroll == 3
+
+
+# --- one argument of a call ------------------------------------------------------------------
+
+def test_one_argument_merges_into_the_files_call():
+    """sgd(lr=0.02, momentum=0.9, weight_decay=5e-4) keeps momentum and weight decay."""
+    _, before = optimizer(compiled(MWN), "classifier")
+    name, args = optimizer(compiled(MWN, "classifier.optimizer.lr=0.05"), "classifier")
+    assert name == "sgd" and args == {**before, "lr": 0.05}
+    assert args["momentum"] == 0.9 and args["weight_decay"] == 5e-4
+
+
+def test_an_argument_the_call_lacks_is_added():
+    name, args = optimizer(compiled(MAML, "adapt.optimizer.momentum=0.5"), "adapt")
+    assert name == "sgd" and args["lr"] == 0.01 and args["momentum"] == 0.5
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_replaced_call_then_one_of_its_arguments_in_either_order(reverse):
+    sets = ["classifier.optimizer=adam(lr=1e-3, eps=1e-6)", "classifier.optimizer.lr=0.05"]
+    name, args = optimizer(compiled(MWN, *(sets[::-1] if reverse else sets)), "classifier")
+    assert name == "adam" and args["lr"] == 0.05 and args["eps"] == 1e-6
+
+
+def test_method_arguments_and_user_calls_merge_too():
+    c = compiled(MAML, "meta->adapt.hypergrad.steps=3", "meta->adapt.unroll=3", "adapt.module.hidden=8",
+                 "meta.module.hidden=8")
+    assert c.ok and dict(edge(c, "meta", "adapt").args) == {**dict(edge(compiled(MAML), "meta", "adapt").args),
+                                                            "steps": 3}
+    assert "tasks.SineNet(hidden=8)" in c.source
+
+
+SMALL = """program p
+problem a { module = lib.M(3, 4, width=2), optimizer = sgd(lr=0.1) }
+a -> b
+b -> c { hypergrad = neumann }
+"""
+
+
+@pytest.mark.parametrize("override, expect", [
+    ("a.module.1=5", "lib.M(3, 5, width=2)"),
+    ("a.module.depth=2", "lib.M(3, 4, width=2, depth=2)"),
+    ("b->c.hypergrad.alpha=0.1", "hypergrad = neumann(alpha=0.1)"),
+    ("a->b.unroll=4", "a -> b { unroll = 4 }"),
+    ("a.init=b", "optimizer = sgd(lr=0.1)  init = b }"),
+    ("semantics=per_edge", "\nsemantics = per_edge\n"),
+    ("train.steps=3", "\ntrain { steps = 3 }\n"),
+])
+def test_splices_on_the_text(override, expect):
+    assert expect in apply_all(SourceFile("p.mlo", SMALL), (override,)).source.text
+
+
+# --- recorded ----------------------------------------------------------------------------------
+
+def test_overrides_are_recorded_in_the_header_and_on_the_compiled_unit(tmp_path):
+    sets = ("classifier.optimizer.lr=0.05", "weight_net->classifier.hypergrad=neumann(iters=3, alpha=0.1)")
+    c = compiled(MWN, *sets)
+    assert c.ok and c.overrides == sets[::-1]      # fields, then arguments of calls
+    doc = pyast.get_docstring(pyast.parse(c.source))
+    assert "--set classifier.optimizer.lr=0.05" in doc
+    assert "--set 'weight_net->classifier.hypergrad=neumann(iters=3, alpha=0.1)'" in doc
+    assert load_generated(c.source, str(tmp_path / "train.py"))["OVERRIDES"] == c.overrides
+    assert load_generated(compiled(MWN).source, str(tmp_path / "plain.py"))["OVERRIDES"] == ()
+
+
+def test_mloc_compile_writes_the_overrides_into_train_py(tmp_path, capsys):
+    assert main(["compile", HPO, "-o", str(tmp_path), "--set", "decay->model.unroll=5"]) == 0
+    ns = load_generated((tmp_path / "train.py").read_text(), str(tmp_path / "train.py"))
+    assert ns["OVERRIDES"] == ("decay->model.unroll=5",)
+
+
+@pytest.mark.parametrize("text", ["a.data=lib.d(s='\"\"\"')", "a.data=lib.d(s='\\\\n\\'')", "a.b=x\ny\r"])
+def test_any_override_text_is_safe_in_the_docstring(text):
+    """Triple quotes, backslashes and line breaks: the module parses, and its docstring
+    holds the `--set` exactly as a shell would take it back."""
+    module = pyast.parse('"""x\n' + "\n".join(_overrides_doc("p.mlo", (text,))) + '\n"""\nOVERRIDES = 1\n')
+    assert "    --set " + shlex.quote(text) in module.body[0].value.value
+
+
+# --- bad overrides ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override, message, help", [
+    ("classifier.optimzer=adam(lr=1e-3)", "problem `classifier` has no field `optimzer`", "did you mean `optimizer`?"),
+    ("clasifier.optimizer.lr=0.1", "no problem, edge or setting `clasifier`", "did you mean `classifier`?"),
+    ("classifier->weight_net.unroll=2", "no edge classifier -> weight_net", "weight_net->classifier"),
+    ("train.stepz=5", "the train block has no field `stepz`", "did you mean `steps`?"),
+    ("semantic=exact", "no setting `semantic`", "did you mean `semantics`?"),
+    ("weight_net.schedule.total=10", "does not set `schedule`", "set the whole value"),
+    ("weight_net->classifier.unroll.x=1", "is `1`, not a call", "--set 'weight_net->classifier.unroll=VALUE'"),
+    ("classifier.optimizer.lr", "cannot read --set", "PATH=VALUE"),
+    ("classifier.optimizer.lr=", "gives no value", "PATH=VALUE"),
+    ("classifier=1", "names problem `classifier` but none of its fields", "classifier.FIELD=VALUE"),
+])
+def test_bad_overrides_say_which_set_what_and_how(override, message, help):
+    with pytest.raises(OverrideError) as err:
+        compiled(MWN, override)
+    assert message in err.value.message and help in err.value.help
+    if "=" in override and not override.endswith("="):
+        assert f"--set '{override}'" in err.value.message
+
+
+def test_a_field_set_twice_is_an_error():
+    with pytest.raises(OverrideError, match="both set `train.steps`"):
+        compiled(MWN, "train.steps=5", "train.steps=6")
+
+
+def test_a_bad_value_is_a_diagnostic_naming_its_set():
+    c = compiled(MWN, "classifier.optimizer.momentun=0.5")
+    [d] = c.diagnostics
+    assert d.code == "E303" and d.help == "did you mean `momentum`?"
+    assert d.notes == ("this text comes from --set 'classifier.optimizer.momentun=0.5'",)
+
+
+def test_the_cli_reports_a_missing_field_as_a_usage_error(capsys):
+    assert main(["plan", MWN, "--color", "never", "--set", "classifier.optimzer=adam(lr=1e-3)"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --set 'classifier.optimzer=adam(lr=1e-3)': problem `classifier` has no field `optimzer`" in err
+    assert "= help: did you mean `optimizer`?" in err
