@@ -62,7 +62,7 @@ TORCH = Descriptor(
     signature("torch", "any torch.optim optimizer (or a factory returning one), written as "
               "its dotted name's call, e.g. `torch.optim.RAdam(lr=1e-3)`",
               Param("lr", LR, doc="learning rate (a schedule's base)"),
-              Param("cls", Ref("a torch.optim optimizer class or a factory"),
+              Param("cls", Ref("a torch.optim optimizer class or a factory", "torch.optim.RAdam"),
                     PyRef("torch.optim:SGD"), doc="the class or factory (default torch.optim.SGD)"),
               Param("options", Kwargs(), Options(), doc="its other keyword arguments")),
     OptimizerCaps(differentiable=False, sama_diag=False, state_per_param=3,

@@ -33,7 +33,8 @@ SCHEDULES: dict[str, Descriptor] = registry(
     # Without a class (`schedule = torch`) the rate stays constant.
     Descriptor(signature("torch", "any torch.optim.lr_scheduler class (or a factory returning "
                          "one), written as its dotted name's call",
-                         Param("cls", Ref("an lr_scheduler class or a factory"), None,
+                         Param("cls", Ref("an lr_scheduler class or a factory",
+                                   "torch.optim.lr_scheduler.StepLR"), None,
                                doc="the scheduler class or factory"),
                          Param("options", Kwargs(), Options(), doc="its keyword arguments")),
                ScheduleCaps(takes_base=True), "mloc.runtime.schedules:torch_schedule"),

@@ -279,16 +279,16 @@ class Ref(Type):
     only checks its shape and returns the `ast.Name`."""
 
     what: str = "a class or function"
+    example: str = "lib.make"
 
     @property
     def expected(self) -> str:  # type: ignore[override]
-        return f"a dotted name of {self.what}, such as `torch.optim.RAdam`"
+        return f"a dotted name of {self.what}, such as `{self.example}`"
 
     def check(self, value, where, diags):
         if isinstance(value, ast.Name) and len(value.parts) > 1:
             return value
-        return self._wrong(value, where, diags, help="name it with its module, e.g. "
-                           "`torch.optim.RAdam` or `lib.make_optimizer`")
+        return self._wrong(value, where, diags, help=f"name it with its module, e.g. `{self.example}`")
 
 
 @dataclass(frozen=True)

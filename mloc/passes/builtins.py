@@ -5,6 +5,12 @@ duplicate arguments, unknown keywords, missing required ones, and each argument'
 and range. Returns a `Builtin` with every parameter bound (defaults filled in), or None.
 A built-in that is checked but has no runtime yet is reported E704 at the call, and still
 bound, so that the checks downstream of it run as well.
+
+A dotted callee where a table has a built-in with a `Ref` parameter (`torch`, in the
+optimizers and the schedules) is a Python class or factory: `torch.optim.RAdam(lr=1e-3,
+betas=(0.9, 0.99))` binds to that built-in with the callee as its reference (resolved to a
+`"module:attr"` `PyRef` by `resolve_ref`, without importing anything) and the keywords
+it does not name collected into its `Kwargs` parameter.
 """
 
 from __future__ import annotations
@@ -98,8 +104,9 @@ def resolve_ref(name: ast.Name, scope: Scope | None, diags: Diagnostics) -> PyRe
         diags.error("E101", f"undefined module `{head}`" if info is None else
                     f"`{name.dotted}` is a module, not a class or function", name.span,
                     label="not defined" if info is None else "a module",
-                    help=f"import it (`import {head}`), or write the full module path, e.g. "
-                         "`torch.optim.RAdam`" if info is None else "name a class or function in it")
+                    help=(did_you_mean(head, [*(scope.imports if scope else ()), "torch"])
+                          or f"import it (`import {head}`), or write the full module path, e.g. "
+                          "`torch.optim.RAdam`") if info is None else "name a class or function in it")
         return None
     while len(attrs) > 1 and (sub := find_module(f"{module}.{attrs[0]}", base)) is not None:
         module, info, attrs = f"{module}.{attrs[0]}", sub, attrs[1:]

@@ -40,7 +40,7 @@ def _shown(opt: Builtin) -> str:
 def _missing(capability: str, method: Builtin, opt: Builtin, lower: str, diags: Diagnostics) -> None:
     have, shown = providers(capability), _shown(opt)
     why = OPTIMIZERS[opt.name].caps.opaque
-    notes = (f"{why}; `{method.name}` {_USES[capability]}",) if why and capability in _USES else ()
+    notes = (f"`{method.name}` {_USES[capability]}, but {why}",) if why and capability in _USES else ()
     if capability == "differentiable":
         diags.error("E401", f"`{method.name}` cannot differentiate through `{shown}`, the optimizer "
                     f"of `{lower}`", method.span, label="not differentiable",
