@@ -3,7 +3,8 @@
     mloc.cli          the parser and `main` (the console entry point)
     mloc.cli.output   exit codes, UsageError, the writer, diagnostics reports
     mloc.cli.check    check, graph, explain, codes: read the `.mlo` file only (no torch)
-    mloc.cli.train    compile, plan, run, hypergrad: run the whole pipeline (torch, user code)
+    mloc.cli.train    compile, plan, run: run the whole pipeline (torch, user code)
+    mloc.cli.hypergrad  hypergrad: the same, then hypergradients at a state (`--after N`)
 
 Exit codes: 0 ok (warnings allowed), 1 the program has errors, 2 usage or I/O error,
 101 internal error (a bug in mloc; MLOC_DEBUG=1 shows the traceback).
@@ -33,7 +34,8 @@ _EXAMPLES = {
            "  mloc run programs/data_reweighting.mlo --set 'weight_net->classifier.hypergrad=neumann(iters=3, alpha=0.1)'\n"
            "  mloc run programs/data_reweighting.mlo --nproc 2 --out runs/mwn2\n"
            "  mloc run programs/data_reweighting.mlo --resume runs/mwn --out runs/mwn",
-    "hypergrad": "examples:\n  mloc hypergrad programs/hpo.mlo --check\n  mloc hypergrad programs/hpo.mlo --json --dtype float64",
+    "hypergrad": "examples:\n  mloc hypergrad programs/hpo.mlo --check\n  mloc hypergrad programs/hpo.mlo --json --dtype float64\n"
+                 "  mloc hypergrad programs/hpo.mlo --after 20 --check   (after 20 outer steps of training)",
     "codes": "example:\n  mloc codes | grep interlock",
 }
 
@@ -73,13 +75,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", action="store_true",
                    help="label edges with the planner's method, mode and memory (runs the program's Python)")
 
+    from mloc.cli.hypergrad import add_command as add_hypergrad
     from mloc.cli.train import add_commands
-    add_commands(command)
+    add_commands(_registered_elsewhere(command, "hypergrad"))
+    add_hypergrad(command)
 
     p = command("explain", "explain a diagnostic code", cmd_explain)
     p.add_argument("code", metavar="CODE", help="a code such as E305")
     command("codes", "list every diagnostic code", cmd_codes)
     return parser
+
+
+def _registered_elsewhere(command, *names: str):
+    """`command`, except that the commands in `names` are registered by their own modules
+    (`hypergrad`: `mloc.cli.hypergrad`); what `mloc.cli.train` still declares for them goes
+    to a detached parser that nothing reads."""
+    def factory(name: str, help: str, fn):
+        return argparse.ArgumentParser(add_help=False) if name in names else command(name, help, fn)
+    return factory
 
 
 def main(argv: list[str] | None = None) -> int:
