@@ -13,6 +13,10 @@ RUNTIME = Path(__file__).resolve().parents[2] / "mloc" / "runtime"
 SYNCING = {"item", "tolist", "cpu", "numpy"}
 # Modules that run only at log, checkpoint or compile boundaries, where one read is the point.
 BOUNDARY = {"metrics.py", "checkpoint.py"}
+# Reads allowed by name: a scheduled rate handed to a torch.optim optimizer, which takes host
+# floats (one read per step of such a problem, free on the CPU; the engine keeps the rate in
+# a device tensor).
+ALLOWED = {("torch_optim.py", "_host_lr")}
 
 
 def test_runtime_never_reads_tensors_back_to_the_host():
@@ -21,8 +25,11 @@ def test_runtime_never_reads_tensors_back_to_the_host():
     for path in RUNTIME.rglob("*.py"):
         if path.name in BOUNDARY:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in SYNCING:
+        tree = ast.parse(path.read_text())
+        allowed = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                   and (path.name, f.name) in ALLOWED for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in SYNCING and id(node) not in allowed:
                 found.append(f"{path.name}:{node.lineno} .{node.attr}")
     assert not found
 

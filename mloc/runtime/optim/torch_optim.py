@@ -65,11 +65,14 @@ class TorchOptimizer(Optimizer):
         self._template: tuple | None = None
         self._live: TorchState | None = None
 
-    def _lr(self) -> float:
+    def _host_lr(self) -> float:
+        """The rate as a host float (torch.optim's groups hold floats): a scheduled rate is
+        a 0-dim tensor the engine rewrote, read here once per step (a device sync off the
+        CPU, the one this optimizer costs)."""
         return self.lr.item() if isinstance(self.lr, Tensor) else self.lr
 
     def _build(self, params) -> torch.optim.Optimizer:
-        opt = self.factory(list(params), lr=self._lr(), **self.options)
+        opt = self.factory(list(params), lr=self._host_lr(), **self.options)
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"{self.name}(params, lr=..., ...) returned a {type(opt).__name__}, "
                             "not a torch.optim.Optimizer")
@@ -108,7 +111,7 @@ class TorchOptimizer(Optimizer):
 
     def _step(self, opt: torch.optim.Optimizer, params, grads) -> None:
         if isinstance(self.lr, Tensor):
-            lr = self.lr.item()
+            lr = self._host_lr()
             for group in opt.param_groups:
                 group["lr"] = lr
         kept = [p.grad for p in params]
