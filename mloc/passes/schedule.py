@@ -118,11 +118,15 @@ def _actions(g: ProgramGraph, name: str, itd_into: dict, edges, micro: bool = Fa
             out.append(Action("lower_step", name))
     else:
         out.append(Action("upper_step", name, note="hypergradient through " + ", ".join(lowers)))
-    for low in lowers:
-        e = itd_into.get(low)
-        if e is not None and e.upper == name and not _restarts(g.problem(low)):
-            out.append(Action("commit", low, e.unroll, "take the unrolled steps for real"))
-    return out
+    commits = [Action("commit", low, e.unroll, "take the unrolled steps for real")
+               for low in lowers for e in [itd_into.get(low)]
+               if e is not None and e.upper == name and not _restarts(g.problem(low))]
+    if commits and out[-1].kind == "upper_step":
+        # the unrolled steps are taken for real with the upper's parameters they were
+        # differentiated at: after its hypergradient, before its optimizer step
+        return [Action("accumulate", name, note=out[-1].note), *commits,
+                Action("apply", name, note="its optimizer step")]
+    return out + commits
 
 
 def schedule_json(loop: Loop) -> list:

@@ -168,24 +168,11 @@ def compare(method: str, variant: str, unroll: int):
 E403_WITH_INIT_ONLY = {"cg", "neumann", "finite_diff", "sama"}
 
 
-# `itd` without `init`: the schedule is `upper_step meta` (unrolling K steps from θ_n with
-# φ_n), then `commit task x K`, K *new* lower steps taken after the upper's step, i.e. with
-# φ_{n+1}. docs/language.md says the unrolled steps "are then taken for real", and every
-# other method's lower steps see φ_n, so θ_{n+1} should be the unrolled θ_K(φ_n). Measured:
-# φ₁ agrees (0.0, the first hypergradient is right), θ after step 1 is off by 2.0e-2
-# (unroll 1) and 1.0e-1 (unroll 3), φ₂ by 9.5e-4 and 3.9e-3; the runtime's numbers equal
-# K steps with φ_{n+1} from θ_n to 2e-16.
-ITD_COMMIT = pytest.mark.xfail(strict=True, reason=(
-    "itd without init commits K fresh lower steps after the upper's update (with φ_{n+1}), "
-    "not the unrolled steps taken with φ_n: θ₁ off by 2.0e-2 (unroll 1) / 1.0e-1 (unroll 3)"))
-
-
 def _cases():
     for method in EXECUTABLE:
         for variant in ("init", "warm"):
             for unroll in UNROLLS:
-                marks = [ITD_COMMIT] if (method, variant) == ("itd", "warm") else []
-                yield pytest.param(method, variant, unroll, id=f"{method}-{variant}-unroll{unroll}", marks=marks)
+                yield pytest.param(method, variant, unroll, id=f"{method}-{variant}-unroll{unroll}")
 
 
 def _maml_cases():
@@ -209,14 +196,6 @@ def test_two_outer_steps_match_the_closed_form(method, variant, unroll):
         assert all(np.array_equal(phi, C["phi0"]) for phi, _ in got)
     assert err < TOL, f"{method}-{variant}-unroll{unroll}: max |mloc − closed form| = {err:.3e}"
     assert resets == [0 if variant == "warm" else 1] * OUTER_STEPS, resets
-
-
-@pytest.mark.parametrize("unroll", UNROLLS, ids=lambda k: f"itd-warm-unroll{k}")
-def test_itd_without_init_first_hypergradient(unroll):
-    """What holds for the xfailed itd-warm cases: the first hypergradient, taken through the
-    K unrolled steps from θ₀ with φ₀, is the closed form's (φ₁ agrees)."""
-    got, want, _, _ = compare("itd", "warm", unroll)
-    assert np.abs(got[0][0] - want[0][0]).max() < TOL
 
 
 @pytest.mark.parametrize("method,unroll", list(_maml_cases()))
