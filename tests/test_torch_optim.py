@@ -10,7 +10,6 @@ parameters after N outer steps must equal the hand loop's bit for bit.
 from __future__ import annotations
 
 import importlib.util
-import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +17,6 @@ import pytest
 import torch
 
 import mloc
-from mloc.passes import fields
 from mloc.passes.pipeline import compile_file, compile_source
 from mloc.runtime import tree
 from mloc.runtime.optim import TorchOptimizer, torch_optimizer
@@ -94,14 +92,6 @@ def test_a_user_factory_by_its_module_path():
     assert torch.equal(w, rw) and torch.equal(h, rh)
 
 
-def _scope_wired() -> bool:
-    """Whether the fields pass hands the import scope to the built-in binder (needed for
-    a factory named through an `import ... as` alias)."""
-    return "scope" in inspect.getsource(fields.check_value).split("bind_builtin(", 1)[1].split(")")[0]
-
-
-@pytest.mark.xfail(not _scope_wired(), strict=True,
-                   reason="mloc/passes/fields.py: check_value must pass `scope` to bind_builtin")
 def test_a_user_factory_through_an_import_alias(tmp_path):
     text = QUAD.read_text().replace("import quad\n", "import quad as q\n")
     text = text.replace(FIRST, "q.make_optimizer(lr=0.5, rho=0.8)")

@@ -74,7 +74,7 @@ def check_value(field: ast.Field, spec: V.FieldSpec, scope: Scope, where: str, d
     if spec.kind == "pycall" or (spec.kind == "flag_or_pycall" and isinstance(field.value, ast.Call)):
         out = resolve_pycall(field.value, where, scope, diags, problems=spec.problems, batch=spec.batch)
     elif spec.kind == "builtin":
-        out = bind_builtin(field.value, TABLES[spec.table], spec.table, diags)
+        out = bind_builtin(field.value, TABLES[spec.table], spec.table, diags, scope)
     elif spec.kind == "problem":
         out = problem_ref(field.value, scope, where, diags)
     elif spec.kind == "flag_or_pycall" and not isinstance(field.value, ast.Call):
