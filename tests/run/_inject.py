@@ -1,6 +1,7 @@
 """Run `mloc ARGS` with a fault injected into the N-th checkpoint write (for the tests):
 
-    python -m tests.run._inject MODE N ARGS...
+    python -m tests.run._inject MODE N ARGS...       (`mloc ARGS`)
+    python -m tests.run._inject MODE N train.py ARGS...   (a compiled program)
 
 MODE: `enospc` (the disk fills up halfway through the file: ENOSPC, as the kernel reports
 it), `kill-mid` (SIGKILL halfway through the file), `kill-before-rename` (the temporary
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import runpy
 import signal
 import sys
 
@@ -66,4 +68,7 @@ class _Os:
 
 
 checkpoint.os = _Os()
+if sys.argv[3].endswith(".py"):
+    sys.argv = sys.argv[3:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
 sys.exit(main(sys.argv[3:]))
