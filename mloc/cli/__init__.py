@@ -33,7 +33,7 @@ _EXAMPLES = {
     "run": "examples:\n  mloc run programs/data_reweighting.mlo --steps 200 --out runs/mwn\n"
            "  mloc run programs/data_reweighting.mlo --set 'weight_net->classifier.hypergrad=neumann(iters=3, alpha=0.1)'\n"
            "  mloc run programs/data_reweighting.mlo --nproc 2 --out runs/mwn2\n"
-           "  mloc run programs/data_reweighting.mlo --resume runs/mwn --out runs/mwn",
+           "  mloc run programs/data_reweighting.mlo --resume runs/data_reweighting/latest",
     "hypergrad": "examples:\n  mloc hypergrad programs/hpo.mlo --check\n  mloc hypergrad programs/hpo.mlo --json --dtype float64\n"
                  "  mloc hypergrad programs/hpo.mlo --after 20 --check   (after 20 outer steps of training)",
     "codes": "example:\n  mloc codes | grep interlock",
@@ -77,22 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     from mloc.cli.hypergrad import add_command as add_hypergrad
     from mloc.cli.train import add_commands
-    add_commands(_registered_elsewhere(command, "hypergrad"))
+    add_commands(command)
     add_hypergrad(command)
 
     p = command("explain", "explain a diagnostic code", cmd_explain)
     p.add_argument("code", metavar="CODE", help="a code such as E305")
     command("codes", "list every diagnostic code", cmd_codes)
     return parser
-
-
-def _registered_elsewhere(command, *names: str):
-    """`command`, except that the commands in `names` are registered by their own modules
-    (`hypergrad`: `mloc.cli.hypergrad`); what `mloc.cli.train` still declares for them goes
-    to a detached parser that nothing reads."""
-    def factory(name: str, help: str, fn):
-        return argparse.ArgumentParser(add_help=False) if name in names else command(name, help, fn)
-    return factory
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,6 @@ torch and the program's modules; `check`, `graph` and `--help` never get here.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -121,7 +120,7 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
     config = options.config(ns["DEFAULTS"])
     if options.resume is not None:
         check_resume(options.resume, ns["NAME"], config.steps)
-    program = {"file": str(Path(args.file).resolve()), "sha256": _sha256(Path(args.file)), "set": list(args.set or ())}
+    program = {"file": str(Path(args.file).resolve()), "sha256": _sha256(Path(args.file)), "set": list(ns.get("OVERRIDES", ()))}
     with RunFolder(choice) as folder:
         try:
             train = write_outputs(compiled, folder.dir)
@@ -163,61 +162,6 @@ def _launch(train: Path, nproc: int, options, out: Output, quiet: bool) -> int:
     return exit_code(outcome.code)
 
 
-def cmd_hypergrad(args, out: Output) -> int:
-    compiled = _compiled(args, out)
-    if compiled is None:
-        return EXIT_ERRORS
-    from mloc.runtime.engine import RunConfig
-    from mloc.runtime.launch import build
-    ns = load_generated(compiled.source, str(Path(args.file).resolve().with_suffix(".generated.py")))
-    base: RunConfig = ns["DEFAULTS"]
-    config = replace(base, seed=args.seed if args.seed is not None else base.seed, device="cpu",
-                     dtype=args.dtype)
-    program = build(ns, config)
-    grads = program.hypergradients()
-    errors = _reference_errors(ns, config, grads, compiled) if args.check else {}
-    if args.json:
-        out.out(json.dumps({up: {k: v.tolist() for k, v in g.items()} | (
-            {"_relative_error": errors[up]} if up in errors else {}) for up, g in grads.items()}))
-        return EXIT_OK
-    for up, g in grads.items():
-        out.out(f"{up}:")
-        for k, v in g.items():
-            out.out(f"  {k:<40} norm {float(v.norm()):.6e}  shape {list(v.shape)}")
-        if up in errors:
-            out.out(f"  relative error against CG to convergence: {errors[up]:.3e}")
-    return EXIT_OK
-
-
-def _reference_errors(ns: dict, config, grads: dict, compiled: Compiled) -> dict[str, float]:
-    """Relative error of each upper's hypergradient against the same program with every
-    edge whose method does not unroll (`caps.unrolls`, as planned) solved by CG to
-    convergence: 2·d iterations for a lower problem with d parameters (as the trace counted
-    them) (CG is exact after d in exact arithmetic; the runtime masks converged steps rather
-    than stopping, so the count is bounded), at most 1000."""
-    from mloc.builtins import METHODS
-    from mloc.runtime import Edge, cg
-    from mloc.runtime.launch import build
-
-    unrolled = {(e.upper, e.lower) for e in compiled.plan.edges if METHODS[e.method].caps.unrolls}
-    sizes = compiled.sizes.params
-
-    def reference(e):
-        if (e.upper, e.lower) in unrolled:
-            return e
-        return Edge(e.upper, e.lower, cg(iters=min(2 * sizes[e.lower], 1000), tol=1e-14))
-
-    # other methods, other compositions: the runtime composes them itself
-    program = build({**ns, "EDGES": tuple(reference(e) for e in ns["EDGES"]), "COMPOSITION": None}, config)
-    ref = program.hypergradients()
-    out = {}
-    for up, g in grads.items():
-        num = math.sqrt(sum(float((g[k] - ref[up][k]).pow(2).sum()) for k in g))
-        den = math.sqrt(sum(float(ref[up][k].pow(2).sum()) for k in g)) or 1.0
-        out[up] = num / den
-    return out
-
-
 def planned_labels(args, out: Output) -> dict | None:
     args.set = getattr(args, "set", None)
     compiled = _compiled(args, out)
@@ -231,13 +175,15 @@ def add_commands(command) -> None:
     p = command("compile", "compile a program to a runnable train.py (with plan.json and graph.dot)", cmd_compile)
     p.add_argument("file", metavar="FILE", help="the .mlo program")
     p.add_argument("-o", "--output", default="build", metavar="DIR", help="output folder (default: build)")
-    p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")
+    p.add_argument("--set", action="append", metavar="PATH=VALUE",
+                   help="override a field or one argument of a call (e.g. model.optimizer.lr=0.05); repeatable")
     add_pass_options(p, PIPELINE)
 
     p = command("plan", "show how mloc will train a program: methods, modes, memory, schedule", cmd_plan)
     p.add_argument("file", metavar="FILE", help="the .mlo program")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")
+    p.add_argument("--set", action="append", metavar="PATH=VALUE",
+                   help="override a field or one argument of a call (e.g. model.optimizer.lr=0.05); repeatable")
     add_pass_options(p, PIPELINE)
 
     p = command("run", "compile and train a program", cmd_run)
@@ -249,9 +195,9 @@ def add_commands(command) -> None:
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="cast the modules and every floating batch to this dtype (float64 for exact "
                         "comparisons); default: as the program builds them")
-    p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE",
+    p.add_argument("--set", action="append", metavar="PATH=VALUE",
                    help="change a field for this run, checked like the file: PROBLEM.FIELD, UPPER->LOWER.FIELD, "
-                        "train.FIELD or a setting (repeatable)")
+                        "train.FIELD or a setting, or one argument of a call (PROBLEM.optimizer.lr); repeatable")
     p.add_argument("--nproc", type=int, default=1, help="data-parallel processes, launched with torchrun (default 1)")
     p.add_argument("--out", metavar="DIR",
                    help="where train.py, config.json, metrics.jsonl and checkpoint.pt go; it must not hold "
@@ -264,10 +210,3 @@ def add_commands(command) -> None:
                         "config are deleted)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
-    p = command("hypergrad", "compute each upper problem's hypergradient at the initial state", cmd_hypergrad)
-    p.add_argument("file", metavar="FILE", help="the .mlo program")
-    p.add_argument("--json", action="store_true", help="print the full values as JSON")
-    p.add_argument("--dtype", choices=("float32", "float64"), default=None)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--check", action="store_true", help="compare with CG to convergence")
-    p.add_argument("--set", action="append", metavar="TARGET.FIELD=VALUE", help="override a field")

@@ -77,7 +77,14 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         name = f"cuda:{local_rank}"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise DeviceError(f"{name!r} is not a device torch knows ({str(e).splitlines()[0]})",
+                          "use cpu, cuda, cuda:N, mps or auto") from None
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError("device mps is not available: this torch has no Metal (MPS) support here",
+                          "use --device cpu (or auto)")
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if (device.index or 0) >= count:

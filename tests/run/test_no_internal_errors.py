@@ -60,8 +60,6 @@ def test_many_random_runs_never_end_in_an_internal_error(seed, tmp_path, capsys)
     check(seed, tmp_path, capsys)
 
 
-@pytest.mark.xfail(strict=True, reason="build.resolve_device checks CUDA devices only: on a torch without MPS, "
-                                       "--device mps fails in torch (exit 101); the fix belongs in build.py")
 def test_a_device_type_this_torch_lacks_is_a_usage_error(tmp_path, capsys):
     import torch
     if torch.backends.mps.is_available():
