@@ -172,3 +172,33 @@ def test_mloc_run_trains_in_float64_when_asked(tmp_path):
     saved = load_checkpoint(tmp_path / "run" / "checkpoint.pt", None)["problems"]["hyper"]["params"][0]
     assert saved.dtype == torch.float64
     assert torch.equal(saved, run(3)[1])
+
+
+def _run_cli(path, tmp_path):
+    import os
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "mloc", "run", str(path), "--out", str(tmp_path / "run"), "--quiet"],
+                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+
+
+def test_an_evaluation_may_return_a_dict_of_metrics(tmp_path):
+    import json
+    proc = _run_cli(HERE / "eval_report.mlo", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = {(r["step"], r["eval"]) for r in records if "eval" in r}
+    assert evals == {(s, k) for s in (1, 2) for k in ("w_norm", "w_max")}
+    s = mloc.load(HERE / "eval_report.mlo", dtype="float64")
+    s.run(2)
+    got = s.evaluate()
+    assert set(got) == {"w_norm", "w_max"} and got["w_norm"] == float(s.module("model").w.norm())
+
+
+def test_an_evaluation_returning_something_else_is_the_programs_error(tmp_path):
+    """Exit 1 and E702 at the evaluation's line (train.py, which names the .mlo line), not
+    an internal error (exit 101)."""
+    proc = _run_cli(HERE / "eval_wrong_report.mlo", tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "error[E702]" in proc.stderr and "returned a str" in proc.stderr
+    assert "eval_wrong_report.mlo:" in proc.stderr and "E900" not in proc.stderr

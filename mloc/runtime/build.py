@@ -137,7 +137,7 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
         m.to(device=device, dtype=cast) if cast else m.to(device)
     streams = {n: DataStream(n, f, device=device, rank=dist.rank, world=dist.world)
                for n, f in data.items()}
-    live = {spec.name: _live(spec, modules[spec.name], config.precision, device) for spec in specs}
+    live = {spec.name: _live(spec, modules[spec.name], config.precision, device, cast) for spec in specs}
     for lv in live.values():    # every problem's parameters exist now: bind the losses
         lv.problem = _problem(lv, live)
         lv.commit = optimizer_commit(lv)
@@ -147,7 +147,8 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
     return Built(modules, streams, live, hierarchy, cast)
 
 
-def _live(spec: ProblemSpec, module: nn.Module, precision: str, device: torch.device) -> Live:
+def _live(spec: ProblemSpec, module: nn.Module, precision: str, device: torch.device,
+          cast: torch.dtype | None = None) -> Live:
     """The problem's trainable parameters (a zero δ for an `init` problem: MAML's
     θ = θ_init + δ), its learning rate and its precision."""
     slots = select_parameters(module, spec.trainable, spec.frozen)
@@ -158,7 +159,9 @@ def _live(spec: ProblemSpec, module: nn.Module, precision: str, device: torch.de
         params = tuple(torch.zeros_like(named[s]).requires_grad_() for s in slots)
     for n, t in named.items():
         t.requires_grad_(n in slots and spec.init is None)
-    lr = torch.tensor(spec.lr, device=device) if spec.schedule else spec.lr
+    # a scheduled rate lives in a tensor the schedule rewrites: in the run's dtype (float64
+    # runs keep it exact), else torch's default
+    lr = torch.tensor(spec.lr, device=device, dtype=cast) if spec.schedule else spec.lr
     precision = spec.precision or precision
     autocast = autocast_factory(precision, device)
     scaler = grad_scaler_for(precision, device)

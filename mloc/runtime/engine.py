@@ -35,6 +35,7 @@ from mloc.runtime.commit import Pipeline, build_pipeline
 from mloc.runtime.compose import Edge
 from mloc.runtime.data import cast_floating
 from mloc.runtime.distributed import DistContext
+from mloc.runtime.evaluations import metrics
 from mloc.runtime.metrics import FiniteGuard
 from mloc.runtime.sources import Source, hypergradient, plain_gradient
 
@@ -192,15 +193,20 @@ class Program:
         return out
 
     def evaluate(self, labels: Sequence[str] | None = None) -> dict[str, float]:
-        """The program's evaluations (all, or those named in ``labels``), each a float.
+        """The program's evaluations (all, or those named in ``labels``) as metrics: a
+        number or 0-dim tensor under its label, a dict's entries under their keys
+        (:func:`~mloc.runtime.evaluations.metrics`; anything else is an EvaluationError).
 
         Every module in evaluation mode (dropout off, BatchNorm on its running statistics)
         and its previous mode restored after; no autograd (an evaluation that needs
         gradients enters ``torch.enable_grad()`` itself); no buffer changed. ``mloc run``
         and the Python API both evaluate through here."""
+        out: dict[str, float] = {}
         with inference(self.modules.values()):
-            return {label: float(fn(self)) for _, label, fn in self.evaluations
-                    if labels is None or label in labels}
+            for _, label, fn in self.evaluations:
+                if labels is None or label in labels:
+                    out.update(metrics(label, fn, fn(self)))
+        return out
 
     # --- state --------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -173,7 +173,7 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
 
 def _user_error(err: Exception, when: str) -> int:
     """Report an exception raised by the program's code (exit 1); re-raise mloc's own."""
-    frames = _user_frames(err)
+    frames = getattr(err, "frames", None) or _user_frames(err)   # EvaluationError: located
     if not frames:
         raise err
     print(f"error[E702]: the program's code raised {type(err).__name__} during {when}: {err}", file=sys.stderr)

@@ -52,3 +52,13 @@ def fit_affine(model, hyper, batch):
 
 def val_affine(model, batch):
     return 0.5 * (model.lin(batch) - batch).pow(2).mean()
+
+
+def report(model):
+    """An evaluation returning several metrics."""
+    return {"w_norm": model.w.norm(), "w_max": float(model.w.max())}
+
+
+def wrong_report(model):
+    """An evaluation returning something that is not a metric."""
+    return f"norm {float(model.w.norm()):.3f}"
