@@ -202,3 +202,15 @@ def test_an_evaluation_returning_something_else_is_the_programs_error(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "error[E702]" in proc.stderr and "returned a str" in proc.stderr
     assert "eval_wrong_report.mlo:" in proc.stderr and "E900" not in proc.stderr
+
+
+def test_data_that_raises_when_drawn_is_reported_at_its_field(tmp_path):
+    """An iterable whose first draw raises (here OSError) is E702 at `data`, not a
+    message about reading the .mlo file."""
+    from mloc.codegen.compile import compile_program
+    (tmp_path / "feat.py").write_text((HERE / "feat.py").read_text() + (
+        "\n\nclass Broken:\n    def __iter__(self):\n        raise OSError('no such dataset')\n"))
+    (tmp_path / "b.mlo").write_text(RESTART.read_text().replace("feat.points(seed=0)", "feat.Broken()"))
+    c = compile_program(str(tmp_path / "b.mlo"), ())
+    assert [(d.code, d.span.line, d.span.col) for d in c.diagnostics] == [("E702", 9, 17)]
+    assert "no such dataset" in c.diagnostics[0].message

@@ -95,7 +95,7 @@ def _check_init_shapes(g, modules: dict, diags: list) -> None:
                                     help=f"build `{p.name}`'s module with the same architecture as `{p.init[0]}`'s"))
 
 
-def _probe(g, p, mods, modules: dict, data):
+def _probe(g, p, mods, modules: dict, data, meta_batch):
     """Probe on the meta device; a loss that mixes in tensors of its own (constants made on
     the CPU) cannot run there, and is probed once more with real modules and a real batch."""
     from mloc.runtime import introspect as intro
@@ -103,7 +103,7 @@ def _probe(g, p, mods, modules: dict, data):
     reads = p.loss.read_names()
     fn = _loss_function(p, mods)
     try:
-        return intro.probe_loss(fn, [modules[r] for r in reads], intro.first_batch(data), reads), modules
+        return intro.probe_loss(fn, [modules[r] for r in reads], meta_batch, reads), modules
     except RuntimeError as err:
         if "meta" not in str(err):
             raise
@@ -115,10 +115,15 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
     from mloc.runtime import introspect as intro
 
     reads = p.loss.read_names()
-    if not _dtypes_mix(g, p, mods, modules[p.name], data, diags):
+    try:
+        meta_batch = intro.first_batch(data)
+    except Exception as err:  # noqa: BLE001 - user code
+        diags.append(_raised(p.data.span, f"drawing the first batch of `{p.data.text}`", err))
+        return
+    if not _dtypes_mix(g, p, mods, modules[p.name], data, meta_batch, diags):
         return
     try:
-        probe, used = _probe(g, p, mods, modules, data)
+        probe, used = _probe(g, p, mods, modules, data, meta_batch)
     except Exception as err:  # noqa: BLE001
         diags.append(_raised(p.loss.span, f"the loss of `{p.name}`", err))
         return
@@ -165,15 +170,15 @@ def _check_project(g, p, mods, modules: dict, diags: list) -> None:
         diags.append(_raised(p.project.span, f"the `project` of `{p.name}`", err))
 
 
-def _dtypes_mix(g, p, mods, meta_module, data, diags: list) -> bool:
+def _dtypes_mix(g, p, mods, meta_module, data, meta_batch, diags: list) -> bool:
     """False (after E706) when the batches' floating dtype differs from the module's and
     the loss, run once on the real modules and batch, fails on it."""
     from mloc.runtime import introspect as intro
 
-    batch = next(iter(data))
-    have, want = intro.floating_dtypes(batch), intro.floating_dtypes(meta_module)
+    have, want = intro.floating_dtypes(meta_batch), intro.floating_dtypes(meta_module)
     if not have or not want or have <= want:
         return True
+    batch = next(iter(data))     # only now: the real batch, to run the loss on
     real = {r: evaluate(g.problem(r).module.call, mods) for r in p.loss.read_names()}
     try:
         _loss_function(p, mods)(*real.values(), batch)
