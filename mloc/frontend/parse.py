@@ -62,6 +62,10 @@ def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic
         help = "remove it; names use letters, digits and `_`"
         if ch == ">" and src.text[start - 1:start] == "=":
             help = "hierarchy edges are written `upper -> lower`"
+        elif ch == ":" and re.search(r"[A-Za-z_]\w*[ \t]*$", src.text[:start]):
+            key = re.search(r"([A-Za-z_]\w*)[ \t]*$", src.text[:start]).group(1)
+            return Diagnostic("E002", "unexpected character `:`", src.span(start, start + 1),
+                              label="expected `=`", help=f"fields are set with `=`: write `{key} = ...`")
         return Diagnostic("E002", f"unexpected character `{ch}`", src.span(start, start + 1), help=help)
     if isinstance(err, lark.exceptions.UnexpectedEOF) or (
             isinstance(err, lark.exceptions.UnexpectedToken) and err.token.type == "$END"):
@@ -77,6 +81,9 @@ def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic
                           label="the file ends here",
                           help=f"add the matching `{_CLOSER[ch]}`")
     tok = err.token
+    missing = _missing_brace(src, tok)
+    if missing is not None:
+        return missing
     span = src.span(tok.start_pos, tok.end_pos)
     help = None
     if tok.type == "NAME" and "EQUAL" in err.expected:
@@ -88,6 +95,24 @@ def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic
 
 
 _CLOSER = {"{": "}", "(": ")", "[": "]"}
+
+
+def _missing_brace(src: SourceFile, tok: Token) -> Diagnostic | None:
+    """A top-level item (`problem`, `train`, `A -> B`, ...) that starts a line while a `{`
+    is still open: the block before it lacks its `}`. Reported at the opening brace, with
+    where the parser stopped."""
+    line_start = src.text.rfind("\n", 0, tok.start_pos) + 1
+    if src.text[line_start:tok.start_pos].strip() or not _ITEM_START.match(src.text, line_start):
+        return None
+    opened = _unclosed(src.text[:tok.start_pos])
+    if opened is None or opened[0] != "{":
+        return None
+    at = opened[1]
+    line, col = src.line_col(tok.start_pos)
+    return Diagnostic("E001", f"a `}}` is missing: this block is still open where `{tok}` starts a new item "
+                      f"at {line}:{col}", src.span(at, at + 1), label="this `{` is never closed",
+                      help=f"add `}}` after the block's last field, before line {line}",
+                      notes=(f"the parser stopped at {src.path}:{line}:{col}, at `{tok}`",))
 
 
 def _unclosed(text: str) -> tuple[str, int] | None:

@@ -46,7 +46,7 @@ def bind_builtin(value: ast.Value, table: dict[str, Descriptor], table_name: str
     if descriptor is None and len(func.parts) > 1 and python is not None:
         return _bind_python(python, func, args, value.span, scope, diags)
     if descriptor is None:
-        hint = did_you_mean(func.dotted, table) or "available: " + ", ".join(f"`{n}`" for n in table)
+        hint = _unknown_hint(func.dotted, table, python is not None)
         diags.error(code, f"unknown {what} `{func.dotted}`", func.span, label=f"not {'an' if what[0] in 'aeiou' else 'a'} {what}", help=hint)
         return None
     if not descriptor.executable:
@@ -110,12 +110,32 @@ def resolve_ref(name: ast.Name, scope: Scope | None, diags: Diagnostics) -> PyRe
         return None
     while len(attrs) > 1 and (sub := find_module(f"{module}.{attrs[0]}", base)) is not None:
         module, info, attrs = f"{module}.{attrs[0]}", sub, attrs[1:]
+    if attrs[0].islower() and find_module(f"{module}.{attrs[0]}", base) is not None:   # `torch.optim.sgd`
+        classes = [n for n in (info.names or ()) if n.lower() == attrs[0].lower() and n != attrs[0]]
+        diags.error("E101", f"`{name.dotted}` is a module, not a class or function", name.span,
+                    label="a module", help=(f"did you mean `{module}.{classes[0]}`?" if classes
+                                            else "name a class or function in it"))
+        return None
     if not info.open and attrs[0] not in info.names:
         diags.error("E106", f"module `{module}` has no attribute `{attrs[0]}`", name.span,
                     label="not defined there", help=did_you_mean(attrs[0], info.names)
                     or f"check the name in {info.path or module}")
         return None
     return PyRef(f"{module}:{'.'.join(attrs)}", name.dotted)
+
+
+def _unknown_hint(name: str, table: dict[str, Descriptor], takes_python: bool) -> str:
+    """Did-you-mean for an unknown built-in, case-insensitively (`SGD` -> `sgd`); for a
+    torch.optim class name written bare, also the dotted call that reaches it."""
+    folded = {n.lower(): n for n in table}
+    match = folded.get(name.lower()) or did_you_mean(name, table)
+    available = "available: " + ", ".join(f"`{n}`" for n in table)
+    if match is None:
+        return available
+    hint = f"did you mean `{match}`?" if not match.startswith("did you") else match
+    if takes_python and name[:1].isupper():
+        hint += f" (or torch's own class: `torch.optim.{name}(lr=...)`)"
+    return hint
 
 
 def _not_implemented(descriptor: Descriptor, table: dict[str, Descriptor], what: str, span,

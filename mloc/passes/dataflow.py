@@ -155,7 +155,21 @@ def _check_problems(r: ResolvedProgram, h: nx.DiGraph, uncertain: frozenset[str]
                         help=f"pass a problem below it to its loss, e.g. `{sorted(below)[0]}`")
         elif not below and name not in read:
             diags.error("E212", f"the loss of `{name}` never reads `{name}`, so its optimizer has "
-                        "nothing to train", r.loss_spans[name], help=f"pass `{name}` to its loss")
+                        "nothing to train", r.loss_spans[name], **_nothing_to_train_help(r, h, name, read))
+
+
+def _nothing_to_train_help(r: ResolvedProgram, h: nx.DiGraph, name: str, read: set[str]) -> dict:
+    """A lowest problem that reads only its upper `u`, while `u`'s loss reads both: the
+    arrow is most likely reversed (`u -> name` written for `name -> u`), and passing
+    `name` to its loss would hide the mistake rather than fix it."""
+    for u in sorted(h.predecessors(name)):
+        u_reads = {rd.src for rd in r.reads_of(u) if rd.via == "loss"}
+        if u in read and {u, name} <= u_reads:
+            return dict(help=f"the edge looks reversed: write `{name} -> {u}` (upper -> lower: the "
+                             f"lower problem `{u}` trains on a loss that reads the upper `{name}`)",
+                        notes=(f"`{u} -> {name}` makes `{name}` the lower problem, but `{u}`'s loss "
+                               f"reads `{u}` and `{name}` while `{name}`'s reads only `{u}`",))
+    return dict(help=f"pass `{name}` to its loss")
 
 
 def _check_chains(r: ResolvedProgram, diags: Diagnostics) -> None:
