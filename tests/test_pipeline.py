@@ -11,7 +11,7 @@ from tests.conftest import PROGRAMS
 
 def test_the_checks_are_the_pipelines_prefix_and_the_registry_its_names():
     assert PIPELINE[:len(CHECKS)] == CHECKS
-    assert [p.name for p in PIPELINE] == ["parse", "resolve", "lower", "hierarchy", "dataflow",
+    assert [p.name for p in PIPELINE] == ["parse", "resolve", "lower", "hierarchy", "dataflow", "runnable",
                                          "trace", "support", "plan", "emit"]
     assert list(PASSES) == [p.name for p in PIPELINE]
     assert {p.stage for p in CHECKS} == {"check"}

@@ -23,9 +23,27 @@ def _compile(path: str, **kw):
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
 
 
+def _programs(files: list[str], out: Output) -> list[str]:
+    """The `.mlo` files among `files` (a shell glob such as `programs/*` also brings the
+    Python modules beside them); the others are skipped with one note. A path named
+    alone is checked whatever its suffix: the user asked for it."""
+    if len(files) == 1:
+        return files
+    keep = [f for f in files if f.endswith(".mlo") or Path(f).is_dir()]
+    skipped = [f for f in files if f not in keep]
+    if skipped:
+        shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+        out.err(f"note: skipped {len(skipped)} file{'s' * (len(skipped) > 1)} that {'do' if len(skipped) > 1 else 'does'} "
+                f"not end in .mlo: {shown}")
+    return keep
+
+
 def cmd_check(args, out: Output) -> int:
     status = EXIT_OK
-    for path in args.files:
+    files = _programs(args.files, out)
+    if not files:
+        raise UsageError("none of the files given ends in .mlo", help="pass .mlo programs, e.g. programs/*.mlo")
+    for path in files:
         unit = _compile(path, observer=printer(args, out))
         report(out, unit.diagnostics, args.format)
         if args.time_passes:

@@ -1,6 +1,7 @@
 """The whole compile, as one list of named passes, from a `.mlo` file to generated Python.
 
-    parse -> resolve -> lower -> hierarchy -> dataflow     the checks (`mloc check`)
+    parse -> resolve -> lower -> hierarchy -> dataflow     the checks (`mloc check`),
+          -> runnable                                      W103 for what cannot run yet
           -> trace -> support -> plan -> emit              user code on the meta device,
                                                            E704 gate, planner, train.py text
 

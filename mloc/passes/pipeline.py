@@ -1,7 +1,7 @@
 """The compile pipeline's parts: the compilation `Unit`, the `Pass` contract, the passes up
 to the plan, and the loop that runs them.
 
-    parse -> resolve -> lower -> hierarchy -> dataflow      CHECKS: what `mloc check` runs
+    parse -> resolve -> lower -> hierarchy -> dataflow -> runnable   CHECKS: what `mloc check` runs
           -> trace -> support -> plan -> emit               the rest of `mloc.codegen.compile.PIPELINE`
 
 The check passes read only the `.mlo` file (no torch, no user code). They collect every
@@ -32,7 +32,7 @@ from mloc.passes.dataflow import infer_dataflow
 from mloc.passes.hierarchy import HierarchyFacts, check_hierarchy
 from mloc.passes.plan import Plan, Sizes, plan_program
 from mloc.passes.resolve import resolve
-from mloc.passes.support import unsupported
+from mloc.passes.support import cannot_run_yet, unsupported
 from mloc.source import SourceFile
 
 
@@ -162,6 +162,19 @@ class Dataflow(Pass):
 
 
 @dataclass(frozen=True)
+class Runnable(Pass):
+    name = "runnable"
+    summary = "constructs that check but cannot run yet, as warnings (W103)"
+
+    def ready(self, unit):
+        return unit.ok and unit.graph is not None
+
+    def run(self, unit, diags):
+        diags.extend(cannot_run_yet(unit.graph))
+        return unit
+
+
+@dataclass(frozen=True)
 class Trace(Pass):
     name = "trace"
     summary = "run the user's code on the meta device: real dataflow, sizes (imports torch)"
@@ -212,7 +225,7 @@ class PlanProgram(Pass):
         return plan_table(unit.plan) if unit.plan is not None else None
 
 
-CHECKS: tuple[Pass, ...] = (Parse(), Resolve(), Lower(), CheckHierarchy(), Dataflow())
+CHECKS: tuple[Pass, ...] = (Parse(), Resolve(), Lower(), CheckHierarchy(), Dataflow(), Runnable())
 
 
 def copy_graph(g: ProgramGraph) -> ProgramGraph:
