@@ -5,8 +5,10 @@ may import torch."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -50,6 +52,83 @@ def test_installed_wheel_parses_without_the_source_tree(wheel, tmp_path):
             "raise SystemExit(main(['check', 'p.mlo']))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+# --- metadata, license, README, examples ---------------------------------------------------
+
+def _metadata(wheel: Path) -> str:
+    name = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
+    return zipfile.ZipFile(wheel).read(name).decode()
+
+
+def test_wheel_metadata_names_license_authors_and_urls(wheel):
+    meta = _metadata(wheel)
+    assert "License-Expression: Apache-2.0" in meta
+    assert "Author-email: " in meta
+    urls = [line.split(", ", 1)[1] for line in meta.splitlines() if line.startswith("Project-URL: ")]
+    assert {line.split(":")[1].split(",")[0].strip() for line in meta.splitlines()
+            if line.startswith("Project-URL: ")} >= {"Homepage", "Repository", "Issues"}
+    assert urls and all(u.startswith("https://") for u in urls), urls
+
+
+def test_license_is_the_apache_2_text_and_ships_in_the_wheel(wheel):
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text and len(text.split()) > 1500   # the whole text
+    names = zipfile.ZipFile(wheel).namelist()
+    (packaged,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    assert zipfile.ZipFile(wheel).read(packaged).decode() == text
+
+
+_MD_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)[^)]*\)|<(?:img|a)\s[^>]*(?:src|href)=\"([^\"]+)\"")
+
+
+def test_readme_links_work_on_the_package_index():
+    """PyPI renders the README without the repository beside it: a relative link or image
+    there is broken. Links are absolute https URLs (paths are written as `code`)."""
+    text = (ROOT / "README.md").read_text()
+    links = [a or b for a, b in _MD_LINK.findall(text)]
+    relative = [u for u in links if not u.startswith(("https://", "http://", "#", "mailto:"))]
+    assert relative == [], (f"README.md links {relative}, which break on the package index: write "
+                            "the path as `code`, or link the absolute URL under [project.urls] Repository")
+
+
+def test_wheel_carries_the_example_programs(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    packaged = sorted(n.removeprefix("mloc/_programs/") for n in names if n.startswith("mloc/_programs/"))
+    source = sorted(p.name for p in (ROOT / "programs").iterdir() if p.suffix in {".mlo", ".py"})
+    assert packaged == source
+
+
+def test_mloc_examples_after_a_non_editable_install(wheel, tmp_path):
+    """`pip install` of the wheel into a fresh venv (its dependencies from this one), then
+    `mloc examples DIR` from a folder with no source tree: the programs arrive and check."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    deps = sysconfig.get_paths()["purelib"]             # torch, lark, ...: not mloc (no .pth is read)
+    Path(site, "deps.pth").write_text(deps + "\n")
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps",
+                           "--no-index", "-q", str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    mloc = [str(venv / "bin" / "mloc")]
+    done = subprocess.run(mloc + ["examples", "ex"], cwd=work, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    copied = sorted(p.name for p in (work / "ex").iterdir())
+    assert copied == sorted(p.name for p in (ROOT / "programs").iterdir() if p.suffix in {".mlo", ".py"})
+    assert (work / "ex" / "hpo.mlo").read_text() == (ROOT / "programs" / "hpo.mlo").read_text()
+    where = subprocess.run([str(py), "-c", "import mloc; print(mloc.__file__)"], cwd=work,
+                           capture_output=True, text=True, timeout=120).stdout
+    assert where.startswith(site), where               # the installed copy, not the checkout
+    checked = subprocess.run(mloc + ["check", "ex/hpo.mlo", "ex/maml.mlo"], cwd=work,
+                             capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    again = subprocess.run(mloc + ["examples", "ex"], cwd=work, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "--force" in again.stderr
 
 
 # --- layering ---------------------------------------------------------------------------

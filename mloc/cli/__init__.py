@@ -5,6 +5,7 @@
     mloc.cli.check    check, graph, explain, codes: read the `.mlo` file only (no torch)
     mloc.cli.train    compile, plan, run: run the whole pipeline (torch, user code)
     mloc.cli.hypergrad  hypergrad: the same, then hypergradients at a state (`--after N`)
+    mloc.cli.examples   examples: copy the example programs to a folder
 
 Exit codes: 0 ok (warnings allowed), 1 the program has errors, 2 usage or I/O error,
 101 internal error (a bug in mloc; MLOC_DEBUG=1 shows the traceback).
@@ -37,6 +38,8 @@ _EXAMPLES = {
     "hypergrad": "examples:\n  mloc hypergrad programs/hpo.mlo --check\n  mloc hypergrad programs/hpo.mlo --json --dtype float64\n"
                  "  mloc hypergrad programs/hpo.mlo --after 20 --check   (after 20 outer steps of training)",
     "codes": "example:\n  mloc codes | grep interlock",
+    "examples": "examples:\n  mloc examples                 (copies them to ./mloc-examples)\n"
+                "  mloc examples my-programs && mloc check my-programs/*.mlo",
 }
 
 
@@ -79,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     from mloc.cli.train import add_commands
     add_commands(command)
     add_hypergrad(command)
+    from mloc.cli.examples import add_command as add_examples
+    add_examples(command)
 
     p = command("explain", "explain a diagnostic code", cmd_explain)
     p.add_argument("code", metavar="CODE", help="a code such as E305")
