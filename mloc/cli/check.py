@@ -120,9 +120,9 @@ def cmd_explain(args, out: Output) -> int:
     if code not in CODES:
         from mloc.diagnostics import did_you_mean
         raise UsageError(f"no diagnostic code {args.code}", help=did_you_mean(code, CODES) or
-                         "codes look like E305 or W101; `mloc explain --list` lists them")
-    c = CODES[code]
-    out.out(f"{c.code} ({c.name}, {c.severity}): {c.summary}")
+                         "codes look like E305 or W101; `mloc codes` lists them")
+    from mloc.diagnostics.explain import explain
+    out.out(explain(code))
     return EXIT_OK
 
 
