@@ -77,6 +77,8 @@ class Emitter:
         self.emit('"""')
         self.emit("")
         self.emit("from mloc.ir.composition import Composition")
+        if self.plan.chains:
+            self.emit("from mloc.ir.interlock import Interlock")
         self.emit("from mloc.runtime import Edge")
         self.emit("from mloc.runtime.engine import ProblemSpec, RunConfig")
         self.emit("from mloc.runtime.launch import main, program_dir")
@@ -172,6 +174,11 @@ class Emitter:
         for top, c in self.plan.compositions.items():
             self.emit(f"    {top!r}: {c!r},")
         self.emit("}")
+        if self.plan.chains:
+            self.emit("CHAINS = (  # interlocking backpropagation: stage k learns from head min(k+n-1, K)")
+            for c, spec in zip(self.plan.chains, self.g.info.chains):
+                self.emit(f"    {c!r},  {self.at(spec.span)}: {c.policy()}")
+            self.emit(")")
         self.block()
 
     def schedule(self) -> None:

@@ -95,6 +95,7 @@ _ALL = (
     Code("E705", "init-shape-mismatch", "`init = U` between modules whose parameters differ in shape"),
     Code("E706", "data-dtype-mismatch", "a problem's batches and its module's parameters have floating dtypes its loss cannot mix"),
     Code("E707", "bad-evaluation", "an evaluation that, tried on the initial modules, returns neither a number, a 0-dim tensor nor a dict of them"),
+    Code("E708", "chain-data-differs", "stages of one interlocking chain whose `data` calls differ (a chain step reads one batch)"),
     Code("W101", "unused-import", "an import that no field uses"),
     Code("W102", "unused-argument", "an argument that has no effect with the chosen options"),
     Code("W103", "cannot-run-yet", "a construct that checks but cannot run yet (`mloc run` stops with E704)"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from mloc.ir.graph import ProgramGraph
+from mloc.ir.interlock import chains_of
 from mloc.ir.payloads import Builtin, ProblemNode
 
 
@@ -43,8 +44,9 @@ def dump_text(g: ProgramGraph) -> str:
         out.append(f"hierarchy {e.upper} -> {e.lower}  unroll={e.unroll} hypergrad={e.method.render()}  # {_loc(e.span)}")
     for d in g.dataflow_edges():
         out.append(f"dataflow  {d.src} -> {d.dst}  {d.kind} via {d.via}  # {_loc(d.span)}")
-    for c in info.chains:
+    for c, il in zip(info.chains, chains_of(g)):
         out.append(f"chain [{', '.join(c.stages)}] interlock={c.interlock}  # {_loc(c.span)}")
+        out += [f"  {line}" for line in il.lines()]
     t = info.train
     out.append(f"train steps={t.steps} seed={t.seed} device={t.device} precision={t.precision} "
                f"memory_budget={t.memory_budget} log_every={t.log_every} checkpoint_every={t.checkpoint_every}")
@@ -99,7 +101,9 @@ def to_json(g: ProgramGraph) -> dict:
                       for e in g.hierarchy_edges()],
         "dataflow": [{"src": d.src, "dst": d.dst, "kind": d.kind, "via": d.via, "line": d.span.line}
                      for d in g.dataflow_edges()],
-        "chains": [{"stages": list(c.stages), "interlock": c.interlock} for c in g.info.chains],
+        "chains": [{"stages": list(c.stages), "interlock": c.n,
+                    "trained_by": {s: c.stages[c.target(k)] for k, s in enumerate(c.stages)},
+                    "pruned_heads": [c.stages[t] for t in c.pruned()]} for c in chains_of(g)],
     }
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from mloc.builtins import METHODS, OPTIMIZERS, Shape
 from mloc.ir.composition import Composition, compose_all, feedback, step_caps
 from mloc.ir.graph import ProgramGraph
+from mloc.ir.interlock import Interlock, chains_of
 from mloc.ir.payloads import HierarchyEdge
 from mloc.passes.schedule import Action, Loop, periods_of, schedule_json, schedule_lines, schedule_of
 
@@ -73,6 +74,7 @@ class Plan:
     # each upper's BR-VJP composition and step shape: what the runtime executes
     compositions: dict[str, Composition] = field(default_factory=dict)
     warmup: tuple[Action, ...] = ()   # before the first outer step: lowers training alone
+    chains: tuple[Interlock, ...] = ()  # interlocking chains: which head's loss trains each stage
 
     def edge(self, upper: str, lower: str) -> EdgePlan:
         return next(e for e in self.edges if (e.upper, e.lower) == (upper, lower))
@@ -90,7 +92,7 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
                    for e in g.hierarchy_edges() if e.warmup)
     return Plan(g.info.semantics, semantics, reason, edges, order, periods,
                 schedule_of(g, edges, periods), budget, g.names(), _compositions(g, edges, semantics),
-                warmup)
+                warmup, chains_of(g))
 
 
 def _semantics(g: ProgramGraph) -> tuple[str, str]:
@@ -238,7 +240,14 @@ def plan_to_json(plan: Plan) -> dict:
         "periods": dict(sorted(plan.periods.items())),
         "schedule": schedule_json(plan.schedule),
         "warmup": [{"action": a.kind, "problem": a.problem, "count": a.count} for a in plan.warmup],
+        **({"chains": [_chain_json(c) for c in plan.chains]} if plan.chains else {}),
     }
+
+
+def _chain_json(c: Interlock) -> dict:
+    return {"stages": list(c.stages), "interlock": c.n, "policy": c.policy(),
+            "trained_by": {s: c.stages[c.target(k)] for k, s in enumerate(c.stages)},
+            "pruned_heads": [c.stages[t] for t in c.pruned()], "monitor": c.monitor}
 
 
 def _composition_json(c: Composition) -> dict:
@@ -264,6 +273,9 @@ def plan_table(plan: Plan) -> str:
     if plan.warmup:
         lines.append("before the first outer step:")
         lines += schedule_lines(Loop(1, plan.warmup), 1)
+    for c in plan.chains:
+        lines.append(f"chain [{', '.join(c.stages)}], interlock = {c.n} ({c.policy()}):")
+        lines += [f"  {line}" for line in c.lines()]
     lines.append("schedule, one outer step:")
     lines += schedule_lines(plan.schedule, 1)
     return "\n".join(lines) + "\n"

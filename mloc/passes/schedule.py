@@ -16,13 +16,15 @@ from dataclasses import dataclass
 
 from mloc.builtins import METHODS
 from mloc.ir.graph import ProgramGraph
+from mloc.ir.interlock import chains_of
 
 
 @dataclass(frozen=True)
 class Action:
     """One line of the schedule: `kind` is lower_step, upper_step, draw, reset, commit,
-    accumulate (one micro-step's gradient, added up) or apply (the optimizer step on the
-    mean of the accumulated micro-steps)."""
+    accumulate (one micro-step's gradient, added up), apply (the optimizer step on the
+    mean of the accumulated micro-steps) or chain_step (one interlocking step of the chain
+    whose first stage is `problem`)."""
 
     kind: str
     problem: str
@@ -104,6 +106,10 @@ def _actions(g: ProgramGraph, name: str, itd_into: dict, edges, micro: bool = Fa
     """`name`'s actions in its level: its step (as one micro-step when ``micro``; back to
     back micro-steps when it accumulates and is not interleaved), then the commits of its
     `itd` lowers."""
+    chain = next((c for c in chains_of(g) if name in c.stages), None)
+    if chain is not None:   # one step of the whole chain, where its first stage would step
+        return [Action("chain_step", name, note=f"{chain.policy()} over " + ", ".join(chain.stages))] \
+            if name == chain.stages[0] else []
     lowers = g.lowers(name)
     k = g.problem(name).accumulate
     out: list = []

@@ -7,7 +7,8 @@ planner chose) and its schedule (`outer_step`, a few plain lines calling `lower_
 - :mod:`mloc.runtime.build`: seed, modules (in source order), trainable parameters, data
   streams, runtime `Problem`s whose losses are `BoundLoss`es, the `Hierarchy`;
 - :mod:`mloc.runtime.sources`: where a step's gradients come from (a lower problem's
-  plain gradient, an upper problem's hypergradient);
+  plain gradient, an upper problem's hypergradient); :mod:`mloc.runtime.interlock`: the
+  third source, an interlocking chain's step (`chain_step`);
 - :mod:`mloc.runtime.commit`: one commit pipeline per problem that every source feeds
   (all-reduce, unscale, clip, NaN/Inf watch on the device, optimizer commit);
 - :mod:`mloc.runtime.state`: snapshot and restore (parameters, optimizer states, module
@@ -36,6 +37,7 @@ from mloc.runtime.compose import Edge
 from mloc.runtime.data import cast_floating
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.evaluations import metrics
+from mloc.runtime.interlock import Interlock, chain_stepper
 from mloc.runtime.metrics import FiniteGuard
 from mloc.runtime.sources import Source, hypergradient, plain_gradient
 
@@ -48,8 +50,11 @@ class Program:
     def __init__(self, *, name: str, specs: Sequence[ProblemSpec], edges: Sequence[Edge],
                  semantics: str, build_modules: Callable[[], dict], data: dict[str, Callable],
                  schedule: Callable[["Program"], None], config: RunConfig,
-                 evaluations: Sequence[tuple[int, str, Callable]] = (), compositions: dict | None = None):
+                 evaluations: Sequence[tuple[int, str, Callable]] = (), compositions: dict | None = None,
+                 chains: Sequence[Interlock] = ()):
         self.name, self.config, self._schedule = name, config, schedule
+        self.chains = {c.stages[0]: c for c in chains}     # by first stage, as `chain_step` names them
+        self._chain_fns: dict[str, Callable[[], None]] = {}
         self.dist = DistContext.from_env()
         self.device = resolve_device(config.device, self.dist.local_rank)
         self.step_count = 0
@@ -101,6 +106,16 @@ class Program:
     def apply(self, name: str) -> None:
         """`name`'s optimizer step on the mean of its accumulated micro-steps."""
         self._accumulators[name].apply()
+
+    def chain_step(self, first: str) -> None:
+        """One interlocking step of the chain starting at `first`: one batch (its first
+        stage's next) for every stage, the chain's gradients (:mod:`mloc.runtime.interlock`),
+        then each stage's own commit pipeline, in depth order."""
+        fn = self._chain_fns.get(first)
+        if fn is None:
+            fn = self._chain_fns[first] = chain_stepper(self.chains[first], self.live, self._drawer(first),
+                                                        self._pipeline)
+        fn()
 
     def _source(self, name: str) -> Source:
         """Where `name`'s steps take their gradients: its plain gradient (a lowest problem)

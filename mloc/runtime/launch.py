@@ -49,7 +49,8 @@ def build(ns: dict, config: RunConfig) -> Program:
     """Instantiate the program a generated module (`ns`, its globals) declares."""
     return Program(name=ns["NAME"], specs=ns["PROBLEMS"], edges=ns["EDGES"], semantics=ns["SEMANTICS"],
                    build_modules=ns["build_modules"], data=ns["DATA"], schedule=ns["outer_step"],
-                   config=config, evaluations=ns["EVALUATIONS"], compositions=ns.get("COMPOSITION"))
+                   config=config, evaluations=ns["EVALUATIONS"], compositions=ns.get("COMPOSITION"),
+                   chains=ns.get("CHAINS", ()))
 
 
 @dataclass(frozen=True)
