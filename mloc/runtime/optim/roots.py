@@ -65,17 +65,26 @@ def _start_vector(n: int, dtype, device) -> Tensor:
 
 def max_eigenvalue(a: Tensor, iters: int = 100, tol: float = 1e-6) -> Tensor:
     """``λmax`` of each symmetric PSD matrix of the batch ``a`` (``(..., n, n)`` → ``(...)``)
-    by power iteration from a fixed start vector; stops early when the Rayleigh quotient
-    changes by less than ``tol`` relatively (checked every 10 iterations)."""
+    by power iteration from a fixed start vector, in rounds of 10 iterations. After each
+    round, a matrix whose Rayleigh quotient changed by less than ``tol`` relatively is
+    frozen (its vector and value kept: they do not depend on the matrices batched with
+    it); the loop ends when all are, or after ``iters``."""
     v = _start_vector(a.shape[-1], a.dtype, a.device).expand(*a.shape[:-1]).unsqueeze(-1)
     lam = torch.zeros(a.shape[:-2], dtype=a.dtype, device=a.device)
-    for i in range(iters):
-        w = a @ v
-        new = (v * w).sum((-2, -1))
-        v = w / torch.linalg.vector_norm(w, dim=-2, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
-        if i % 10 == 9 and bool(((new - lam).abs() <= tol * new.abs()).all()):
-            return new
-        lam = new
+    active = torch.ones_like(lam, dtype=torch.bool)
+    tiny = torch.finfo(a.dtype).tiny
+    for _ in range(-(-iters // 10)):
+        u = v
+        for _ in range(10):
+            u = a @ u
+            u = u / torch.linalg.vector_norm(u, dim=-2, keepdim=True).clamp_min(tiny)
+        new = (u * (a @ u)).sum((-2, -1))
+        changed = (new - lam).abs() > tol * new.abs()
+        lam = torch.where(active, new, lam)
+        v = torch.where(active[..., None, None], u, v)
+        active = active & changed
+        if not bool(active.any()):
+            break
     return lam
 
 
