@@ -101,3 +101,40 @@ def test_init_mismatch_names_the_parameters_that_differ(tmp_path, module, messag
                      upper_module="Same()", method="itd(steps=1)")
     d = only(c, "E705")
     assert message in d.message, d.message
+
+
+# --- W105: --steps shorter than a schedule ------------------------------------------------
+
+@pytest.mark.parametrize("unroll, total, steps, taken", [
+    (1, 30, 10, 10),        # one step of `model` per outer step: 10 < 30
+    (5, 60, 10, 50),        # five per outer step: 50 < 60
+    (5, 50, 10, None),      # 50 == 50: the schedule ends with the run
+])
+def test_steps_shorter_than_a_schedule_warn(tmp_path, unroll, total, steps, taken):
+    from mloc.passes.runlength import short_schedules
+
+    c = compile_case(tmp_path, extra=f"    schedule = cosine(total={total})\n",
+                     method=f"neumann(iters=3, alpha=0.1), unroll = {unroll}")
+    assert c.ok
+    found = short_schedules(c.unit.graph, c.plan.periods, steps, f"--steps {steps}")
+    if taken is None:
+        assert found == []
+        return
+    [d] = found
+    assert d.code == "W105" and (d.span.line, d.span.col) == (8, 16)
+    assert f"spans {total} of its steps, but --steps {steps} gives it {taken}" in d.message
+    assert f"run at least {-(-total // unroll)} outer steps" in d.help
+
+
+def test_mloc_run_warns_when_steps_end_a_schedule_early(tmp_path, capsys, monkeypatch):
+    from mloc.cli import main
+
+    path = HERE / f"_userlib_case_{tmp_path.name}.mlo"
+    path.write_text(PROGRAM.format(**{**DEFAULTS, "extra": "    schedule = cosine(total=30)\n"}))
+    try:
+        status = main(["run", str(path), "--steps", "2", "--out", str(tmp_path / "run"), "--quiet", "--color", "never"])
+    finally:
+        path.unlink()
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "warning[W105]: `model`'s schedule spans 30 of its steps, but --steps 2 gives it 2" in err

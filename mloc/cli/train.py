@@ -99,6 +99,10 @@ def cmd_run(args, out: Output) -> int:
     compiled = _compiled(args, out, choice.fresh_root / "1" if choice.fresh_root else choice.dir)
     if compiled is None:
         return EXIT_ERRORS
+    if args.steps is not None:          # W105: --steps that ends a schedule early
+        from mloc.passes.runlength import short_schedules
+        report(out, short_schedules(compiled.unit.graph, compiled.plan.periods, args.steps, f"--steps {args.steps}"),
+               "full")
     try:
         return _run_in_folder(args, out, compiled, choice)
     except _run_errors() as e:

@@ -286,6 +286,12 @@ EXPLANATIONS: dict[str, Explanation] = {
               "lone tensor), not batches: the loss would get one example per step. Wrap the dataset "
               "in a `DataLoader` with a batch size.",
               "def loader(): return MyDataset()", "def loader(): return DataLoader(MyDataset(), batch_size=64, shuffle=True)"),
+    "W105": E("`--steps N` ends the run before a problem's learning-rate schedule ends (a cosine or "
+              "linear `total`, a multistep's last milestone, counted in that problem's own steps): "
+              "the rate never decays as the schedule says. Fine for a quick try; for a real run, give "
+              "more steps or shorten the schedule with `--set`.",
+              "mloc run programs/data_reweighting.mlo --steps 200     # cosine(total=3000)",
+              "mloc run programs/data_reweighting.mlo --steps 200 --set 'classifier.schedule.total=200'"),
     "E900": E("A bug in mloc, not in your program: an internal invariant broke. Please report it "
               "with the .mlo file and its Python module; `MLOC_DEBUG=1` shows the traceback.",
               "MLOC_DEBUG=1 mloc compile prog.mlo", ""),
