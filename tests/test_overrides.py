@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast as pyast
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -167,11 +168,34 @@ def test_a_field_set_twice_is_an_error():
         compiled(MWN, "train.steps=5", "train.steps=6")
 
 
-def test_a_bad_value_is_a_diagnostic_naming_its_set():
+def test_a_bad_value_is_a_diagnostic_at_its_set():
     c = compiled(MWN, "classifier.optimizer.momentun=0.5")
     [d] = c.diagnostics
     assert d.code == "E303" and d.help == "did you mean `momentum`?"
-    assert d.notes == ("this text comes from --set 'classifier.optimizer.momentun=0.5'",)
+    assert d.span.source.path == "--set" and d.span.source.text == "--set 'classifier.optimizer.momentun=0.5'"
+    assert d.span.text == "momentun"
+    assert d.notes == (f"`classifier.optimizer.momentun` in {MWN}, as set for this command",)
+
+
+def test_a_bad_value_for_a_field_the_file_lacks_is_rendered_at_the_set_not_at_a_line_it_lacks(tmp_path, capsys):
+    """`train.steps=-100` on a file without a train block: the spliced `train { ... }` is on
+    no line of the file, so the error shows the `--set` itself."""
+    text = Path(HPO).read_text()
+    path = tmp_path / "no_train.mlo"
+    path.write_text(text[:text.index("train {")])
+    for name in ("penalties.py",):
+        (tmp_path / name).write_text((PROGRAMS / name).read_text())
+    assert main(["plan", str(path), "--color", "never", "--set", "train.steps=-100"]) == 1
+    err = capsys.readouterr().err
+    assert "error[E305]: `steps` must be at least 1, got -100\n --> --set:1:20\n" in err
+    assert "1 | --set 'train.steps=-100'\n  |                    ^^^^ must be at least 1" in err
+    assert "train {" not in err
+
+
+def test_a_torch_class_name_in_a_set_gets_did_you_mean_at_the_set(capsys):
+    assert main(["plan", HPO, "--color", "never", "--set", "model.optimizer=SGD(lr=0.1)"]) == 1
+    err = capsys.readouterr().err
+    assert " --> --set:1:24" in err and "did you mean `sgd`?" in err
 
 
 def test_the_cli_reports_a_missing_field_as_a_usage_error(capsys):

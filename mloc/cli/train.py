@@ -84,6 +84,8 @@ def cmd_run(args, out: Output) -> int:
         raise UsageError("--steps must be at least 1")
     if args.nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
+    if getattr(args, "pipeline", False) and (args.nproc > 1 or args.resume):
+        raise UsageError("--pipeline runs one process per stage: it takes neither --nproc nor --resume")
     if args.resume and not (Path(args.resume) / "checkpoint.pt").is_file():
         raise UsageError(f"{args.resume} holds no checkpoint.pt", help="pass the --out folder of an earlier run")
     from mloc.runtime import runfolder
@@ -97,6 +99,10 @@ def cmd_run(args, out: Output) -> int:
     compiled = _compiled(args, out, choice.fresh_root / "1" if choice.fresh_root else choice.dir)
     if compiled is None:
         return EXIT_ERRORS
+    if args.steps is not None:          # W105: --steps that ends a schedule early
+        from mloc.passes.runlength import short_schedules
+        report(out, short_schedules(compiled.unit.graph, compiled.plan.periods, args.steps, f"--steps {args.steps}"),
+               "full")
     try:
         return _run_in_folder(args, out, compiled, choice)
     except _run_errors() as e:
@@ -128,6 +134,9 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
             raise RunIOError(e.filename or folder.dir, e) from None
         write_config(folder.dir, run_record(config, program, options.resume, args.nproc))
         options = replace(options, out=folder.dir, resume=folder.dir if options.resume else None)
+        if getattr(args, "pipeline", False):
+            from mloc.runtime import pipeline
+            return pipeline.run(train, ns, config, folder.dir, args.pipeline_delay, args.quiet)
         if args.nproc > 1:
             _warn_per_replica(compiled, args.nproc, out)
             return _launch(train, args.nproc, replace(options, quiet=True), out, args.quiet)
@@ -199,6 +208,10 @@ def add_commands(command) -> None:
                    help="change a field for this run, checked like the file: PROBLEM.FIELD, UPPER->LOWER.FIELD, "
                         "train.FIELD or a setting, or one argument of a call (PROBLEM.optimizer.lr); repeatable")
     p.add_argument("--nproc", type=int, default=1, help="data-parallel processes, launched with torchrun (default 1)")
+    p.add_argument("--pipeline", action="store_true",
+                   help="an interlocking chain as a real pipeline: one process per stage (gloo on 127.0.0.1)")
+    p.add_argument("--pipeline-delay", type=float, default=0.0, metavar="SECONDS",
+                   help="with --pipeline: sleep this long per stage forward and B_in, twice per B (emulates slower devices)")
     p.add_argument("--out", metavar="DIR",
                    help="where train.py, config.json, metrics.jsonl and checkpoint.pt go; it must not hold "
                         "another run (default: a fresh runs/PROGRAM/N, linked from runs/PROGRAM/latest)")

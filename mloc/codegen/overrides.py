@@ -92,15 +92,35 @@ class Applied:
     regions: tuple[tuple[int, int, Override], ...] = ()
 
     def annotate(self, diagnostics: Sequence[Diagnostic]) -> tuple[Diagnostic, ...]:
-        """Each diagnostic that points into spliced text, with a note naming its `--set`."""
+        """Each diagnostic that points into spliced text: moved onto its `--set` when it lies
+        inside one (the line it would show may not exist in the file), else with a note
+        naming the `--set`."""
         out = []
         for d in diagnostics:
             if d.span is not None and d.span.source.text == self.source.text:
+                moved = next((self._at_set(d, s, e, ov) for s, e, ov in self.regions
+                              if s <= d.span.start and d.span.end <= e), None)
                 notes = tuple(f"this text comes from {ov.flag}" for s, e, ov in self.regions
                               if d.span.start < e and (d.span.end > s or d.span.start == s))
-                d = replace(d, notes=d.notes + notes) if notes else d
+                d = moved or (replace(d, notes=d.notes + notes) if notes else d)
             out.append(d)
         return tuple(out)
+
+    def _at_set(self, d: Diagnostic, start: int, end: int, ov: Override) -> Diagnostic:
+        """`d`, whose span lies in the text `ov` spliced at [start, end), on a pseudo-source
+        holding the `--set` as typed: at the same characters of its value, at the name of
+        its path that the span covers, or else at the whole `PATH=VALUE`."""
+        flag, text = ov.flag, d.span.text
+        value_at = len("--set '") + len(ov.key) + 1
+        found = self.source.text.rfind(ov.value, start, end)
+        if found >= 0 and found <= d.span.start and d.span.end <= found + len(ov.value):
+            at, width = value_at + d.span.start - found, len(text)
+        elif text and (named := flag.rfind(text, 0, value_at)) >= len("--set '"):
+            at, width = named, len(text)
+        else:
+            at, width = len("--set '"), len(str(ov))
+        note = f"`{ov.key}` in {self.source.path}, as set for this command"
+        return replace(d, span=SourceFile("--set", flag).span(at, at + width), notes=d.notes + (note,))
 
 
 def parse_all(texts: Sequence[str]) -> tuple[Override, ...]:

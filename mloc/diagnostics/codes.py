@@ -96,9 +96,12 @@ _ALL = (
     Code("E706", "data-dtype-mismatch", "a problem's batches and its module's parameters have floating dtypes its loss cannot mix"),
     Code("E707", "bad-evaluation", "an evaluation that, tried on the initial modules, returns neither a number, a 0-dim tensor nor a dict of them"),
     Code("E708", "chain-data-differs", "stages of one interlocking chain whose `data` calls differ (a chain step reads one batch)"),
+    Code("E709", "bad-data", "a `data` call that returns no iterable of batches (a number, a numpy array, a tuple of tensors)"),
     Code("W101", "unused-import", "an import that no field uses"),
     Code("W102", "unused-argument", "an argument that has no effect with the chosen options"),
     Code("W103", "cannot-run-yet", "a construct that checks but cannot run yet (`mloc run` stops with E704)"),
+    Code("W104", "data-not-batches", "a `data` value whose items are single examples or rows, not batches (a `Dataset`, a tensor)"),
+    Code("W105", "schedule-outlasts-run", "a run (`--steps N`) that ends before a problem's learning-rate schedule does"),
     Code("E900", "internal-error", "a bug in mloc"),
 )
 

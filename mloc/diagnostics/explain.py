@@ -268,6 +268,11 @@ EXPLANATIONS: dict[str, Explanation] = {
               "`data` is the same call.",
               "data = lib.loader(batch_size=64)     # stage2; stage1 has batch_size=32",
               "data = lib.loader(batch_size=32)"),
+    "E709": E("A problem's `data` is an iterable of batches: each item is one batch that its loss "
+              "receives as `batch`. A number, a numpy array, or a tuple of tensors (the fields of one "
+              "batch, which would be iterated as two batches) is not; nor are batches of numpy "
+              "arrays, since a loss receives tensors. Return a `DataLoader`, or a list of batches.",
+              "def loader(): return (x, y)", "def loader(): return DataLoader(TensorDataset(x, y), batch_size=64)"),
     "W101": E("An import no field uses. Remove it, or use it; `mloc check` never runs it either way.",
               "import unused_helpers as h", ""),
     "W102": E("An argument that has no effect with the other options chosen, such as "
@@ -277,6 +282,16 @@ EXPLANATIONS: dict[str, Explanation] = {
               "that a clean check does not first fail at `mloc run` (which stops with E704 there). "
               "The help says what to do instead.",
               "chain [s1, s2] { interlock = 1 }     # with a stage also in a hierarchy", ""),
+    "W104": E("A `data` value whose items are single examples (a map-style `Dataset`) or rows (a "
+              "lone tensor), not batches: the loss would get one example per step. Wrap the dataset "
+              "in a `DataLoader` with a batch size.",
+              "def loader(): return MyDataset()", "def loader(): return DataLoader(MyDataset(), batch_size=64, shuffle=True)"),
+    "W105": E("`--steps N` ends the run before a problem's learning-rate schedule ends (a cosine or "
+              "linear `total`, a multistep's last milestone, counted in that problem's own steps): "
+              "the rate never decays as the schedule says. Fine for a quick try; for a real run, give "
+              "more steps or shorten the schedule with `--set`.",
+              "mloc run programs/data_reweighting.mlo --steps 200     # cosine(total=3000)",
+              "mloc run programs/data_reweighting.mlo --steps 200 --set 'classifier.schedule.total=200'"),
     "E900": E("A bug in mloc, not in your program: an internal invariant broke. Please report it "
               "with the .mlo file and its Python module; `MLOC_DEBUG=1` shows the traceback.",
               "MLOC_DEBUG=1 mloc compile prog.mlo", ""),

@@ -15,6 +15,7 @@ from mloc.diagnostics import Diagnostics, did_you_mean
 from mloc.frontend import ast
 from mloc.ir.payloads import PyCall
 from mloc.passes.pymodules import PyModuleInfo
+from mloc.passes.pysignatures import check_call, signature_of
 from mloc.source import Span
 
 LITERAL_NAMES = frozenset({"None"})
@@ -55,7 +56,7 @@ def resolve_pycall(value: ast.Value, what: str, scope: Scope, diags: Diagnostics
         return None
     func = _resolve_callee(value.func, scope, diags)
     reads: list[tuple[str, Span]] = []
-    ok = func is not None
+    ok = func is not None and _fits(value, scope, diags)
     for arg in value.args:
         ok &= _resolve_value(arg.value, scope, diags, reads, problems=problems, batch=batch)
     if not ok:
@@ -81,11 +82,22 @@ def _resolve_callee(name: ast.Name, scope: Scope, diags: Diagnostics) -> tuple[s
     return (info.dotted if info else binding), attr
 
 
+def _fits(call: ast.Call, scope: Scope, diags: Diagnostics) -> bool:
+    """Whether a call into a user's module fits the signature its source declares (read
+    with `ast`; see `mloc.passes.pysignatures`); True when it cannot be known."""
+    binding = scope.binding_of(call.func)
+    info = scope.imports.get(binding) if binding else None
+    if info is None:
+        return True
+    sig = signature_of(info.path, call.func.dotted[len(binding) + 1:])
+    return sig is None or check_call(call, sig, scope.show(info.path), diags)
+
+
 def _resolve_value(value: ast.Value, scope: Scope, diags: Diagnostics, reads: list, *,
                    problems: bool, batch: bool) -> bool:
     match value:
         case ast.Call():
-            ok = _resolve_callee(value.func, scope, diags) is not None
+            ok = _resolve_callee(value.func, scope, diags) is not None and _fits(value, scope, diags)
             for arg in value.args:
                 ok &= _resolve_value(arg.value, scope, diags, reads, problems=problems, batch=batch)
             return ok

@@ -7,8 +7,10 @@ problems a loss *names* with the problems whose parameters *reach* it:
 - a named problem whose parameters never reach the loss (a `.detach()`, `no_grad`, or an
   unused argument) is an error (E701): the edge the name implies would carry nothing;
 - a loss that raises, or a constructor or data call that raises, is reported at its span
-  in the `.mlo` file (E702), not as a traceback;
-- a loss that is not a floating-point scalar is E703;
+  in the `.mlo` file (E702), with the user's own `file:line` frames, not as a traceback;
+- a `data` call that returns no iterable of batches is E709 at its field, a `Dataset` (single
+  examples, not batches) W104 (`mloc.passes.trace_checks`);
+- a loss that is not a floating-point scalar is E703 (a Python number: detached by `.item()`);
 - a `project` call is run once on its module, under no_grad (E702 if it raises);
 - each evaluation is tried once on the real modules' initial state
   (`mloc.passes.evaluations`): E702 if it raises, E707 if it returns something that is not
@@ -29,19 +31,17 @@ from mloc.ir.graph import ProgramGraph
 from mloc.passes.evaluations import try_evaluations
 from mloc.passes.loader import evaluate, import_modules, program_path
 from mloc.passes.plan import Sizes, format_bytes
+from mloc.passes.trace_checks import check_batch, check_data, init_mismatch, not_a_loss, raised
 
 
-def _raised(span, what: str, err: BaseException) -> Diagnostic:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return Diagnostic("E702", f"{what} raised {type(err).__name__}" + (f": {text}" if text else ""), span,
-                      label="raised here", help="fix the Python code or its arguments; run the call in a "
-                                                "Python shell to see the full traceback")
+_raised = raised      # E702 with the user's own file:line frames (`mloc.passes.trace_checks`)
 
 
 def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
     from mloc.runtime import introspect as intro
 
     diags: list[Diagnostic] = []
+    warnings: list[Diagnostic] = []     # added last: they stop nothing
     try:
         mods = import_modules(g.info)
     except Exception as err:  # noqa: BLE001 - user code
@@ -56,9 +56,16 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
                 diags.append(_raised(p.module.span, f"`{p.module.text}`", err))
                 continue
             try:
-                batches[p.name] = evaluate(p.data.call, mods)
+                data = evaluate(p.data.call, mods)
             except Exception as err:  # noqa: BLE001
                 diags.append(_raised(p.data.span, f"`{p.data.text}`", err))
+                continue
+            found = check_data(p, data)          # E709 (no iterable of batches) or W104
+            if found is not None and found.severity == "error":
+                diags.append(found)
+                continue
+            warnings += [found] if found else []
+            batches[p.name] = data
     sizes = Sizes(params={n: intro.param_count(m) for n, m in modules.items()})
     _check_init_shapes(g, modules, diags)
     for p in g.problems():
@@ -69,7 +76,7 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
     if not diags:
         with program_path(Path(g.info.source_path).resolve().parent):
             diags += try_evaluations(g, mods, _raised)
-    return sizes, diags
+    return sizes, diags + warnings
 
 
 def describe_sizes(sizes: Sizes) -> str:
@@ -94,12 +101,11 @@ def _check_init_shapes(g, modules: dict, diags: list) -> None:
         own = [(n, tuple(t.shape)) for n, t in modules[p.name].named_parameters()]
         base = [(n, tuple(t.shape)) for n, t in modules[p.init[0]].named_parameters()]
         if own != base:
-            first = next(((a, b) for a, b in zip(own, base) if a != b), None)
-            detail = f"`{first[0][0]}` {list(first[0][1])} vs `{first[1][0]}` {list(first[1][1])}" if first \
-                else f"{len(own)} vs {len(base)} parameters"
-            diags.append(Diagnostic("E705", f"`{p.name}` starts from `{p.init[0]}`'s parameters, but their "
-                                    f"parameters differ ({detail})", p.init[1], label="different shapes",
-                                    help=f"build `{p.name}`'s module with the same architecture as `{p.init[0]}`'s"))
+            what, label = init_mismatch(own, base)
+            diags.append(Diagnostic("E705", f"`{p.name}` starts from `{p.init[0]}`'s parameters, but {what}",
+                                    p.init[1], label=label,
+                                    help=f"build `{p.name}`'s module with the same architecture as `{p.init[0]}`'s "
+                                         "(`init` pairs the parameters by name and shape)"))
 
 
 def _probe(g, p, mods, modules: dict, data, meta_batch):
@@ -127,6 +133,9 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
     except Exception as err:  # noqa: BLE001 - user code
         diags.append(_raised(p.data.span, f"drawing the first batch of `{p.data.text}`", err))
         return
+    if (arrays := check_batch(p, meta_batch)) is not None:
+        diags.append(arrays)
+        return
     if not _dtypes_mix(g, p, mods, modules[p.name], data, meta_batch, diags):
         return
     try:
@@ -136,9 +145,7 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
         return
     owners = {id(t): n for n, m in used.items() for t in m.parameters()}
     if probe.shape != () or not probe.floating:
-        what = f"shape {list(probe.shape)}" if probe.shape else "a value that is not a floating-point tensor"
-        diags.append(Diagnostic("E703", f"the loss of `{p.name}` returns {what}, not a scalar", p.loss.span,
-                                help="reduce it, e.g. with `.mean()` or `.sum()`"))
+        diags.append(not_a_loss(p, probe))
         return
     sizes.activations[p.name] = probe.activation_bytes
     sizes.fx_ops[p.name] = probe.fx_ops

@@ -36,6 +36,7 @@ class LossProbe:
     activation_bytes: int
     fx_ops: int
     fx_code: str = ""               # the traced graph's Python code (aten level)
+    returned: str = "Tensor"        # the type the loss returned, when not a tensor (`float`: `.item()`)
 
 
 def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
@@ -95,7 +96,7 @@ def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequenc
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = fn(*modules, batch)
     if not isinstance(loss, torch.Tensor):
-        return LossProbe(frozenset(), frozenset(), (), False, saved[0], 0)
+        return LossProbe(frozenset(), frozenset(), (), False, saved[0], 0, returned=type(loss).__name__)
     leaves = _reached_leaves(loss) if loss.grad_fn is not None else set()
     reached = frozenset(i for i, m in enumerate(modules) if any(id(p) in leaves for p in m.parameters()))
     ops, code = _fx_trace(fn, modules, batch, names)

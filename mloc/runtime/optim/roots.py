@@ -18,7 +18,10 @@ Learning", 2020):
 with the invariant ``M_k = X_k^p A``; ``M_k → I`` and ``X_k → A^{-1/p}``. Each matrix of
 the batch stops on its own when ``max|M − I| < tol`` or when its error grows by more than
 ×1.2 over the previous iterate (the *divergence guard*: the previous iterate is kept),
-or after ``max_iters``; a converged matrix is frozen while the others continue, so a
+or after ``max_iters``. The guard is armed once the error is below 0.1: the first
+iterations are not monotone in ``max|M − I|`` (a 6×6 Shampoo statistic with eigenvalues
+0.02…1.1 goes 0.61 → 0.73 → 0.55 → … → 4e-16), and a guard armed from the start stops
+there with a rejected root. Before that, only a non-finite iterate stops it; a converged matrix is frozen while the others continue, so a
 matrix's root does not depend on what it is batched with.
 
 The eigendecomposition alternative (``method="eigh"``) computes ``V diag(λ^{-1/p}) Vᵀ``.
@@ -42,6 +45,8 @@ import torch
 from torch import Tensor
 
 METHODS = ("newton", "eigh")
+GUARD_ARMED_BELOW = 0.1
+"""The divergence guard acts once ``max|M − I|`` is below this (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -63,19 +68,30 @@ def _start_vector(n: int, dtype, device) -> Tensor:
     return v / torch.linalg.vector_norm(v)
 
 
-def max_eigenvalue(a: Tensor, iters: int = 100, tol: float = 1e-6) -> Tensor:
+def max_eigenvalue(a: Tensor, iters: int = 96, tol: float = 1e-6) -> Tensor:
     """``λmax`` of each symmetric PSD matrix of the batch ``a`` (``(..., n, n)`` → ``(...)``)
-    by power iteration from a fixed start vector; stops early when the Rayleigh quotient
-    changes by less than ``tol`` relatively (checked every 10 iterations)."""
+    by power iteration from a fixed start vector, in rounds of 8 iterations: ``v ← B⁸v``
+    normalised, with ``B = A/‖A‖_F`` (so ``B⁸``, three squarings computed once, neither
+    overflows nor underflows) and ``λ = ‖A‖_F·vᵀBv``. After each round, a matrix whose
+    value changed by less than ``tol`` relatively is frozen (its vector and value kept:
+    they do not depend on the matrices batched with it); the loop ends when all are, or
+    after ``iters`` iterations."""
+    scale = torch.linalg.matrix_norm(a)
+    b = a / scale.clamp_min(torch.finfo(a.dtype).tiny)[..., None, None]
+    b8 = torch.linalg.matrix_power(b, 8)
     v = _start_vector(a.shape[-1], a.dtype, a.device).expand(*a.shape[:-1]).unsqueeze(-1)
     lam = torch.zeros(a.shape[:-2], dtype=a.dtype, device=a.device)
-    for i in range(iters):
-        w = a @ v
-        new = (v * w).sum((-2, -1))
-        v = w / torch.linalg.vector_norm(w, dim=-2, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
-        if i % 10 == 9 and bool(((new - lam).abs() <= tol * new.abs()).all()):
-            return new
-        lam = new
+    active = torch.ones_like(lam, dtype=torch.bool)
+    for _ in range(-(-iters // 8)):
+        u = b8 @ v
+        u = u / torch.linalg.vector_norm(u, dim=-2, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+        new = (u * (b @ u)).sum((-2, -1)) * scale
+        changed = (new - lam).abs() > tol * new.abs()
+        lam = torch.where(active, new, lam)
+        v = torch.where(active[..., None, None], u, v)
+        active = active & changed
+        if not bool(active.any()):
+            break
     return lam
 
 
@@ -103,10 +119,13 @@ def _newton(a: Tensor, p: int, tol: float, max_iters: int) -> tuple[Tensor, Tens
         x_new = x @ t
         m_new = torch.linalg.matrix_power(t, p) @ m
         err_new = (m_new - eye).abs().amax((-2, -1))
-        step = active & (err_new <= 1.2 * err) & torch.isfinite(err_new)
-        s = step[..., None, None]
-        x, m = torch.where(s, x_new, x), torch.where(s, m_new, m)
-        err = torch.where(step, err_new, err)
+        step = active & torch.isfinite(err_new) & ((err_new <= 1.2 * err) | (err > GUARD_ARMED_BELOW))
+        if bool(step.all()):             # the common case: no masking needed
+            x, m, err = x_new, m_new, err_new
+        else:
+            s = step[..., None, None]
+            x, m = torch.where(s, x_new, x), torch.where(s, m_new, m)
+            err = torch.where(step, err_new, err)
         active = step & (err >= tol)     # a matrix that would diverge keeps its iterate and stops
         it += 1
     return x, err, it

@@ -1,0 +1,424 @@
+r"""Shampoo: Kronecker-factored preconditioning with grafting, blocking, stale and
+asynchronous roots (Gupta, Koren & Singer, "Shampoo: Preconditioned Stochastic Tensor
+Optimization", ICML 2018; Anil, Gupta, Koren, Regan & Singer, "Scalable Second Order
+Optimization for Deep Learning", 2020).
+
+Per parameter, at step ``t`` (1-based) with gradient ``g`` (plus ``wd·θ`` for coupled
+weight decay), laid out in equal-shaped blocks (:mod:`.blocks`: merged small dims, blocks
+of ``block_size``, 1-D tensors and tensors with a dim above ``max_precond_dim`` updated by
+the grafted direction alone):
+
+.. math::
+    S_i \leftarrow \beta_2 S_i + w\, G_{(i)} G_{(i)}^\top \quad (w = 1 \text{ if } \beta_2 = 1
+    \text{, a running sum; } 1-\beta_2 \text{ otherwise})
+
+    P = G \times_1 Q_1 \cdots \times_k Q_k,\qquad Q_i \approx (S_i + \varepsilon\lambda_{\max}(S_i) I)^{-1/p}
+
+with ``p = 2k`` (exponent ``−1/(2k)``; ``exponent_override`` sets ``p``). The roots ``Qᵢ``
+are refreshed every ``update_every`` steps by :func:`.roots.inverse_root` (coupled Newton in
+float64, or ``eigh``), batched over all blocks of equal size, from statistics that are
+never modified by the ridge; a rejected root (non-finite or inaccurate) keeps the
+previous one and counts a consecutive failure per matrix (``state.failures``; a warning
+says so). Roots start as identities.
+
+**Staleness** ``s``: roots computed from the statistics of step ``t`` are installed at step
+``t+s`` (used from that step's update on). With ``async_roots`` they are computed on a
+background thread while training continues; installing waits for the job if it has not
+finished, so the asynchronous run equals the ``staleness = s`` run bit for bit (it only
+saves wall time when the job finishes within ``s`` steps). ``drain()`` waits for every job
+(a checkpoint then holds their results), ``close()`` stops the thread.
+
+**Grafting** (per tensor): a diagonal optimizer's direction ``D`` (``sgd``: ``g``;
+``adagrad``: ``g/(√Σg²+δ)``; ``rmsprop``: ``g/(√v+δ)``, ``v`` an EMA with ``graft_beta2``;
+``adam``: bias-corrected ``m̂/(√v̂+δ)``, ``β₁ = 0.9``; ``δ = 1e-10``; ``none``: ``g`` and no
+rescaling). Until step ``start_preconditioning_step`` (inclusive) the direction is ``D``;
+after it, ``P·‖D‖/(‖P‖+1e-16)``. Then momentum ``b ← μb + d`` (Nesterov: ``d + μb``) and
+``Δθ = −η·(b or d+μb) − η·wd·θ`` (the last term for decoupled weight decay).
+
+**Differentiation** (``itd``): :meth:`Shampoo.update` is out of place and differentiable
+with respect to the gradients, the parameters and a tensor learning rate, with the roots
+(and the statistics they come from) treated as constants between refreshes: the graph
+runs through ``Q₁ G Q₂``, the grafting norms and accumulators, and momentum.
+
+**SAMA** (:meth:`Shampoo.diag`): per block ``η·c·σ·(diag Q₁ ⊗ … ⊗ diag Q_k)``, ``c`` the
+momentum factor (``1``, or ``1+μ`` for Nesterov), ``σ = ‖D‖/‖P‖`` the grafting scale (1 for
+``none``). With the roots held constant this is the exact diagonal of ``−∂Δθ/∂g`` for
+``graft="none"`` (the diagonal of a Kronecker product is the product of diagonals); with
+grafting it ignores ``σ``'s dependence on ``g``. On diagonal-policy tensors and before the
+start it is the grafted optimizer's diagonal with its accumulator held constant (exact for
+``sgd``/``none``).
+
+**Data parallelism**: with a process group of several ranks (the gradients are
+all-reduced, so every rank holds the same statistics), each rank computes a contiguous
+slice of every batch of roots and the slices are all-gathered (synchronous roots only).
+"""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from mloc.runtime.optim import blocks
+from mloc.runtime.optim.base import Optimizer, is_zero
+from mloc.runtime.optim.roots import inverse_root
+from mloc.runtime.tree import Params
+
+GRAFTS = ("none", "sgd", "adagrad", "rmsprop", "adam")
+GRAFT_EPS = 1e-10
+ADAM_GRAFT_BETA1 = 0.9
+
+
+class ShampooState(NamedTuple):
+    count: int             # steps taken
+    stats: tuple           # per parameter: a tuple of (B, b_i, b_i) statistics per mode; ()
+    roots: tuple           # per parameter: the roots in use, as stats
+    failures: tuple        # per parameter: per mode, (B,) int64 consecutive rejected roots
+    graft: tuple           # per parameter: the grafting accumulators (() for sgd/none)
+    momentum: tuple        # per parameter: the momentum buffer; () without momentum
+    pending: tuple         # per staleness slot: a dict {"step", "roots", "ok"} (see _Pending)
+
+
+class Shampoo(Optimizer):
+    """See the module docstring."""
+
+    def __init__(self, lr=1e-3, beta2=1.0, momentum=0.9, nesterov=True, epsilon=1e-6,
+                 weight_decay=0.0, decoupled_weight_decay=True, update_every=1,
+                 start_preconditioning_step=5, block_size=128, graft="adagrad", staleness=0,
+                 async_roots=False, exponent_override=0, max_precond_dim=8192,
+                 root_method="newton", graft_beta2=0.999):
+        super().__init__(lr=lr, beta2=beta2, momentum=momentum, nesterov=nesterov,
+                         epsilon=epsilon, weight_decay=weight_decay,
+                         decoupled_weight_decay=decoupled_weight_decay, update_every=update_every,
+                         start_preconditioning_step=start_preconditioning_step,
+                         block_size=block_size, graft=graft, staleness=staleness,
+                         async_roots=async_roots, exponent_override=exponent_override,
+                         max_precond_dim=max_precond_dim, root_method=root_method,
+                         graft_beta2=graft_beta2)
+        if graft not in GRAFTS:
+            raise ValueError(f"unknown graft {graft!r}; expected one of {GRAFTS}")
+        self.lr, self.beta2, self.mu, self.nesterov = lr, beta2, momentum, nesterov
+        self.epsilon, self.wd, self.decoupled = epsilon, weight_decay, decoupled_weight_decay
+        self.every, self.start_step, self.block_size = update_every, start_preconditioning_step, block_size
+        self.graft, self.staleness, self.async_roots = graft, staleness, async_roots
+        self.p_override, self.max_dim, self.method = exponent_override, max_precond_dim, root_method
+        self.graft_beta2 = graft_beta2
+        self.slots = -(-staleness // update_every) if staleness else 0
+        self._layouts: dict[tuple, blocks.Layout] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._jobs: dict[int, Future] = {}
+        self._shard: tuple[int, int] | None = None     # (rank, world) under data parallelism
+        self._warned_at = 0
+
+    # --- layout and state ---------------------------------------------------------------
+    def layout(self, p: Tensor) -> blocks.Layout:
+        key = tuple(p.shape)
+        if key not in self._layouts:
+            self._layouts[key] = blocks.layout(key, self.block_size, self.max_dim, self.p_override)
+        return self._layouts[key]
+
+    def init(self, params):
+        stats, roots, fails = [], [], []
+        for p in params:
+            lay = self.layout(p)
+            sizes = lay.block if lay.policy == "shampoo" else ()
+            stats.append(tuple(p.new_zeros(lay.count, b, b) for b in sizes))
+            roots.append(tuple(torch.eye(b, dtype=p.dtype, device=p.device).repeat(lay.count, 1, 1)
+                               for b in sizes))
+            fails.append(tuple(torch.zeros(lay.count, dtype=torch.int64, device=p.device) for _ in sizes))
+        n_graft = {"none": 0, "sgd": 0, "adagrad": 1, "rmsprop": 1, "adam": 2}[self.graft]
+        graft = tuple(tuple(torch.zeros_like(p) for _ in range(n_graft)) for p in params)
+        mom = tuple(torch.zeros_like(p) for p in params) if not is_zero(self.mu) else ()
+        pending = tuple({"step": -1, "roots": tuple(map(_clone_tuple, roots)),
+                         "status": tuple(tuple(f.to(torch.int8) for f in fs) for fs in fails)}
+                        for _ in range(self.slots))
+        return ShampooState(0, tuple(stats), tuple(roots), tuple(fails), graft, mom, pending)
+
+    # --- the step -----------------------------------------------------------------------
+    def update(self, grads, state, params):
+        t = state.count + 1
+        g = self._decayed(grads, params)
+        stats = self._statistics(g, state.stats, params)
+        ps = tuple(self.layout(p).p for p in params)
+        roots, failures, pending = self._install(t, state.roots, state.failures, state.pending)
+        pending = self._refresh(t, stats, ps, pending, background=self.async_roots)
+        if not self.slots:          # staleness 0: this step's roots are used by this step
+            roots, failures, pending = self._install(t, roots, failures, pending)
+        graft_state, direction = self._directions(t, g, state.graft, roots, params)
+        mom, upd = self._momentum(direction, state.momentum, params)
+        return upd, ShampooState(t, stats, roots, failures, graft_state, mom, pending)
+
+    def _decayed(self, grads, params):
+        if self.decoupled or is_zero(self.wd):
+            return tuple(grads)
+        return tuple(g + self.wd * p for g, p in zip(grads, params))
+
+    def _statistics(self, g, stats, params):
+        """The statistics after ``g`` (detached: the roots are constants to autograd)."""
+        b2 = self.beta2
+        w = 1.0 if b2 == 1 else 1 - b2
+        out = []
+        for gi, s, p in zip(g, stats, params):
+            if not s:
+                out.append(())
+                continue
+            new = blocks.mode_stats(blocks.to_blocks(gi.detach(), self.layout(p)))
+            out.append(tuple(si + n if b2 == 1 else b2 * si + w * n for si, n in zip(s, new)))
+        return tuple(out)
+
+    def _directions(self, t, g, graft_state, roots, params):
+        """``(graft accumulators, direction)`` per tensor (before momentum)."""
+        new_graft, out = [], []
+        precondition = t > self.start_step
+        for gi, acc, rts, p in zip(g, graft_state, roots, params):
+            acc, d = self._graft_direction(t, gi, acc)
+            new_graft.append(acc)
+            if rts and precondition:
+                lay = self.layout(p)
+                pre = blocks.from_blocks(blocks.precondition(blocks.to_blocks(gi, lay), list(rts)), lay)
+                if self.graft != "none":
+                    pre = pre * (_norm(d) / (_norm(pre) + 1e-16))
+                d = pre
+            out.append(d)
+        return tuple(new_graft), tuple(out)
+
+    def _graft_direction(self, t, g, acc):
+        kind = self.graft
+        if kind in ("none", "sgd"):
+            return acc, g
+        if kind == "adagrad":
+            v = acc[0] + g * g
+            return (v,), g / (torch.sqrt(v) + GRAFT_EPS)
+        b2 = self.graft_beta2
+        v = b2 * acc[-1] + (1 - b2) * g * g
+        if kind == "rmsprop":
+            return (v,), g / (torch.sqrt(v) + GRAFT_EPS)
+        b1 = ADAM_GRAFT_BETA1
+        m = b1 * acc[0] + (1 - b1) * g
+        mhat, vhat = m / (1 - b1**t), v / (1 - b2**t)
+        return (m, v), mhat / (torch.sqrt(vhat) + GRAFT_EPS)
+
+    def _momentum(self, direction, buffers, params):
+        lr, mu = self.lr, self.mu
+        if is_zero(mu):
+            upd, mom = [-lr * d for d in direction], ()
+        else:
+            mom = tuple(mu * b + d for b, d in zip(buffers, direction))
+            step = [d + mu * b for d, b in zip(direction, mom)] if self.nesterov else mom
+            upd = [-lr * s for s in step]
+        if self.decoupled and not is_zero(self.wd):
+            upd = [u - lr * self.wd * p for u, p in zip(upd, params)]
+        return mom, tuple(upd)
+
+    # --- roots: refresh, stale install, asynchronous jobs, sharding -------------------------
+    def _refresh(self, t, stats, ps, pending, background):
+        """At a refresh step (``t`` a multiple of ``update_every``), the new roots: in a
+        one-off slot due now (staleness 0), or in their staleness slot due at ``t+s``,
+        computed now or by a background job that writes into the slot's tensors."""
+        if t % self.every or not any(stats):
+            return pending
+        if not self.slots:
+            return ({"step": t, **self._compute(stats, ps)},)
+        slot = (t // self.every) % self.slots
+        if slot in self._jobs:                 # installed already; its job is done
+            self._jobs.pop(slot).result()
+        fresh = {"step": t + self.staleness,
+                 "roots": tuple(tuple(torch.empty_like(s) for s in ss) for ss in stats),
+                 "status": tuple(tuple(torch.zeros(s.shape[0], dtype=torch.int8, device=s.device)
+                                       for s in ss) for ss in stats)}
+        if background:
+            self._start_pool()
+            self._jobs[slot] = self._pool.submit(self._fill, fresh, stats, ps)
+        else:
+            self._fill(fresh, stats, ps)
+        return pending[:slot] + (fresh,) + pending[slot + 1:]
+
+    def _fill(self, slot: dict, stats, ps) -> None:
+        """Compute the roots of ``stats`` into ``slot``'s tensors (a job's body)."""
+        done = self._compute(stats, ps)
+        for key in ("roots", "status"):
+            for dst, src in zip(slot[key], done[key]):
+                for d, s in zip(dst, src):
+                    d.copy_(s)
+
+    def _install(self, t, roots, failures, pending):
+        """Install the slots due at ``t`` (waiting for their jobs): accepted roots replace
+        the old, a rejected one keeps it and adds a consecutive failure, an all-zero
+        statistic (no gradient yet) does neither. Staleness 0's one-off slot is dropped."""
+        due = [i for i, s in enumerate(pending) if s["step"] == t]
+        if not due:
+            return roots, failures, pending
+        for i in due:
+            if i in self._jobs:
+                self._jobs.pop(i).result()
+            slot = pending[i]
+            roots, failures = _merge(roots, failures, slot["roots"], slot["status"])
+            pending = pending[:i] + ({**slot, "step": -1},) + pending[i + 1:]
+        if not self.slots:
+            pending = ()
+        self._report(failures)
+        return roots, failures, pending
+
+    @torch.no_grad()
+    def _compute(self, stats, ps) -> dict:
+        """New roots and their status (1 accepted, 0 rejected, -1 an all-zero statistic:
+        nothing to precondition by yet) for every statistic, one batched root per
+        (size, p) group."""
+        groups: dict[tuple, list] = {}
+        for i, ss in enumerate(stats):
+            for j, s in enumerate(ss):
+                groups.setdefault((s.shape[-1], ps[i]), []).append((i, j))
+        roots = [list(ss) for ss in stats]
+        status = [list(ss) for ss in stats]
+        for (_, p), items in groups.items():
+            batch = torch.cat([stats[i][j].detach() for i, j in items])
+            root, ok = self._batched_root(batch, p)
+            empty = batch.abs().amax((-2, -1)) == 0
+            code = torch.where(empty, -1, ok.to(torch.int8)).to(torch.int8)
+            sizes = [stats[i][j].shape[0] for i, j in items]
+            for (i, j), r, c in zip(items, root.split(sizes), code.split(sizes)):
+                roots[i][j], status[i][j] = r, c
+        return {"roots": tuple(map(tuple, roots)), "status": tuple(map(tuple, status))}
+
+    def _batched_root(self, batch: Tensor, p: int) -> tuple[Tensor, Tensor]:
+        """``(roots, ok)`` of a batch; under data parallelism each rank computes a
+        contiguous slice (padded with identities to equal sizes) and all-gathers."""
+        if self._shard is None:
+            r = inverse_root(batch, p, epsilon=self.epsilon, method=self.method)
+            return r.root, r.ok
+        import torch.distributed as dist
+        rank, world = self._shard
+        n, size = batch.shape[0], -(-batch.shape[0] // world)
+        eye = torch.eye(batch.shape[-1], dtype=batch.dtype, device=batch.device)
+        padded = torch.cat([batch, eye.expand(size * world - n, -1, -1)])
+        mine = inverse_root(padded[rank * size:(rank + 1) * size], p, epsilon=self.epsilon,
+                            method=self.method)
+        roots = [torch.empty_like(mine.root) for _ in range(world)]
+        oks = [torch.empty(size, dtype=torch.uint8, device=batch.device) for _ in range(world)]
+        dist.all_gather(roots, mine.root.contiguous())
+        dist.all_gather(oks, mine.ok.to(torch.uint8))
+        return torch.cat(roots)[:n], torch.cat(oks)[:n].bool()
+
+    def _report(self, failures) -> None:
+        """Warn when a root was rejected: the first time, then every 10 more consecutive
+        failures of the worst matrix (one host read per install)."""
+        flat = [f for fs in failures for f in fs]
+        if not flat:
+            return
+        worst = int(torch.stack([f.max() for f in flat]).max())
+        if worst and (self._warned_at == 0 or worst >= self._warned_at + 10):
+            self._warned_at = worst
+            bad = sum(int((f > 0).sum()) for f in flat)
+            warnings.warn(f"shampoo: {bad} inverse root(s) rejected (non-finite or inaccurate); "
+                          f"the previous roots are kept (worst: {worst} consecutive failures). "
+                          "Check the gradients for NaN/Inf, raise `epsilon`, or refresh the "
+                          "roots less often.", RuntimeWarning, stacklevel=2)
+        elif worst == 0:
+            self._warned_at = 0
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def _start_pool(self) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shampoo-roots")
+
+    def start(self) -> None:
+        """Start the root thread (``async_roots``); under a process group of several ranks
+        (and synchronous roots) shard the root work."""
+        if self.async_roots:
+            self._start_pool()
+        import torch.distributed as dist
+        if not self.async_roots and dist.is_available() and dist.is_initialized():
+            world = dist.get_world_size()
+            self._shard = (dist.get_rank(), world) if world > 1 else None
+
+    def drain(self) -> None:
+        """Wait for every root job: the state's pending slots are then complete."""
+        for slot in sorted(self._jobs):
+            self._jobs.pop(slot).result()
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    # --- SAMA -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def diag(self, grads, state, params):
+        """See the module docstring: ``η·c·σ·(diag Q₁ ⊗ …)`` with the roots the next update
+        would use (computed synchronously, no job started), or the graft's diagonal."""
+        self.drain()                    # the slots due at the next step are complete
+        t = state.count + 1
+        g = self._decayed(grads, params)
+        pending = state.pending
+        if not self.slots:              # staleness 0: the next step computes its own roots
+            stats = self._statistics(g, state.stats, params)
+            pending = self._refresh(t, stats, tuple(self.layout(p).p for p in params), pending,
+                                    background=False)
+        roots, _, _ = _merge_due(t, state.roots, state.failures, pending)
+        c = (1 + self.mu if self.nesterov else 1.0) if not is_zero(self.mu) else 1.0
+        out = []
+        for gi, acc, rts, p in zip(g, state.graft, roots, params):
+            acc, d = self._graft_direction(t, gi, acc)
+            graft_diag = self._graft_diag(t, acc)
+            if rts and t > self.start_step:
+                lay = self.layout(p)
+                kd = blocks.from_blocks(blocks.kron_diagonal(list(rts)), lay)
+                if self.graft != "none":
+                    pre = blocks.from_blocks(blocks.precondition(blocks.to_blocks(gi, lay), list(rts)), lay)
+                    kd = kd * (_norm(d) / (_norm(pre) + 1e-16))
+                out.append(self.lr * c * kd)
+            else:
+                out.append(self.lr * c * graft_diag)
+        return tuple(out)
+
+    def _graft_diag(self, t, acc):
+        """∂D/∂g with the accumulator held constant (a number or a tensor)."""
+        kind = self.graft
+        if kind in ("none", "sgd"):
+            return 1.0
+        if kind in ("adagrad", "rmsprop"):
+            return 1.0 / (torch.sqrt(acc[0]) + GRAFT_EPS)
+        b1, b2 = ADAM_GRAFT_BETA1, self.graft_beta2
+        return (1 - b1) / (1 - b1**t) / (torch.sqrt(acc[1] / (1 - b2**t)) + GRAFT_EPS)
+
+
+def _norm(x: Tensor) -> Tensor:
+    return torch.linalg.vector_norm(x)
+
+
+def _clone_tuple(ts):
+    return tuple(t.clone() for t in ts)
+
+
+def _merge(roots, failures, new_roots, status):
+    """Install ``new_roots`` where the status is 1; count a failure where it is 0."""
+    out_r, out_f = [], []
+    for rs, fs, ns, ss in zip(roots, failures, new_roots, status):
+        out_r.append(tuple(torch.where((s == 1)[:, None, None], n, r) for r, n, s in zip(rs, ns, ss)))
+        out_f.append(tuple(torch.where(s == 1, 0, torch.where(s == 0, f + 1, f))
+                           for f, s in zip(fs, ss)))
+    return tuple(out_r), tuple(out_f)
+
+
+def _merge_due(t, roots, failures, pending):
+    for slot in pending:
+        if slot["step"] == t:
+            roots, failures = _merge(roots, failures, slot["roots"], slot["status"])
+    return roots, failures, pending
+
+
+def shampoo(lr=1e-3, beta2=1.0, momentum=0.9, nesterov=True, epsilon=1e-6, weight_decay=0.0,
+            decoupled_weight_decay=True, update_every=1, start_preconditioning_step=5,
+            block_size=128, graft="adagrad", staleness=0, async_roots=False,
+            exponent_override=0, max_precond_dim=8192, root_method="newton",
+            graft_beta2=0.999) -> Shampoo:
+    """Shampoo (see :class:`Shampoo` and the module docstring)."""
+    return Shampoo(lr, beta2, momentum, nesterov, epsilon, weight_decay, decoupled_weight_decay,
+                   update_every, start_preconditioning_step, block_size, graft, staleness,
+                   async_roots, exponent_override, max_precond_dim, root_method, graft_beta2)
