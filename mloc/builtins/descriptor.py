@@ -70,10 +70,13 @@ def signature(name: str, doc: str, *params: Param) -> Signature:
 class OptimizerCaps:
     """`differentiable`: its update is a differentiable function of the gradient and state,
     so `itd` can unroll it. `sama_diag`: it offers the diagonal ∂update/∂grad SAMA needs.
-    `state_per_param`: floats of optimizer state per trained parameter (at most)."""
+    `state_per_param`: floats of optimizer state per trained parameter (at most).
+    `task_vmap`: its update runs under `torch.func` transforms and `vmap` (pure tensor
+    code, no data-dependent Python branch), so a vectorized meta-batch can step with it."""
 
     differentiable: bool = False
     sama_diag: bool = False
+    task_vmap: bool = False
     state_per_param: int = 0
     opaque: str = ""
     """Why a method cannot look inside its update, where it says more than the missing
@@ -99,7 +102,9 @@ class MethodCaps:
     the method drops the indirect term, so the composer skips the edge (`first_order`).
     `fusable`: with `mode="reverse"`, two levels, the upper's loss can back-propagate through
     the unrolled point directly (one backward). `two_level`: the runtime offers the whole
-    two-level step as one closure, with the same numbers as the general path."""
+    two-level step as one closure, with the same numbers as the general path.
+    `task_vmap`: a meta-batch of its lower solves can be vectorized (`vmap = true`): its
+    BR-VJP is a solver on Hessian-vector products (`solve`) or has no indirect term."""
 
     unrolls: bool = False
     implicit: bool = False
@@ -110,6 +115,7 @@ class MethodCaps:
     no_indirect: bool = False
     fusable: bool = False
     two_level: bool = False
+    task_vmap: bool = False
 
 
 @dataclass(frozen=True)

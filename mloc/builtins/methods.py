@@ -80,13 +80,13 @@ ITD = Descriptor(
 CG = Descriptor(
     signature("cg", "implicit differentiation, H⁻¹v by conjugate gradients",
               Param("iters", Int(1), 10), Param("tol", Float(0), 1e-10)),
-    MethodCaps(implicit=True, differentiable=True),
+    MethodCaps(implicit=True, differentiable=True, task_vmap=True),
     "mloc.runtime.methods:cg", _implicit(4))
 
 NEUMANN = Descriptor(
     signature("neumann", "implicit differentiation, H⁻¹v by a truncated Neumann series",
               Param("iters", Int(1), 5), Param("alpha", POSITIVE, 0.1)),
-    MethodCaps(implicit=True, differentiable=True),
+    MethodCaps(implicit=True, differentiable=True, task_vmap=True),
     "mloc.runtime.methods:neumann", _implicit(3))
 
 FINITE_DIFF = Descriptor(
@@ -103,7 +103,7 @@ SAMA = Descriptor(
 
 FIRST_ORDER = Descriptor(
     signature("first_order", "drop the indirect term (first-order MAML)"),
-    MethodCaps(reads_init=True, differentiable=True, no_indirect=True),
+    MethodCaps(reads_init=True, differentiable=True, no_indirect=True, task_vmap=True),
     "mloc.runtime.methods:first_order", _first_order)
 
 AUTO = Descriptor(

@@ -73,6 +73,7 @@ class ProblemNode:
     project: PyCall | None = None
     reinit: PyCall | bool = False
     accumulate: int = 1
+    vmap: Span | None = None    # where `vmap = true` is written (None: false): the meta-batch vectorized
     order: int = 0              # position in the source, for stable tie-breaking
 
 
@@ -115,33 +116,8 @@ class ChainSpec:
 @dataclass(frozen=True)
 class EvalSpec:
     every: int
-    """`eval [name] every N = CALL`. `name` is the written one, or (unnamed) the called
-    function's name; `named` says it was written, and then a dict's keys become `name.key`."""
-
     call: PyCall
 
-    name: str = ""
-    named: bool = False
-
-
-@dataclass(frozen=True)
-class WatchSpec:
-    """`checkpoint best on MODE METRIC`: keep `best.pt`, the state where `metric` was best."""
-
-    metric: str
-    mode: str                 # "max" or "min"
-    span: Span
-
-
-@dataclass(frozen=True)
-class StopSpec:
-    """`stop when MODE METRIC has not improved [by min_delta] for patience evals`."""
-
-    metric: str
-    mode: str
-    patience: int
-    min_delta: float
-    span: Span
 
 @dataclass(frozen=True)
 class TrainSpec:
@@ -154,8 +130,6 @@ class TrainSpec:
     checkpoint_every: int | None = None
     log_every: int = 10
     span: Span | None = None
-    best: WatchSpec | None = None
-    stop: StopSpec | None = None
 
 
 @dataclass(frozen=True)

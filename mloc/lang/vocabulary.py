@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mloc.lang.types import Device, Enum, Float, Int, ListOf, Size, Str, Type
+from mloc.lang.types import Bool, Device, Enum, Float, Int, ListOf, Size, Str, Type
 
 ITD_MODES = ("reverse", "forward", "recompute", "auto")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -59,6 +59,9 @@ PROBLEM_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
               "own initial parameters, or a call that re-initializes its module", problems=True),
     FieldSpec("accumulate", "value", "micro-steps per optimizer step, their gradients averaged; "
               "on an upper problem each follows its own lower solve (a meta-batch)", type=Int(1)),
+    FieldSpec("vmap", "value", "solve the lower problems of this problem's meta-batch "
+              "(`accumulate = k`) at once, vectorized with torch.func.vmap (default: false, "
+              "one after another)", type=Bool()),
     FieldSpec("project", "pycall", "runs on the problem's module, under no_grad, after every "
               "optimizer step (e.g. clamp a hyperparameter)", problems=True),
 )}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from mloc.builtins import METHODS
+from mloc.builtins import METHODS, OPTIMIZERS
 from mloc.diagnostics import Diagnostics
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.payloads import DataflowEdge, Read, ResolvedProgram
@@ -59,6 +59,7 @@ def infer_dataflow(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str
             g.add_dataflow(DataflowEdge(read.src, read.dst, kind, read.via, read.span))
     _check_links(g, r, uncertain, diags)
     _check_problems(r, h, uncertain, diags)
+    _check_vmap(g, diags)
     _check_chains(r, diags)
     if g.info.semantics == "exact":
         _check_exact(g, h, feedback_middles(r, h), diags)
@@ -139,6 +140,56 @@ def _check_links(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str],
                         f"{method} unrolls its steps on one batch each" +
                         (" (`auto` picks itd: the upper enters only through `init`)" if caps.planned else ""),
                         edge.span, help=f"use another method on this edge, or drop `accumulate` from `{edge.lower}`")
+
+
+def _check_vmap(g: ProgramGraph, diags: Diagnostics) -> None:
+    """`vmap = true` vectorizes a meta-batch (:mod:`mloc.runtime.metabatch`): k independent
+    solves of one lower problem, each from its own restart, differentiated by a method
+    that vmaps, with a functional optimizer and no per-step stage besides it (E219)."""
+    for node in g.problems():
+        if node.vmap is None:
+            continue
+        lowers = g.lowers(node.name)
+        why, help = _vmap_obstacle(g, node, lowers)
+        if why:
+            diags.error("E219", f"`vmap = true` cannot apply to `{node.name}`: {why}", node.vmap,
+                        help=help or "drop `vmap` (the tasks are then solved one after another)")
+
+
+def _vmap_obstacle(g: ProgramGraph, node, lowers) -> tuple[str | None, str | None]:
+    if node.accumulate < 2:
+        return "it has no meta-batch (`accumulate` is 1)", f"set `accumulate = k` (k tasks) in `{node.name}`"
+    if len(lowers) != 1:
+        return (f"it has {len(lowers)} lower problems; a vectorized meta-batch solves exactly one",
+                None)
+    low = g.problem(lowers[0])
+    if g.lowers(low.name):
+        return f"`{low.name}` has lower problems of its own (two levels only)", None
+    if low.init is None and low.reinit is False:
+        return (f"`{low.name}` does not start again at each micro-step, so its tasks are not "
+                "independent", f"give `{low.name}` `init = {node.name}` or `reinit = true`")
+    edge = next(e for e in g.hierarchy_edges() if e.lower == low.name)
+    if not METHODS[edge.method.name].caps.task_vmap:
+        able = _either(n for n, d in METHODS.items() if d.caps.task_vmap)
+        return (f"`{edge.method.name}` on `{node.name} -> {low.name}` does not vectorize",
+                f"use {able} on that edge, or drop `vmap`")
+    if not OPTIMIZERS[low.optimizer.name].caps.task_vmap:
+        able = _either(n for n, d in OPTIMIZERS.items() if d.caps.task_vmap)
+        return (f"`{low.name}`'s optimizer does not run under vmap (only {able} do)",
+                f"use {able} there, or drop `vmap`")
+    for field in ("schedule", "clip_grad_norm", "project"):
+        if getattr(low, field) is not None:
+            return (f"`{low.name}` has `{field}`, a stage of its own steps the vectorized solve "
+                    "does not run", f"drop `{field}` from `{low.name}`, or drop `vmap`")
+    if low.accumulate > 1:
+        return f"`{low.name}` accumulates its own steps", None
+    return None, None
+
+
+def _either(names) -> str:
+    """`a`, `b` or `c`."""
+    names = [f"`{n}`" for n in names]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def _check_problems(r: ResolvedProgram, h: nx.DiGraph, uncertain: frozenset[str], diags: Diagnostics) -> None:

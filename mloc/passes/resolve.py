@@ -135,6 +135,8 @@ def _problem(p: ast.Problem, order: int, scope: Scope, diags: Diagnostics):
         _check_acts_alone(name, values, "reinit", "E216", "lib.reset", diags)
     if missing or INVALID in values.values():
         return None, reads, loss_span
+    if "vmap" in values:    # kept as where it is written (a span is true), for E219
+        values["vmap"] = fields["vmap"].value.span if values["vmap"] else None
     node = ProblemNode(name=name, span=p.span, name_span=p.name.span, order=order, **values)
     return node, reads, loss_span
 

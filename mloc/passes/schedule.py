@@ -23,13 +23,15 @@ from mloc.ir.interlock import chains_of
 class Action:
     """One line of the schedule: `kind` is lower_step, upper_step, draw, reset, commit,
     accumulate (one micro-step's gradient, added up), apply (the optimizer step on the
-    mean of the accumulated micro-steps) or chain_step (one interlocking step of the chain
+    mean of the accumulated micro-steps), meta_batch (`count` tasks of `steps` lower
+    steps each, vectorized, and the step on their mean) or chain_step (one interlocking step of the chain
     whose first stage is `problem`)."""
 
     kind: str
     problem: str
     count: int = 1
     note: str = ""
+    steps: int = 0      # meta_batch: the lower problem's steps per task
 
 
 @dataclass(frozen=True)
@@ -73,10 +75,26 @@ def schedule_of(g: ProgramGraph, edges, periods: dict[str, int]) -> Loop:
             steps = _actions(g, name, itd_into, edges, micro=name == acc)
             (after if acc and names.index(name) > names.index(acc) else inner).extend(steps)
         if acc:
-            inner = [Loop(k, tuple(inner), f"accumulate: {k} micro-steps of `{acc}`"),
-                     Action("apply", acc, note=f"one step on the mean of the {k}"), *after]
+            inner = _vectorized(g, acc, k, inner) or [
+                Loop(k, tuple(inner), f"accumulate: {k} micro-steps of `{acc}`"),
+                Action("apply", acc, note=f"one step on the mean of the {k}")]
+            inner += after
         body, previous = tuple(inner), p
     return Loop(1, body)
+
+
+def _vectorized(g: ProgramGraph, acc: str, k: int, micro: list) -> list | None:
+    """`acc`'s meta-batch as one `meta_batch` action (`vmap = true`), when its micro-step is
+    exactly: reset the lower, its steps, the micro-step (else None: the loop form)."""
+    if g.problem(acc).vmap is None or len(micro) != 3:
+        return None
+    reset, steps, step = micro
+    lower = g.lowers(acc)[0]
+    if (reset, step) != (Action("reset", lower, note=reset.note), Action("accumulate", acc, note=step.note)) \
+            or not isinstance(steps, Loop) or steps.body != (Action("lower_step", lower),):
+        return None
+    return [Action("meta_batch", acc, k, f"{k} tasks of {steps.repeat} `{lower}` steps each, "
+                   f"vectorized (vmap), then one step on their mean", steps=steps.repeat)]
 
 
 def _reset_period(g: ProgramGraph, name: str, periods: dict[str, int]) -> int | None:
@@ -141,7 +159,8 @@ def schedule_json(loop: Loop) -> list:
         if isinstance(item, Loop):
             out.append({"repeat": item.repeat, "body": schedule_json(item)})
         else:
-            out.append({"action": item.kind, "problem": item.problem, "count": item.count})
+            out.append({"action": item.kind, "problem": item.problem, "count": item.count,
+                        **({"steps": item.steps} if item.steps else {})})
     return out
 
 

@@ -38,6 +38,7 @@ from mloc.runtime.data import cast_floating
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.evaluations import metrics
 from mloc.runtime.interlock import Interlock, chain_stepper
+from mloc.runtime.metabatch import MetaBatch
 from mloc.runtime.metrics import FiniteGuard
 from mloc.runtime.sources import Source, hypergradient, plain_gradient
 
@@ -67,6 +68,7 @@ class Program:
         self._lower_fns: dict[str, Callable[[bool], None]] = {}    # built at first use
         self._upper_fns: dict[str, Callable[[], None]] = {}
         self._accumulators: dict[str, Accumulator] = {}
+        self._meta_batches: dict[str, MetaBatch] = {}
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
             lv.problem.optimizer.start()
@@ -106,6 +108,16 @@ class Program:
     def apply(self, name: str) -> None:
         """`name`'s optimizer step on the mean of its accumulated micro-steps."""
         self._accumulators[name].apply()
+
+    def meta_batch(self, name: str, tasks: int, steps: int) -> None:
+        """One step of `name` on the mean hypergradient of `tasks` solves of its lower
+        problem (`steps` steps each, from its reset), vectorized with ``torch.func.vmap``
+        (`vmap = true`; :mod:`mloc.runtime.metabatch`)."""
+        batch = self._meta_batches.get(name)
+        if batch is None:
+            (lower,) = self.hierarchy.lowers[name]
+            batch = self._meta_batches[name] = MetaBatch(self, name, lower, tasks, steps)
+        batch()
 
     def chain_step(self, first: str) -> None:
         """One interlocking step of the chain starting at `first`: one batch (its first
@@ -218,9 +230,9 @@ class Program:
         and the Python API both evaluate through here."""
         out: dict[str, float] = {}
         with inference(self.modules.values()):
-            for _, label, fn, *named in self.evaluations:     # named: (bool,) in train.py since 0.x
+            for _, label, fn in self.evaluations:
                 if labels is None or label in labels:
-                    out.update(metrics(label, fn, fn(self), *named))
+                    out.update(metrics(label, fn, fn(self)))
         return out
 
     # --- state --------------------------------------------------------------------------
