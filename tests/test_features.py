@@ -196,11 +196,12 @@ def test_an_evaluation_may_return_a_dict_of_metrics(tmp_path):
 
 
 def test_an_evaluation_returning_something_else_is_the_programs_error(tmp_path):
-    """Exit 1 and E702 at the evaluation's line (train.py, which names the .mlo line), not
-    an internal error (exit 101)."""
+    """Exit 1 and E707 at the evaluation's line, found when the evaluation is tried at
+    compile time (before training), not an internal error (exit 101). The same mistake
+    appearing only later in a run is E702 (tests/evals/test_selection.py)."""
     proc = _run_cli(HERE / "eval_wrong_report.mlo", tmp_path)
     assert proc.returncode == 1, proc.stderr
-    assert "error[E702]" in proc.stderr and "returned a str" in proc.stderr
+    assert "error[E707]" in proc.stderr and "returns a str" in proc.stderr
     assert "eval_wrong_report.mlo:" in proc.stderr and "E900" not in proc.stderr
 
 

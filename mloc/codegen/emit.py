@@ -209,8 +209,7 @@ class Emitter:
                 self.emit(f"    {name} = p.module({name!r})")
             self.emit(f"    return {render_value(e.call.call)}  {self.at(e.call.span)}")
             self.block()
-        items = "".join(f"\n    ({e.every}, {e.call.text!r}, eval_{i})," for i, e in enumerate(evals))
-        self.emit(f"EVALUATIONS = ({items}\n)" if evals else "EVALUATIONS = ()")
+        self.lines += _evaluations_table(evals, self.at) + _selection(self.g.info.train, self.at)
         self.block()
 
     def traced(self) -> None:
@@ -295,6 +294,27 @@ def _warmup(actions) -> list[str]:
     for a in actions:
         out += [f"        for _ in range({a.count}):  # {a.note}", f"            p.lower_step({a.problem!r})"]
     return out
+
+
+def _evaluations_table(evals, at) -> list[str]:
+    """train.py's `EVALUATIONS`: (every, name, function, named) per evaluation."""
+    if not evals:
+        return ["EVALUATIONS = ()"]
+    return ["# (every, name, function, named: a dict's keys become NAME.KEY)", "EVALUATIONS = (",
+            *(f"    ({e.every}, {e.name!r}, eval_{i}, {e.named}),  {at(e.call.span)}" for i, e in enumerate(evals)),
+            ")"]
+
+
+def _selection(t, at) -> list[str]:
+    """`checkpoint best on` and `stop when` as train.py's `SELECTION` (read by
+    mloc.runtime.selection); nothing when the program has neither."""
+    if t.best is None and t.stop is None:
+        return []
+    best = None if t.best is None else dict(metric=t.best.metric, mode=t.best.mode)
+    stop = None if t.stop is None else dict(metric=t.stop.metric, mode=t.stop.mode, patience=t.stop.patience,
+                                            min_delta=t.stop.min_delta)
+    spans = " ".join(at(x.span) for x in (t.best, t.stop) if x is not None)
+    return [f"SELECTION = dict(best={best!r}, stop={stop!r})  {spans}"]
 
 
 def _action(a: Action) -> str:

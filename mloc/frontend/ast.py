@@ -92,17 +92,47 @@ class Field:
 
 @dataclass(frozen=True)
 class Every:
-    """`kind every interval [= value]` inside a train block."""
+    """`kind [name] every interval [= value]` inside a train block
+    (`eval acc every 500 = lib.accuracy(...)`: `name` is `acc`)."""
 
     kind: Ident
     interval: Value
     value: Value | None
     span: Span
+    name: Ident | None = None
+
+
+@dataclass(frozen=True)
+class Watch:
+    """`kind what on [mode] metric` inside a train block: `checkpoint best on max acc`."""
+
+    kind: Ident
+    what: Ident
+    mode: Ident | None
+    metric: Name
+    span: Span
+
+
+@dataclass(frozen=True)
+class Stop:
+    """`kind when [mode] metric has not improved [by min_delta] for patience unit` inside a
+    train block: `stop when max acc has not improved by 0.001 for 5 evals`."""
+
+    kind: Ident
+    mode: Ident | None
+    metric: Name
+    min_delta: Value | None
+    patience: Value
+    unit: Ident
+    span: Span
+
+
+Entry = Union[Field, Every, Watch, Stop]
 
 
 @dataclass(frozen=True)
 class Block:
-    entries: tuple[Field | Every, ...]
+    entries: tuple[Entry, ...]
     span: Span
 
 

@@ -81,6 +81,8 @@ def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic
                           label="the file ends here",
                           help=f"add the matching `{_CLOSER[ch]}`")
     tok = err.token
+    if set(err.expected) <= {"EVERY", "ON"}:          # `key name(...)`: a field without its `=`
+        return _without_equals(src, tok)
     missing = _missing_brace(src, tok)
     if missing is not None:
         return missing
@@ -95,6 +97,17 @@ def _syntax_error(src: SourceFile, err: lark.exceptions.LarkError) -> Diagnostic
 
 
 _CLOSER = {"{": "}", "(": ")", "[": "]"}
+
+
+def _without_equals(src: SourceFile, tok: Token) -> Diagnostic:
+    """`optimizer sgd(lr=0.1)`: two names in a row start only `eval NAME every` or
+    `checkpoint best on`, so the error is the second name, where `=` was meant."""
+    m = re.search(r"([A-Za-z_]\w*)[ \t]*([A-Za-z_]\w*)\s*$", src.text[:tok.start_pos])
+    if m is None:
+        span = src.span(tok.start_pos, tok.end_pos)
+        return Diagnostic("E001", f"unexpected {_token_text(tok)}", span, label="expected `every` or `on`")
+    return Diagnostic("E001", f"unexpected `{m.group(2)}`", src.span(m.start(2), m.end(2)), label="expected `=`",
+                      help=f"write fields as `name = value`: `{m.group(1)} = {m.group(2)}...`")
 
 
 def _missing_brace(src: SourceFile, tok: Token) -> Diagnostic | None:
@@ -294,8 +307,31 @@ class _ToAst(Transformer):
 
     @v_args(meta=True)
     def every(self, meta, c):
+        name = self._ident(c[1]) if isinstance(c[1], Token) else None
+        c = [c[0], *c[2:]] if name else c
         value = c[2] if len(c) > 2 else None
-        return ast.Every(self._ident(c[0]), c[1], value, self._span(meta))
+        return ast.Every(self._ident(c[0]), c[1], value, self._span(meta), name)
+
+    @v_args(meta=True)
+    def watch(self, meta, c):
+        mode = c[2] if isinstance(c[2], ast.Ident) else None
+        return ast.Watch(self._ident(c[0]), self._ident(c[1]), mode, c[-1], self._span(meta))
+
+    @v_args(meta=True)
+    def stop(self, meta, c):
+        mode = c[1] if isinstance(c[1], ast.Ident) else None
+        rest = c[2:] if mode else c[1:]          # metric, [min_delta], patience, unit
+        delta = rest[1] if len(rest) == 4 else None
+        return ast.Stop(self._ident(c[0]), mode, rest[0], delta, rest[-2], self._ident(rest[-1]),
+                        self._span(meta))
+
+    @v_args(meta=True)
+    def max_mode(self, meta, c):
+        return ast.Ident("max", self._span(meta))
+
+    @v_args(meta=True)
+    def min_mode(self, meta, c):
+        return ast.Ident("min", self._span(meta))
 
     @v_args(meta=True)
     def call(self, meta, c):

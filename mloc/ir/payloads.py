@@ -116,8 +116,33 @@ class ChainSpec:
 @dataclass(frozen=True)
 class EvalSpec:
     every: int
+    """`eval [name] every N = CALL`. `name` is the written one, or (unnamed) the called
+    function's name; `named` says it was written, and then a dict's keys become `name.key`."""
+
     call: PyCall
 
+    name: str = ""
+    named: bool = False
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """`checkpoint best on MODE METRIC`: keep `best.pt`, the state where `metric` was best."""
+
+    metric: str
+    mode: str                 # "max" or "min"
+    span: Span
+
+
+@dataclass(frozen=True)
+class StopSpec:
+    """`stop when MODE METRIC has not improved [by min_delta] for patience evals`."""
+
+    metric: str
+    mode: str
+    patience: int
+    min_delta: float
+    span: Span
 
 @dataclass(frozen=True)
 class TrainSpec:
@@ -130,6 +155,8 @@ class TrainSpec:
     checkpoint_every: int | None = None
     log_every: int = 10
     span: Span | None = None
+    best: WatchSpec | None = None
+    stop: StopSpec | None = None
 
 
 @dataclass(frozen=True)

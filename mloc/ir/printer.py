@@ -50,7 +50,13 @@ def dump_text(g: ProgramGraph) -> str:
     t = info.train
     out.append(f"train steps={t.steps} seed={t.seed} device={t.device} precision={t.precision} "
                f"memory_budget={t.memory_budget} log_every={t.log_every} checkpoint_every={t.checkpoint_every}")
-    out += [f"  eval every {e.every} = {e.call.text}" for e in t.evals]
+    out += [f"  eval {e.name} every {e.every} = {e.call.text}" + ("" if e.named else "  # named after the function")
+            for e in t.evals]
+    if t.best is not None:
+        out.append(f"  checkpoint best on {t.best.mode} {t.best.metric}")
+    if t.stop is not None:
+        out.append(f"  stop when {t.stop.mode} {t.stop.metric} has not improved by {t.stop.min_delta!r} "
+                   f"for {t.stop.patience} evals")
     return "\n".join(out) + "\n"
 
 

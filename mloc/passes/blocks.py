@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mloc.diagnostics import Diagnostics, closest, did_you_mean
 from mloc.frontend import ast
 from mloc.ir.payloads import ChainSpec, EvalSpec, TrainSpec
@@ -9,6 +11,7 @@ from mloc.lang import vocabulary as V
 from mloc.lang.types import INVALID, Int
 from mloc.passes.fields import check_value, index_fields, report_missing
 from mloc.passes.names import Scope, resolve_pycall
+from mloc.passes.selection import resolve_selection
 
 _EVERY_SYNONYMS = {"save": "checkpoint", "ckpt": "checkpoint", "evaluate": "eval",
                    "validate": "eval", "print": "log", "report": "log"}
@@ -84,7 +87,9 @@ def resolve_train(module: ast.Module, scope: Scope, diags: Diagnostics) -> Train
     report_missing(fields, V.TRAIN_FIELDS, "the train block", block.span, diags)
     values = {k: check_value(f, V.TRAIN_FIELDS[k], scope, f"`{k}`", diags) for k, f in fields.items()}
     values = {k: v for k, v in values.items() if v is not INVALID}
-    return TrainSpec(**values, **_every(block.body, scope, diags), span=block.span)
+    every = _every(block.body, scope, diags)
+    return TrainSpec(**values, **every, **resolve_selection(block.body, every["evals"], diags),
+                     span=block.span)
 
 
 def _every(block: ast.Block, scope: Scope, diags: Diagnostics) -> dict:
@@ -94,7 +99,7 @@ def _every(block: ast.Block, scope: Scope, diags: Diagnostics) -> dict:
         if kind not in V.TRAIN_EVERY:
             hint = did_you_mean(kind, V.TRAIN_EVERY) or (
                 f"did you mean `{_EVERY_SYNONYMS[kind]}`?" if kind in _EVERY_SYNONYMS else
-                "use `eval every N = CALL`, `checkpoint every N` or `log every N`")
+                "use `eval [NAME] every N = CALL`, `checkpoint every N` or `log every N`")
             diags.error("E601", f"unknown periodic action `{kind}`", e.kind.span, help=hint)
             continue
         interval = Int(1).check(e.interval, f"the interval of `{kind}`", diags)
@@ -105,7 +110,10 @@ def _every(block: ast.Block, scope: Scope, diags: Diagnostics) -> dict:
                 continue
             call = resolve_pycall(e.value, "an evaluation", scope, diags, problems=True, batch=False)
             if call is not None and interval is not INVALID:
-                out["evals"].append(EvalSpec(interval, call))
+                out["evals"].append(_named(EvalSpec(interval, call), e.name, out["evals"], diags))
+        elif e.name is not None:
+            diags.error("E601", f"only evaluations are named, but this names a `{kind}`", e.name.span,
+                        help=f"write `{kind} every N`")
         elif e.value is not None:
             diags.error("E304", f"`{kind} every N` takes no value", e.value.span,
                         help=f"write `{kind} every N`")
@@ -113,6 +121,20 @@ def _every(block: ast.Block, scope: Scope, diags: Diagnostics) -> dict:
             out[f"{kind}_every"] = interval
     out["evals"] = tuple(out["evals"])
     return out
+
+
+def _named(spec: EvalSpec, name: ast.Ident | None, before: list[EvalSpec], diags: Diagnostics) -> EvalSpec:
+    """The evaluation with its name: the written one, or the called function's (E605 when
+    an earlier evaluation has it: its metrics would overwrite each other)."""
+    text = name.name if name else spec.call.attr.split(".")[-1]
+    clash = next((b for b in before if b.name == text), None)
+    if clash is not None:
+        span = name.span if name else spec.call.span
+        diags.error("E605", f"two evaluations are named `{text}`", span, label="second one",
+                    notes=(f"the first is at {clash.call.span}",),
+                    help=f"name them apart: `eval {text}_2 every N = ...`"
+                    if name else f"name this one: `eval NAME every {spec.every} = {spec.call.text}`")
+    return replace(spec, name=text, named=name is not None)
 
 
 def resolve_settings(module: ast.Module, diags: Diagnostics) -> str:

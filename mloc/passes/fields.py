@@ -29,9 +29,10 @@ def index_fields(block: ast.Block, table: dict[str, V.FieldSpec], owner: str, di
     seen.suggested = set()
     noun = "setting" if unknown == "E214" else "field"
     for entry in block.entries:
-        if isinstance(entry, ast.Every):
+        if isinstance(entry, (ast.Every, ast.Watch, ast.Stop)):
             if not allow_every:
-                diags.error("E202", f"`every` entries belong in the train block, not in {owner}",
+                what = {ast.Every: "every", ast.Watch: "checkpoint best", ast.Stop: "stop when"}[type(entry)]
+                diags.error("E202", f"`{what}` entries belong in the train block, not in {owner}",
                             entry.span, help="move it into `train { ... }`")
             continue
         key = entry.key.name

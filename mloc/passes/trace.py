@@ -12,6 +12,9 @@ problems a loss *names* with the problems whose parameters *reach* it:
   examples, not batches) W104 (`mloc.passes.trace_checks`);
 - a loss that is not a floating-point scalar is E703 (a Python number: detached by `.item()`);
 - a `project` call is run once on its module, under no_grad (E702 if it raises);
+- each evaluation is tried once on the real modules' initial state
+  (`mloc.passes.evaluations`): E702 if it raises, E707 if it returns something that is not
+  a metric, E603 for a watched metric it does not return;
 - batches whose floating dtype differs from the module's parameters are run once for real
   (the meta device does not check dtypes): a loss that cannot mix them is E706, at the
   `data` field.
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from mloc.diagnostics import Diagnostic
 from mloc.ir.graph import ProgramGraph
+from mloc.passes.evaluations import try_evaluations
 from mloc.passes.loader import evaluate, import_modules, program_path
 from mloc.passes.plan import Sizes, format_bytes
 from mloc.passes.trace_checks import check_batch, check_data, init_mismatch, not_a_loss, raised
@@ -69,6 +73,9 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
             _check_loss(g, p, mods, modules, batches[p.name], sizes, diags)
         if p.project is not None and p.name in modules:
             _check_project(g, p, mods, modules, diags)
+    if not diags:
+        with program_path(Path(g.info.source_path).resolve().parent):
+            diags += try_evaluations(g, mods, _raised)
     return sizes, diags + warnings
 
 

@@ -230,9 +230,9 @@ class Program:
         and the Python API both evaluate through here."""
         out: dict[str, float] = {}
         with inference(self.modules.values()):
-            for _, label, fn in self.evaluations:
+            for _, label, fn, *named in self.evaluations:     # named: (bool,) in train.py since 0.x
                 if labels is None or label in labels:
-                    out.update(metrics(label, fn, fn(self)))
+                    out.update(metrics(label, fn, fn(self), *named))
         return out
 
     # --- state --------------------------------------------------------------------------

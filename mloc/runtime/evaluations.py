@@ -1,7 +1,8 @@
 """What an evaluation may return, and the error when it returns something else.
 
 An evaluation (`eval every N = lib.fn(...)`) returns a number, a 0-dim tensor, or a dict of
-them keyed by strings (each key becomes a metric of its own). Anything else is the program's
+them keyed by strings (each key becomes a metric of its own: `key`, or `NAME.key` for
+an evaluation named `eval NAME every N = ...`). Anything else is the program's
 mistake: :class:`EvaluationError`, reported like an error raised by the program's code
 (E702), at the line of `train.py` that calls it, which names the `.mlo` line.
 """
@@ -23,26 +24,42 @@ class EvaluationError(TypeError):
         self.frames = frames
 
 
-def metrics(label: str, fn: Callable, value) -> dict[str, float]:
-    """``value`` (what evaluation ``label``, the function ``fn``, returned) as metrics."""
+def metrics(label: str, fn: Callable, value, named: bool = False) -> dict[str, float]:
+    """``value`` (what evaluation ``label``, the function ``fn``, returned) as metrics: a
+    number under ``label``; a dict's entries under their keys, or under ``label.key`` when
+    the evaluation is ``named`` (`eval acc every N = ...` returning {"top1": ...} gives
+    ``acc.top1``). Anything else raises :class:`EvaluationError`."""
+    wrong = invalid(value)
+    if wrong is not None:
+        raise _error(label, fn, wrong)
+    return as_metrics(label, value, named)
+
+
+def as_metrics(label: str, value, named: bool = False) -> dict[str, float]:
+    """A valid value (``invalid(value) is None``) as {metric name: float}."""
     if isinstance(value, dict):
-        out = {}
+        return {f"{label}.{k}" if named else k: float(v) for k, v in value.items()}
+    return {label: float(value)}
+
+
+def invalid(value) -> str | None:
+    """What is wrong with an evaluation's return value (``"a str"``, ``"a tensor of shape
+    [3] under key 'top1'"``), or None when it is a metric or a dict of them."""
+    if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise _error(label, fn, f"a dict with a key of type {type(key).__name__}")
-            out[key] = _number(label, fn, item, f" under key {key!r}")
-        return out
-    return {label: _number(label, fn, value, "")}
+                return f"a dict with a key of type {type(key).__name__}"
+            wrong = _not_number(item)
+            if wrong is not None:
+                return f"{wrong} under key {key!r}"
+        return None
+    return _not_number(value)
 
 
-def _number(label: str, fn: Callable, value, where: str) -> float:
+def _not_number(value) -> str | None:
     if isinstance(value, torch.Tensor):
-        if value.dim() == 0 and not value.is_complex():
-            return float(value)
-        raise _error(label, fn, f"a tensor of shape {list(value.shape)}{where}")
-    if isinstance(value, numbers.Real):
-        return float(value)
-    raise _error(label, fn, f"a {type(value).__name__}{where}")
+        return None if value.dim() == 0 and not value.is_complex() else f"a tensor of shape {list(value.shape)}"
+    return None if isinstance(value, numbers.Real) else f"a {type(value).__name__}"
 
 
 def _error(label: str, fn: Callable, what: str) -> EvaluationError:

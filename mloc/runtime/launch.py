@@ -30,6 +30,7 @@ from mloc.runtime.loop import Intervals, Where, resume, train
 from mloc.runtime.metrics import NonFiniteError
 from mloc.runtime.precision import DeviceError
 from mloc.runtime.progress import Progress
+from mloc.runtime.selection import Selection, failed_summary
 from mloc.runtime.runfolder import (CHECKPOINT, RunFolder, RunFolderError, RunIOError, check_owner, choose,
                                     write_config)
 from mloc.runtime.user_modules import put_first
@@ -228,15 +229,17 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
 
 def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir: Path | None,
            quiet: bool, owner: int | None) -> int:
-    where = Where()
+    where, selection = Where(), Selection.from_spec(ns.get("SELECTION"))
     try:
-        if resume_dir:
-            resume(program, Path(resume_dir))
-        start, t0 = program.step_count, time.perf_counter()
-        with Progress(ns["NAME"], config.steps, enabled=not quiet and program.dist.is_main) as progress:
-            train(program, config.steps, out, Intervals(**ns["INTERVALS"]), progress, owner, where)
-            progress.note(f"done: {config.steps - start} steps in {time.perf_counter() - t0:.1f} s; wrote "
-                          f"{out / 'checkpoint.pt'} and {out / 'metrics.jsonl'}")
+        with failed_summary(selection, program, out):
+            if resume_dir:
+                resume(program, Path(resume_dir), selection)
+            start, t0 = program.step_count, time.perf_counter()
+            with Progress(ns["NAME"], config.steps, enabled=not quiet and program.dist.is_main) as progress:
+                train(program, config.steps, out, Intervals(**ns["INTERVALS"]), progress, owner, where,
+                      selection=selection)
+                progress.note(f"done: {program.step_count - start} steps in {time.perf_counter() - t0:.1f} s; "
+                              f"wrote {out / 'checkpoint.pt'} and {out / 'metrics.jsonl'}")
     except _FOLDER_ERRORS as e:
         _say(e)
         return 2

@@ -26,6 +26,7 @@ from mloc.runtime.checkpoint import CheckpointError, load_checkpoint, save_check
 from mloc.runtime.engine import Program
 from mloc.runtime.metrics import MetricsWriter
 from mloc.runtime.runfolder import RunIOError, check_owner, truncate_metrics
+from mloc.runtime.selection import Selection, Watch
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -46,25 +47,29 @@ class Where:
     text = "the first step"
 
 
-def save(program: Program, out: Path, owner: int | None = None) -> Path:
+def save(program: Program, out: Path, owner: int | None = None, extra: dict | None = None) -> Path:
     """Write `out/checkpoint.pt` on the main process (after checking that the run folder is
-    still locked by `owner`, when given); every process waits for it."""
+    still locked by `owner`, when given), `extra` entries added to the program's state
+    (the selection's); every process waits for it."""
     path = checkpoint_path(out)
     if program.dist.is_main:
         if owner is not None:
             check_owner(Path(out), owner)
-        save_checkpoint(path, program.state_dict(), program.name)
+        save_checkpoint(path, {**program.state_dict(), **(extra or {})}, program.name)
     program.dist.barrier()
     return path
 
 
-def resume(program: Program, directory: Path) -> int:
-    """Load `directory/checkpoint.pt` into `program`; returns the step to continue from.
+def resume(program: Program, directory: Path, selection: Selection | None = None) -> int:
+    """Load `directory/checkpoint.pt` into `program` (and its best-so-far and patience count
+    into `selection`); returns the step to continue from.
     Anything that fails while restoring is a :class:`CheckpointError` naming the file."""
     path = checkpoint_path(directory)
     state = load_checkpoint(path, program.name)
     try:
         program.load_state_dict(state)
+        if selection is not None:
+            selection.load_state_dict(state.get("selection"))
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - a checksummed file that still does not restore
@@ -90,9 +95,10 @@ class _Metrics(MetricsWriter):
 
 
 def train(program: Program, steps: int, out: Path, intervals: Intervals, progress=None,
-          owner: int | None = None, where: Where | None = None) -> dict:
+          owner: int | None = None, where: Where | None = None, selection: Selection | None = None) -> dict:
     """Run until `steps` outer steps are done; returns the final losses and evaluations.
-    `owner`: the pid that must hold the run folder's lock at every checkpoint."""
+    `owner`: the pid that must hold the run folder's lock at every checkpoint; `selection`:
+    the best checkpoint and early stopping (:mod:`mloc.runtime.selection`)."""
     out, where = Path(out), where or Where()
     start, t0, last = program.step_count, time.perf_counter(), {}
     if program.dist.is_main:
@@ -102,6 +108,7 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
             raise RunIOError(e.filename or out, e, "create") from None
         truncate_metrics(out, start)
     metrics = _Metrics(out / "metrics.jsonl", enabled=program.dist.is_main)
+    watch = Watch(selection, program, out, steps, owner, progress)
     for step in range(start, steps):
         where.text = f"step {step + 1}"
         program.outer_step()
@@ -116,16 +123,20 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
             if progress:
                 progress(done, steps, last, rate)
         where.text = f"the evaluations after step {done}"
-        due = [label for every, label, _ in program.evaluations if done % every == 0 or done == steps]
-        for label, value in (program.evaluate(due) if due else {}).items():
+        due = [label for every, label, *_ in program.evaluations if done % every == 0 or done == steps]
+        results = program.evaluate(due) if due else {}
+        for label, value in results.items():
             last[label] = value
             metrics.write(done, "*", eval=label, value=value)
             if progress is not None and hasattr(progress, "note"):
                 progress.note(f"{program.name} step {done}: {label} = {value:.4g}")
+        if watch.after(done, results):
+            break
         if intervals.checkpoint_every and done % intervals.checkpoint_every == 0 and done != steps:
             program.guard.check()
-            save(program, out, owner)
+            save(program, out, owner, watch.state())
     program.guard.check()
-    save(program, out, owner)
+    save(program, out, owner, watch.state())
+    watch.finish()
     metrics.close()
     return last

@@ -79,9 +79,11 @@ def eval_0(p):
     return lib.accuracy(classifier, lib.test_digits())  # data_reweighting.mlo:28
 
 
+# (every, name, function, named: a dict's keys become NAME.KEY)
 EVALUATIONS = (
-    (500, 'lib.accuracy(classifier, lib.test_digits())', eval_0),
+    (500, 'acc', eval_0, True),  # data_reweighting.mlo:28
 )
+SELECTION = dict(best={'metric': 'acc', 'mode': 'max'}, stop=None)  # data_reweighting.mlo:30
 
 
 DEFAULTS = RunConfig(steps=3000, seed=0, device='auto', precision='fp32')
