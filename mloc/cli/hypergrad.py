@@ -6,7 +6,8 @@ with no batch yet draws its first), so the values equal the Python API's
 `hypergradients()` there bit for bit. Nothing is written. `--json` prints every value,
 `--dtype float64` computes in double precision, and `--check` compares each hypergradient
 with the same state's hypergradient when every edge that does not unroll is solved by CG to
-convergence.
+convergence, reports the curvature of those edges' lower problems (where one is not positive
+definite, CG's answer is no reference) and ends with a verdict line.
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ def cmd_hypergrad(args, out: Output) -> int:
         return EXIT_ERRORS
     finally:
         program.close()
-    errors = _reference_errors(ns, config, compiled, grads, state) if args.check else {}
+    errors, curvature = _reference_errors(ns, config, compiled, grads, state) if args.check else ({}, [])
     _print(out, args, grads, errors)
+    if args.check:      # after the values: on stdout, or on stderr beside --json's one object
+        for line in _verdict(errors, curvature, config.dtype or "float32"):
+            (out.err if args.json else out.out)(line)
     return EXIT_OK
 
 
@@ -101,14 +105,51 @@ def _print(out: Output, args, grads: dict, errors: dict[str, float]) -> None:
             out.out(f"  relative error against CG to convergence: {errors[up]:.3e}")
 
 
-def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict, state: tuple[dict, dict]) -> dict[str, float]:
+AGREE, CLOSE = 1e-3, 1e-1      # relative error: the method agrees with the reference / approximates it
+
+
+def _verdict(errors: dict[str, float], curvature: list, dtype: str) -> list[str]:
+    """What `--check` concludes: one line per lower problem whose Hessian is not positive
+    definite (the reference is then meaningless), then the verdict line."""
+    rtol = 1e-8 if dtype == "float64" else 1e-4
+    bad = [c for c in curvature if c.indefinite(rtol)]
+    lines = []
+    for c in curvature:
+        how = (f"exact spectrum of its {c.size} parameters" if c.exact else
+               f"probed with Hessian-vector products over {c.size} parameters")
+        lines.append(f"lower `{c.problem}`: Hessian eigenvalues in [{c.lam_min:.3e}, {c.lam_max:.3e}] ({how})")
+    for c in bad:
+        measure = "lambda_min" if c.exact else "v'Hv/v'v along a probed direction"
+        lines.append(f"note: the Hessian of `{c.problem}`'s loss has negative curvature here "
+                     f"({measure} = {c.lam_min:.3e}): its loss "
+                     "is not locally convex, so 'CG to convergence' solves an indefinite system and is no "
+                     "reference; the relative errors above are meaningless for the problems above it")
+    if bad:
+        lines.append(f"verdict: no verdict: the CG reference is meaningless (non-convex lower problem: "
+                     f"{', '.join(f'`{c.problem}`' for c in bad)})")
+    elif not errors:
+        lines.append("verdict: nothing to compare (no upper problem)")
+    else:
+        worst_up = max(errors, key=errors.get)
+        worst = errors[worst_up]
+        word = ("agrees with" if worst <= AGREE else "approximates" if worst <= CLOSE else "differs from")
+        lines.append(f"verdict: {word} the CG reference: {worst:.3e} at worst, relatively (`{worst_up}`; "
+                     f"agrees <= {AGREE:g}, approximates <= {CLOSE:g})")
+    return lines
+
+
+def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict,
+                      state: tuple[dict, dict]) -> tuple[dict[str, float], list]:
     """Relative error of each upper's hypergradient against the same program, at the same
     state and batches, with every edge whose method does not unroll (`caps.unrolls`, as
     planned) solved by CG to convergence: 2·d iterations for a lower problem with d
     parameters (as the trace counted them) (CG is exact after d in exact arithmetic; the
-    runtime masks converged steps rather than stopping, so the count is bounded), at most 1000."""
+    runtime masks converged steps rather than stopping, so the count is bounded), at most 1000.
+    Also the curvature of each such edge's lower problem there (`mloc.runtime.curvature`):
+    CG's answer is a reference only where that Hessian is positive definite."""
     from mloc.builtins import METHODS
     from mloc.runtime import Edge, cg
+    from mloc.runtime.curvature import lower_curvature
     from mloc.runtime.launch import build
 
     unrolled = {(e.upper, e.lower) for e in compiled.plan.edges if METHODS[e.method].caps.unrolls}
@@ -127,6 +168,8 @@ def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict, state: 
         for name, batch in batches.items():
             program.live[name].batch = batch
         ref = program.hypergradients()
+        lowers = sorted({e.lower for e in ns["EDGES"] if (e.upper, e.lower) not in unrolled})
+        curvature = [lower_curvature(program, name) for name in lowers]
     finally:
         program.close()
     out = {}
@@ -134,4 +177,4 @@ def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict, state: 
         num = math.sqrt(sum(float((g[k] - ref[up][k]).pow(2).sum()) for k in g))
         den = math.sqrt(sum(float(ref[up][k].pow(2).sum()) for k in g)) or 1.0
         out[up] = num / den
-    return out
+    return out, curvature
