@@ -105,6 +105,7 @@ def resolve_ref(name: ast.Name, scope: Scope | None, diags: Diagnostics) -> PyRe
                     f"`{name.dotted}` is a module, not a class or function", name.span,
                     label="not defined" if info is None else "a module",
                     help=(did_you_mean(head, [*(scope.imports if scope else ()), "torch"])
+                          or _under_torch(name, base)
                           or f"import it (`import {head}`), or write the full module path, e.g. "
                           "`torch.optim.RAdam`") if info is None else "name a class or function in it")
         return None
@@ -122,6 +123,13 @@ def resolve_ref(name: ast.Name, scope: Scope | None, diags: Diagnostics) -> PyRe
                     or f"check the name in {info.path or module}")
         return None
     return PyRef(f"{module}:{'.'.join(attrs)}", name.dotted)
+
+
+def _under_torch(name: ast.Name, base) -> str | None:
+    """`optim.SGD` (as after `from torch import optim`): the full path, if torch has it."""
+    if name.parts[0] != "torch" and find_module(f"torch.{name.parts[0]}", base) is not None:
+        return f"did you mean `torch.{name.dotted}`? (write the full module path)"
+    return None
 
 
 def _unknown_hint(name: str, table: dict[str, Descriptor], takes_python: bool) -> str:
