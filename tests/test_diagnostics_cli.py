@@ -75,3 +75,13 @@ def test_check_over_a_glob_skips_non_programs_with_one_note(tmp_path, capsys, mo
     assert status == EXIT_OK
     assert main(["check", "--color", "never", "programs/reweighting.py", "programs/hpo.py"]) == EXIT_USAGE
     assert "none of the files given ends in .mlo" in capsys.readouterr().err
+
+
+def test_the_diagnostics_doc_names_only_existing_cases_and_codes():
+    doc = (ROOT / "docs" / "diagnostics.md").read_text(encoding="utf-8")
+    cases = re.findall(r"`([EW]\d{3}_\w+\.mlo)`", doc)
+    assert len(cases) >= 5 and all((ROOT / "tests" / "diagnostics" / c).is_file() for c in cases), cases
+    codes = set(re.findall(r"\b([EW]\d{3})\b", doc))
+    assert codes <= set(CODES), codes - set(CODES)
+    commands = set(_subcommands(build_parser()))
+    assert {m.group(1) for m in _COMMAND.finditer(doc)} <= commands
