@@ -16,7 +16,7 @@ from mloc.diagnostics import CODES
 from mloc.passes.pipeline import compile_file
 
 CORPUS = Path(__file__).parent / "diagnostics"
-RUN_WARNINGS = {"W104", "W105"}   # need the user's code or the command line: test_trace_diagnostics.py, test_overrides.py
+RUN_WARNINGS = {"W105"}   # needs the command line (--steps): tests/test_trace_diagnostics.py
 CASES = sorted(CORPUS.glob("*.mlo"))
 _ANNOTATION = re.compile(r"#!\s*(.*)$")
 _ITEM = re.compile(r"^([EW]\d{3})@(\d+)$")
@@ -36,9 +36,9 @@ def expected(path: Path) -> list[tuple[str, int, int]]:
 
 
 def reported(path: Path) -> list[tuple[str, int, int]]:
-    """What `mloc check` reports; for a case that imports `evallib` (a module meant to run:
-    the E7xx found by running the program's code), what `mloc compile` reports."""
-    if "import evallib" in path.read_text(encoding="utf-8"):
+    """What `mloc check` reports; for a case that imports `evallib` or `tracelib` (modules
+    meant to run: the E7xx found by running the program's code), what `mloc compile` reports."""
+    if re.search(r"^import (evallib|tracelib)\b", path.read_text(encoding="utf-8"), re.M):
         from mloc.codegen.compile import compile_program
         unit = compile_program(str(path)).unit
     else:
