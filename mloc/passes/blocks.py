@@ -82,7 +82,7 @@ def resolve_train(module: ast.Module, scope: Scope, diags: Diagnostics) -> Train
                     help="merge it into the first")
     if not blocks:
         return TrainSpec()
-    block = blocks[0]
+    block = _named_after_interval(blocks[0], diags)
     fields = index_fields(block.body, V.TRAIN_FIELDS, "the train block", diags, allow_every=True)
     report_missing(fields, V.TRAIN_FIELDS, "the train block", block.span, diags)
     values = {k: check_value(f, V.TRAIN_FIELDS[k], scope, f"`{k}`", diags) for k, f in fields.items()}
@@ -90,6 +90,29 @@ def resolve_train(module: ast.Module, scope: Scope, diags: Diagnostics) -> Train
     every = _every(block.body, scope, diags)
     return TrainSpec(**values, **every, **resolve_selection(block.body, every["evals"], diags),
                      span=block.span)
+
+
+def _named_after_interval(train: ast.Train, diags: Diagnostics) -> ast.Train:
+    """`eval every 500 acc = lib.f(...)` reads as `eval every 500` and a field `acc`
+    (newlines do not end entries): one E310 saying where the name goes, and the pair read
+    as the named evaluation meant (no follow-on errors for the field or the metric)."""
+    entries, out = train.body.entries, []
+    skip = False
+    for e, after in zip(entries, (*entries[1:], None)):
+        if skip:
+            skip = False
+            continue
+        if isinstance(e, ast.Every) and e.kind.name == "eval" and e.value is None and e.name is None \
+                and isinstance(after, ast.Field) and isinstance(after.value, ast.Call) \
+                and after.key.name not in V.TRAIN_FIELDS:
+            name, every = after.key.name, e.interval.span.text
+            span = train.span.source.span(e.span.start, after.span.end)
+            diags.error("E310", f"`eval every {every}` needs the evaluation to call, and `{name}` is no field",
+                        span, label="the name goes before `every`",
+                        help=f"write `eval {name} every {every} = {after.value.span.text}`")
+            e, skip = replace(e, value=after.value, name=after.key, span=span), True
+        out.append(e)
+    return replace(train, body=replace(train.body, entries=tuple(out)))
 
 
 def _every(block: ast.Block, scope: Scope, diags: Diagnostics) -> dict:
