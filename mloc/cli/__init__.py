@@ -6,6 +6,7 @@
     mloc.cli.train    compile, plan, run: run the whole pipeline (torch, user code)
     mloc.cli.hypergrad  hypergrad: the same, then hypergradients at a state (`--after N`)
     mloc.cli.examples   examples: copy the example programs to a folder
+    mloc.cli.experiments  plot, runs, sweep (mloc.cli.sweep): read run folders, run grids of runs
 
 Exit codes: 0 ok (warnings allowed), 1 the program has errors, 2 usage or I/O error,
 101 internal error (a bug in mloc; MLOC_DEBUG=1 shows the traceback).
@@ -17,6 +18,7 @@ import argparse
 
 from mloc import __version__
 from mloc.cli.check import cmd_check, cmd_codes, cmd_explain, cmd_graph
+from mloc.cli.experiments import EXAMPLES as _EXPERIMENTS
 from mloc.cli.output import EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, Output, UsageError, add_pass_options
 from mloc.env import read_env
 
@@ -40,6 +42,7 @@ _EXAMPLES = {
     "codes": "example:\n  mloc codes | grep interlock",
     "examples": "examples:\n  mloc examples                 (copies them to ./mloc-examples)\n"
                 "  mloc examples my-programs && mloc check my-programs/*.mlo",
+    **_EXPERIMENTS,
 }
 
 
@@ -84,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_hypergrad(command)
     from mloc.cli.examples import add_command as add_examples
     add_examples(command)
+    from mloc.cli.experiments import add_commands as add_experiments
+    add_experiments(command)
 
     p = command("explain", "explain a diagnostic code", cmd_explain)
     p.add_argument("code", metavar="CODE", help="a code such as E305")

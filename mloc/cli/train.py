@@ -84,6 +84,9 @@ def cmd_run(args, out: Output) -> int:
         raise UsageError("--steps must be at least 1")
     if args.nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {args.threads}")
+    args.logger = _loggers(args.logger)
     if getattr(args, "pipeline", False) and (args.nproc > 1 or args.resume):
         raise UsageError("--pipeline runs one process per stage: it takes neither --nproc nor --resume")
     if args.resume and not (Path(args.resume) / "checkpoint.pt").is_file():
@@ -109,6 +112,17 @@ def cmd_run(args, out: Output) -> int:
         raise UsageError(str(e), help=getattr(e, "help", None)) from None
 
 
+def _loggers(values) -> tuple[str, ...]:
+    """`--logger` as names, each one's package installed, else a usage error saying what to install."""
+    from mloc.runtime.loggers import LoggerError, check_available, parse
+    try:
+        names = parse(values)
+        check_available(names)
+    except LoggerError as e:
+        raise UsageError(str(e), help=e.help) from None
+    return names
+
+
 def _run_errors() -> tuple:
     """The runtime's errors that are the user's (exit 2), imported only when one is raised."""
     from mloc.runtime.checkpoint import CheckpointError
@@ -122,7 +136,8 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
     from mloc.runtime.runfolder import RunFolder, RunIOError, write_config
     ns = load_generated(compiled.source, str((choice.dir / "train.py").resolve()))
     options = RunOptions(steps=args.steps, seed=args.seed, device=args.device, precision=args.precision,
-                         dtype=args.dtype, resume=Path(args.resume) if args.resume else None, quiet=args.quiet)
+                         dtype=args.dtype, resume=Path(args.resume) if args.resume else None, quiet=args.quiet,
+                         threads=args.threads, logger=args.logger)
     config = options.config(ns["DEFAULTS"])
     if options.resume is not None:
         check_resume(options.resume, ns["NAME"], config.steps)
@@ -132,16 +147,17 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
             train = write_outputs(compiled, folder.dir)
         except OSError as e:
             raise RunIOError(e.filename or folder.dir, e) from None
-        write_config(folder.dir, run_record(config, program, options.resume, args.nproc))
+        write_config(folder.dir, run_record(config, program, options.resume, args.nproc, args.threads, args.logger))
         options = replace(options, out=folder.dir, resume=folder.dir if options.resume else None)
         if getattr(args, "pipeline", False):
             from mloc.runtime import pipeline
             return pipeline.run(train, ns, config, folder.dir, args.pipeline_delay, args.quiet)
         if args.nproc > 1:
             _warn_per_replica(compiled, args.nproc, out)
-            return _launch(train, args.nproc, replace(options, quiet=True), out, args.quiet)
+            return _launch(train, args.nproc, options, out, args.quiet)      # rank 0 shows its progress
         ns["__file__"] = str(train.resolve())
-        return run(ns, config, folder.dir, options.resume, quiet=options.quiet, owner=folder.owner)
+        return run(ns, config, folder.dir, options.resume, quiet=options.quiet, owner=folder.owner,
+                   threads=args.threads, loggers=args.logger)
 
 
 def _sha256(path: Path) -> str:
@@ -222,4 +238,10 @@ def add_commands(command) -> None:
                    help="start over in an --out folder that already holds a run (its checkpoint, metrics and "
                         "config are deleted)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch's CPU threads for this run (per process under --nproc); default: torch's own "
+                        "(one per core); `mloc sweep` runs each point with 1")
+    p.add_argument("--logger", action="append", metavar="NAME",
+                   help="also log to csv (metrics.csv), tensorboard (tb/, needs mloc[tensorboard]) or wandb "
+                        "(needs mloc[wandb]; WANDB_MODE=offline works without a network); a comma list or repeated")
 

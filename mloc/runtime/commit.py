@@ -18,7 +18,8 @@ clip       ``clip_grad_norm_`` (the total 2-norm, foreach)                      
 finite     watches the loss (or, for a source without one, the gradients, as     always
            the problem's "hypergradient") for NaN/Inf on the device, without a
            host sync (:class:`~mloc.runtime.metrics.FiniteGuard`); under loss
-           scaling only the loss: an overflow is the scaler's business
+           scaling only the loss: an overflow is the scaler's business; on a
+           logged step, also queues the gradients' 2-norm for the metrics
 commit     the learning-rate schedule, then the optimizer's step in place        always
            (:func:`optimizer_commit`); under loss scaling through
            ``GradScaler.step``, which skips it when the unscaled gradients are
@@ -125,6 +126,8 @@ def _finite(lv: Any, guard: FiniteGuard, clock: Any, commit: Callable[[Params], 
     """The finite stage, then ``commit``, then the step counter."""
     name = lv.spec.name
     keep_loss, keep_grads = guard.loss_watcher(name), guard.grads_watcher(name, "hypergradient")
+    upper = bool(getattr(getattr(clock, "hierarchy", None), "lowers", {}).get(name))
+    keep_norm = guard.norm_watcher(name, "hypergrad_norm" if upper else "grad_norm")   # logged steps only
 
     def run(grads: Params, loss: Tensor | None) -> None:
         if loss is not None:
@@ -132,6 +135,7 @@ def _finite(lv: Any, guard: FiniteGuard, clock: Any, commit: Callable[[Params], 
             keep_loss(clock.step_count + 1, loss)
         elif watch_grads:
             keep_grads(clock.step_count + 1, grads)
+        keep_norm(grads)
         commit(grads)
         lv.steps += 1
     return run

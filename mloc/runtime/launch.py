@@ -1,7 +1,8 @@
 """Entry point of a generated `train.py`: parse its options, open the run folder, train.
 
     python train.py [--steps N] [--seed S] [--device D] [--precision P] [--dtype float64]
-                    [--out DIR] [--resume DIR] [--overwrite] [--quiet]
+                    [--out DIR] [--resume DIR] [--overwrite] [--quiet] [--threads N]
+                    [--logger csv,tensorboard,wandb]
 
 The run folder follows the same rule as `mloc run` (:mod:`mloc.runtime.runfolder`): a new
 run never writes into a folder holding another one unless `--overwrite` is given; without
@@ -26,6 +27,9 @@ from pathlib import Path
 from mloc.runtime.checkpoint import CheckpointError, load_checkpoint
 from mloc.runtime.distributed import is_peer_failure, launched_rank
 from mloc.runtime.engine import Program, RunConfig
+from mloc.runtime.loggers import LoggerError
+from mloc.runtime.loggers import check_available as check_loggers
+from mloc.runtime.loggers import parse as parse_loggers
 from mloc.runtime.loop import Intervals, Where, resume, train
 from mloc.runtime.metrics import NonFiniteError
 from mloc.runtime.precision import DeviceError
@@ -36,7 +40,7 @@ from mloc.runtime.runfolder import (CHECKPOINT, RunFolder, RunFolderError, RunIO
 from mloc.runtime.user_modules import put_first
 from mloc.runtime.workers import EXIT_PEER, die_with_parent
 
-_FOLDER_ERRORS = (CheckpointError, RunFolderError, RunIOError, DeviceError)
+_FOLDER_ERRORS = (CheckpointError, RunFolderError, RunIOError, DeviceError, LoggerError)
 
 
 def program_dir(generated_file: str, relative: str) -> Path:
@@ -70,6 +74,8 @@ class RunOptions:
     overwrite: bool = False
     quiet: bool = False
     launched_by: int | None = None
+    threads: int | None = None          # torch's intra-op threads; None: torch's default
+    logger: tuple[str, ...] = ()        # loggers beside metrics.jsonl (mloc.runtime.loggers)
 
     def config(self, defaults: RunConfig) -> RunConfig:
         given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
@@ -79,9 +85,10 @@ class RunOptions:
     def argv(self) -> list[str]:
         """The same options as `train.py` arguments (what a `--nproc` launch passes on)."""
         out = []
-        for flag in ("steps", "seed", "device", "precision", "dtype", "out", "resume", "launched_by"):
+        for flag in ("steps", "seed", "device", "precision", "dtype", "out", "resume", "launched_by", "threads"):
             if getattr(self, flag) is not None:
                 out += [f"--{flag.replace('_', '-')}", str(getattr(self, flag))]
+        out += ["--logger", ",".join(self.logger)] if self.logger else []
         return out + (["--overwrite"] if self.overwrite else []) + (["--quiet"] if self.quiet else [])
 
 
@@ -97,6 +104,9 @@ def parser(defaults: RunConfig) -> argparse.ArgumentParser:
                    help="continue from DIR/checkpoint.pt, in DIR unless --out names another (empty) folder")
     p.add_argument("--overwrite", action="store_true", help="start over in an --out folder that holds a run")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's, one per core)")
+    p.add_argument("--logger", action="append", metavar="NAME",
+                   help="also log to csv, tensorboard or wandb (a comma list or repeated)")
     p.add_argument("--launched-by", type=int, help=argparse.SUPPRESS)
     return p
 
@@ -108,9 +118,18 @@ def _say(err: Exception) -> None:
 
 def main(ns: dict, argv: list[str] | None = None) -> int:
     """`python train.py [options]`: parse the options, open the run folder, then `run`."""
-    options = RunOptions(**vars(parser(ns["DEFAULTS"]).parse_args(argv)))
+    args = parser(ns["DEFAULTS"]).parse_args(argv)
+    try:
+        args.logger = usable_loggers(args.logger)
+    except LoggerError as e:
+        _say(e)
+        return 2
+    options = RunOptions(**vars(args))
     if options.steps is not None and options.steps < 1:
         print("error: --steps must be at least 1", file=sys.stderr)
+        return 2
+    if options.threads is not None and options.threads < 1:
+        print("error: --threads must be at least 1", file=sys.stderr)
         return 2
     config = options.config(ns["DEFAULTS"])
     try:
@@ -138,16 +157,18 @@ def _main(ns: dict, options: RunOptions, config: RunConfig) -> int:
         if os.getppid() != options.launched_by:
             return EXIT_PEER            # the launcher is gone already: write nothing
         check_owner(options.out, options.launched_by)
-        return run(ns, config, options.out, options.resume, quiet=True, owner=options.launched_by)
+        return run(ns, config, options.out, options.resume, quiet=options.quiet, owner=options.launched_by,
+                   threads=options.threads, loggers=options.logger)   # rank 0 alone shows progress
     if rank not in (None, 0):           # a plain torchrun: rank 0 opens the folder, the others write nothing
-        return run(ns, config, options.out or Path("."), options.resume, quiet=True)
+        return run(ns, config, options.out or Path("."), options.resume, quiet=True, threads=options.threads)
     if options.resume is not None:
         check_resume(options.resume, ns["NAME"], config.steps)
     choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])
     with RunFolder(choice) as folder:
-        write_config(folder.dir, run_record(config, {"file": ns.get("__file__")}, options.resume))
+        write_config(folder.dir, run_record(config, {"file": ns.get("__file__")}, options.resume,
+                                            threads=options.threads, loggers=options.logger))
         return run(ns, config, folder.dir, folder.dir if options.resume else None, options.quiet,
-                   owner=folder.owner)
+                   owner=folder.owner, threads=options.threads, loggers=options.logger)
 
 
 def check_resume(directory: Path, name: str, steps: int) -> int:
@@ -161,7 +182,15 @@ def check_resume(directory: Path, name: str, steps: int) -> int:
     return step
 
 
-def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: int = 1) -> dict:
+def usable_loggers(values) -> tuple[str, ...]:
+    """`--logger` values as names, each one's package installed (:class:`LoggerError`)."""
+    names = parse_loggers(values)
+    check_loggers(names)
+    return names
+
+
+def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: int = 1,
+               threads: int | None = None, loggers: tuple[str, ...] = ()) -> dict:
     """What `config.json` records about one start of a run."""
     import torch
 
@@ -169,7 +198,8 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
     file = program.get("file")
     if file and "sha256" not in program and Path(file).is_file():
         program = {**program, "sha256": hashlib.sha256(Path(file).read_bytes()).hexdigest()}
-    return {"program": program, **asdict(config), "nproc": nproc, "resumed_from": str(Path(resumed).resolve()) if resumed else None,
+    return {"program": program, **asdict(config), "nproc": nproc, "threads": threads or torch.get_num_threads(),
+            "loggers": list(loggers), "resumed_from": str(Path(resumed).resolve()) if resumed else None,
             "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
@@ -207,10 +237,14 @@ def _rank(program: Program) -> str:
 
 
 def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, quiet: bool = False,
-        owner: int | None = None) -> int:
+        owner: int | None = None, threads: int | None = None, loggers: tuple[str, ...] = ()) -> int:
     """Build the program a generated module declares, train it for `config.steps` outer
     steps (from `resume_dir`'s checkpoint if given), writing to `out` (a folder opened by
-    the caller; `owner` holds its lock). Exit codes as in the module docstring."""
+    the caller; `owner` holds its lock) and to `loggers`, on `threads` CPU threads (None:
+    torch's default). Exit codes as in the module docstring."""
+    if threads is not None:
+        import torch
+        torch.set_num_threads(threads)
     try:
         program = build(ns, config)
     except DeviceError as e:
@@ -222,13 +256,22 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
         rank = launched_rank()
         return _user_error(err, "building the program" + (f" on rank {rank}" if rank is not None else ""))
     try:
-        return _train(program, ns, config, Path(out), resume_dir, quiet, owner)
+        return _train(program, ns, config, Path(out), resume_dir, quiet, owner, loggers)
     finally:
         program.close()
 
 
+def banner(program: Program, config: RunConfig, out: Path) -> str:
+    """The line a run starts with: what it runs on."""
+    import torch
+    threads = torch.get_num_threads()
+    return (f"training {program.name} on {program.device}, precision {config.precision}, dtype "
+            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}, nproc {program.dist.world} "
+            f"-> {out}")
+
+
 def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir: Path | None,
-           quiet: bool, owner: int | None) -> int:
+           quiet: bool, owner: int | None, loggers: tuple[str, ...] = ()) -> int:
     where, selection = Where(), Selection.from_spec(ns.get("SELECTION"))
     try:
         with failed_summary(selection, program, out):
@@ -236,8 +279,9 @@ def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir:
                 resume(program, Path(resume_dir), selection)
             start, t0 = program.step_count, time.perf_counter()
             with Progress(ns["NAME"], config.steps, enabled=not quiet and program.dist.is_main) as progress:
+                progress.note(banner(program, config, out) + (f" (from step {start})" if start else ""))
                 train(program, config.steps, out, Intervals(**ns["INTERVALS"]), progress, owner, where,
-                      selection=selection)
+                      loggers=loggers, selection=selection)
                 progress.note(f"done: {program.step_count - start} steps in {time.perf_counter() - t0:.1f} s; "
                               f"wrote {out / 'checkpoint.pt'} and {out / 'metrics.jsonl'}")
     except _FOLDER_ERRORS as e:

@@ -2,7 +2,8 @@
 
     for step in range(start, steps):
         program.outer_step()
-        every log_every:        check for NaN/Inf (one host sync), log losses, update progress
+        every log_every:        check for NaN/Inf (one host sync), log the interval's mean
+                                losses, learning rates and gradient norms, update progress
         every eval interval:    run the evaluation calls
         every checkpoint_every: check, then write `checkpoint.pt` atomically
 
@@ -18,13 +19,15 @@ user's code raising is told apart by :class:`Where`, which says what the loop wa
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from mloc.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from mloc.runtime.engine import Program
-from mloc.runtime.metrics import MetricsWriter
+from mloc.runtime.loggers import open_loggers
+from mloc.runtime.metrics import MetricsWriter, log_train
 from mloc.runtime.runfolder import RunIOError, check_owner, truncate_metrics
 from mloc.runtime.selection import Selection, Watch
 
@@ -79,25 +82,37 @@ def resume(program: Program, directory: Path, selection: Selection | None = None
 
 
 class _Metrics(MetricsWriter):
-    """`MetricsWriter` whose failures are mloc's I/O errors, naming the file."""
+    """`MetricsWriter` (with the `loggers` named, opened on the main process) whose failures
+    are mloc's I/O errors, naming the file."""
 
-    def __init__(self, path: Path, enabled: bool):
+    def __init__(self, path: Path, enabled: bool, loggers: tuple[str, ...] = (), start: int = 0):
         try:
-            super().__init__(path, enabled=enabled)
+            opened = open_loggers(loggers, path.parent, start, _config(path.parent)) if enabled else ()
+            super().__init__(path, enabled=enabled, loggers=opened)
         except OSError as e:
-            raise RunIOError(path, e) from None
+            raise RunIOError(e.filename or path, e) from None
 
-    def write(self, step: int, problem: str, **values) -> None:
+    def write(self, step: int, problem: str, kind: str = "train", **values) -> None:
         try:
-            super().write(step, problem, **values)
+            super().write(step, problem, kind, **values)
         except OSError as e:
             raise RunIOError(self.path, e) from None
 
 
+def _config(out: Path) -> dict | None:
+    """The run's `config.json` record (for W&B's run config), if there is one."""
+    try:
+        return json.loads((out / "config.json").read_text(encoding="utf-8")).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def train(program: Program, steps: int, out: Path, intervals: Intervals, progress=None,
-          owner: int | None = None, where: Where | None = None, selection: Selection | None = None) -> dict:
+          owner: int | None = None, where: Where | None = None, loggers: tuple[str, ...] = (),
+          selection: Selection | None = None) -> dict:
     """Run until `steps` outer steps are done; returns the final losses and evaluations.
-    `owner`: the pid that must hold the run folder's lock at every checkpoint; `selection`:
+    `owner`: the pid that must hold the run folder's lock at every checkpoint; `loggers`:
+    the `--logger` names (:mod:`mloc.runtime.loggers`), besides `metrics.jsonl`; `selection`:
     the best checkpoint and early stopping (:mod:`mloc.runtime.selection`)."""
     out, where = Path(out), where or Where()
     start, t0, last = program.step_count, time.perf_counter(), {}
@@ -107,19 +122,18 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
         except OSError as e:
             raise RunIOError(e.filename or out, e, "create") from None
         truncate_metrics(out, start)
-    metrics = _Metrics(out / "metrics.jsonl", enabled=program.dist.is_main)
+    metrics = _Metrics(out / "metrics.jsonl", enabled=program.dist.is_main, loggers=loggers, start=start)
+    rate, guard = 0.0, program.guard
     watch = Watch(selection, program, out, steps, owner, progress)
     for step in range(start, steps):
         where.text = f"step {step + 1}"
-        program.outer_step()
         done = step + 1
-        if done % intervals.log_every == 0 or done == steps:
-            program.guard.check()
-            last = program.losses()
+        logged = guard.sampling = done % intervals.log_every == 0 or done == steps
+        program.outer_step()
+        if logged:
+            guard.check()
             rate = (done - start) / max(time.perf_counter() - t0, 1e-9)
-            for name, value in last.items():
-                metrics.write(done, name, loss=value)
-            metrics.write(done, "*", steps_per_s=rate)
+            last = log_train(metrics, program, done, rate)
             if progress:
                 progress(done, steps, last, rate)
         where.text = f"the evaluations after step {done}"
@@ -127,7 +141,7 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
         results = program.evaluate(due) if due else {}
         for label, value in results.items():
             last[label] = value
-            metrics.write(done, "*", eval=label, value=value)
+            metrics.write(done, "*", "eval", eval=label, value=value)
             if progress is not None and hasattr(progress, "note"):
                 progress.note(f"{program.name} step {done}: {label} = {value:.4g}")
         if watch.after(done, results):
@@ -135,8 +149,11 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
         if intervals.checkpoint_every and done % intervals.checkpoint_every == 0 and done != steps:
             program.guard.check()
             save(program, out, owner, watch.state())
+    guard.sampling = False
     program.guard.check()
     save(program, out, owner, watch.state())
     watch.finish()
+    metrics.write(steps, "*", "summary", steps_per_s=rate, seconds=time.perf_counter() - t0,
+                  final={(f"{k}/loss" if k in program.live else k): v for k, v in last.items()})
     metrics.close()
     return last

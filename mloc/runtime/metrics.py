@@ -1,7 +1,31 @@
 """Training metrics as JSON lines, and a guard that notices NaN/Inf without stalling the device.
 
-:class:`MetricsWriter` appends one JSON object per line (``{"step": 100, "problem":
-"classifier", "loss": 0.41, ...}``) and flushes it, on the main process only.
+:class:`MetricsWriter` appends one JSON object per line to ``metrics.jsonl`` and flushes it,
+on the main process only (rank 0 under ``--nproc``), and hands every record to the run's
+loggers (:mod:`mloc.runtime.loggers`: CSV, TensorBoard, W&B). **The schema** (docs/runtime.md):
+every record has ``kind``, ``step`` (outer steps done, 1-based) and ``time`` (wall clock,
+seconds since the epoch); NaN and Inf are written as ``null``.
+
+======== ========================================================================================
+kind     fields besides ``kind``, ``step``, ``time``
+======== ========================================================================================
+train    ``problem``; ``loss``: the mean of the problem's training losses over the steps since
+         the last train record (``loss_steps`` of them; 0: the source reports no loss and
+         ``loss`` is the loss on the current batch); ``lr``: its learning rate now (with the
+         schedule applied); ``grad_norm`` (a lowest problem) or ``hypergrad_norm`` (an upper
+         one): the 2-norm of the gradient its optimizer stepped on at this step (after
+         all-reduce, unscaling and clipping)
+speed    ``problem: "*"``, ``steps_per_s``: outer steps per second since the run (re)started
+eval     ``problem: "*"``, ``eval``: the metric's name, ``value``: its value
+summary  ``problem: "*"``, ``steps_per_s``, ``seconds``, ``final``: {metric: value} (each
+         problem's last ``loss`` as ``PROBLEM/loss``, the last evaluations): one per start of
+         a run, at its last step
+======== ========================================================================================
+
+The loss means cost no host sync per step: the losses are the values :class:`FiniteGuard`
+keeps on the device anyway, summed when the guard reads them at a log boundary
+(:meth:`FiniteGuard.means`). The gradient norms are queued only on the step that ends a log
+interval (:attr:`FiniteGuard.sampling`), kept on the device and read with the means.
 
 :class:`FiniteGuard` watches losses and gradients. :meth:`FiniteGuard.watch` only queues
 device work (it keeps one 0-dim value per watch on the device: the loss itself, or a flag
@@ -17,6 +41,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -24,35 +49,109 @@ import torch
 from torch import Tensor
 
 
-class MetricsWriter:
-    """Appends JSON lines to ``path`` (created with its directory); with ``enabled=False``
-    (every rank but the main one) it opens nothing and writes nothing."""
+KINDS = ("train", "speed", "eval", "summary")
 
-    def __init__(self, path: str | os.PathLike, enabled: bool = True):
+
+class MetricsWriter:
+    """Appends JSON lines to ``path`` (created with its directory) and passes each record to
+    ``loggers`` (objects with ``log(record)`` and ``close()``); with ``enabled=False``
+    (every rank but the main one) it opens nothing and writes nothing. ``clock`` gives the
+    records' wall ``time``."""
+
+    def __init__(self, path: str | os.PathLike, enabled: bool = True, loggers: Sequence[Any] = (),
+                 clock: Callable[[], float] = time.time):
         self.path, self.enabled, self._file = Path(path), enabled, None
+        self.loggers, self._clock = tuple(loggers) if enabled else (), clock
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", encoding="utf-8")
 
-    def write(self, step: int, problem: str, **values: Any) -> None:
-        """One line ``{"step": step, "problem": problem, **values}``, flushed. Tensors are read
-        (one sync each: call this at log boundaries only); NaN and Inf become ``null``."""
+    def write(self, step: int, problem: str, kind: str = "train", **values: Any) -> dict | None:
+        """One record ``{"kind": kind, "step": step, "time": now, "problem": problem,
+        **values}``, flushed, then given to the loggers; returns it (None when disabled).
+        Tensors are read (one sync each: call this at log boundaries only); NaN and Inf
+        become ``null``."""
         if self._file is None:
-            return
-        record = {"step": int(step), "problem": problem, **{k: _plain(v) for k, v in values.items()}}
+            return None
+        if kind not in KINDS:
+            raise ValueError(f"unknown metrics record kind {kind!r}")
+        record = {"kind": kind, "step": int(step), "time": round(self._clock(), 3), "problem": problem,
+                  **{k: _plain(v) for k, v in values.items()}}
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
+        for logger in self.loggers:
+            logger.log(record)
+        return record
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        for logger in self.loggers:
+            logger.close()
+        self.loggers = ()
 
     def __enter__(self) -> MetricsWriter:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def log_train(metrics: MetricsWriter, program: Any, step: int, rate: float) -> dict[str, float]:
+    """Write the ``train`` records of ``program`` (an :class:`~mloc.runtime.engine.Program`)
+    at ``step`` and a ``speed`` record; returns ``{problem: loss}`` for the progress display.
+    Call right after ``program.guard.check()`` (which read the losses this takes the means
+    of). The learning rates are read here (a scheduled one is a 0-dim tensor: one read per
+    problem, at log boundaries only)."""
+    guard = program.guard
+    means, norms, current = guard.means(), guard.norms(), None
+    losses = {}
+    for name, lv in program.live.items():
+        mean = means.get((name, "loss"))
+        if mean is None:                  # no step reported a loss: the loss on its current batch
+            current = program.losses() if current is None else current
+            if name not in current:
+                continue
+            mean = (current[name], 0)
+        losses[name] = mean[0]
+        values = {"loss": mean[0], "loss_steps": mean[1]}
+        lr = learning_rate(lv)
+        if lr is not None:
+            values["lr"] = lr
+        for what in ("grad_norm", "hypergrad_norm"):
+            if (name, what) in norms:
+                values[what] = norms[(name, what)]
+        metrics.write(step, name, "train", **values)
+    metrics.write(step, "*", "speed", steps_per_s=rate)
+    return losses
+
+
+def learning_rate(lv: Any) -> float | None:
+    """A problem's learning rate now: its ``lr`` (a number, or the 0-dim tensor its
+    schedule rewrites before each step); None when its optimizer has none."""
+    lr = getattr(lv, "lr", None)
+    if isinstance(lr, Tensor):
+        return float(lr)
+    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The records of a ``metrics.jsonl`` (a torn last line, from a killed run, skipped).
+    Records from before the schema (no ``kind``) get one: ``eval`` when they hold ``eval``,
+    ``speed`` for ``steps_per_s``, else ``train``."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "step" in record:
+                record.setdefault("kind", "eval" if "eval" in record else
+                                  "speed" if "steps_per_s" in record else "train")
+                out.append(record)
+    return out
 
 
 def _plain(value: Any) -> Any:
@@ -63,6 +162,9 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+_VALUE, _FLAG, _REDUCED = 0, 1, 2     # what a kept record is: a 0-dim value, a pool flag, a reduction
 
 
 def _inexact(t: Tensor) -> bool:
@@ -99,6 +201,9 @@ class FiniteGuard:
         self._views: tuple[Tensor, ...] = ()     # its entries, as 0-dim views made once
         self._used = 0                           # flags handed out since the last scan
         self._one: Tensor | None = None
+        self._sums: dict[int, list] = {}         # code -> [sum, count] of the finite 0-dim values read
+        self._norms: dict[int, Tensor] = {}      # code -> the last sampled gradient 2-norm, on the device
+        self.sampling = False                    # set by the loop on the step that ends a log interval
 
     def watch(self, step: int | Tensor, problem: str, tensors: Tensor | Sequence[Tensor | None],
               what: str = "loss") -> None:
@@ -139,17 +244,18 @@ class FiniteGuard:
                 value = torch.linalg.vector_norm(value, math.inf)
             elif value._version or value._base is not None:
                 value = value.clone()        # a tensor that may change later: its value now
-            self._records.append((step, code, False, len(self._values)))
+            kind = _REDUCED if tensors.dim() else _VALUE
+            self._records.append((step, code, kind, len(self._values)))
             self._values.append(value.detach() if value.requires_grad else value)
             return
         index = self._flag(tensors)
         if index is not None:
-            self._records.append((step, code, True, index))
+            self._records.append((step, code, _FLAG, index))
             return
         ts = [t for t in tensors if t is not None and _inexact(t)]
         if ts:   # one record per tensor: the first failure is still this watch
             for t in ts:
-                self._records.append((step, code, False, len(self._values)))
+                self._records.append((step, code, _REDUCED, len(self._values)))
                 self._values.append(torch.linalg.vector_norm(t, math.inf))
 
     def _code(self, problem: str, what: str) -> int:
@@ -173,7 +279,7 @@ class FiniteGuard:
             records, values = self._records, self._values
             if len(records) >= self._capacity:
                 return self.watch(step, problem, loss, what)      # folds first
-            records.append((step, code, False, len(values)))
+            records.append((step, code, _VALUE, len(values)))
             values.append(loss)
         return keep
 
@@ -194,7 +300,7 @@ class FiniteGuard:
                 self._views[index].zero_()
                 return self.watch(step, problem, grads, what)
             self._used = index + 1
-            records.append((step, code, True, index))
+            records.append((step, code, _FLAG, index))
         return keep
 
     def _flag(self, tensors: Sequence[Tensor | None]) -> int | None:
@@ -237,9 +343,17 @@ class FiniteGuard:
                 read = torch.stack(values).tolist()        # promotes to the widest dtype
             except RuntimeError:                            # values on several devices
                 read = [v.item() for v in values]
-        for step, code, is_flag, i in records:
-            if (flags[i] != 0) if is_flag else not math.isfinite(read[i]):
+        sums = self._sums
+        for step, code, kind, i in records:
+            if (flags[i] != 0) if kind == _FLAG else not math.isfinite(read[i]):
                 return int(step), code
+            if kind == _VALUE:
+                total = sums.get(code)
+                if total is None:
+                    sums[code] = [read[i], 1]
+                else:
+                    total[0] += read[i]
+                    total[1] += 1
         return None
 
     def _fold(self) -> None:
@@ -249,6 +363,47 @@ class FiniteGuard:
         found = self._scan()
         if self._first is None:
             self._first = found
+
+    def norm_watcher(self, problem: str, what: str = "grad_norm") -> Callable[[Sequence[Tensor]], None]:
+        """``keep(grads)``: while :attr:`sampling` is set, queue the 2-norm of ``grads`` (all
+        of them as one vector, ``‖(‖g₁‖₂, …, ‖gₙ‖₂)‖₂``, one foreach kernel and one norm) and
+        keep it on the device as ``(problem, what)``'s latest (:meth:`norms` reads it); a
+        no-op otherwise. Not part of the finiteness check: an fp16 step whose gradients
+        overflow is the loss scaler's to skip, and its norm is just logged as ``null``."""
+        code = self._code(problem, what)
+
+        def keep(grads: Sequence[Tensor]) -> None:
+            if not self.sampling:
+                return
+            ts = [g for g in grads if g is not None and _inexact(g)]
+            if ts:
+                with torch.no_grad():
+                    try:
+                        each = torch._foreach_norm(ts)
+                    except RuntimeError:                    # mixed devices or dtypes
+                        each = [torch.linalg.vector_norm(g) for g in ts]
+                    self._norms[code] = torch.linalg.vector_norm(torch.stack([n.to(each[0]) for n in each]))
+        return keep
+
+    def means(self) -> dict[tuple[str, str], tuple[float, int]]:
+        """``{(problem, what): (mean, count)}`` of the 0-dim values (losses) kept since the
+        last call and read by a :meth:`check` (or a fold): the running mean over a log
+        interval, at no extra host sync. Values still unread are not in it: call
+        :meth:`check` first."""
+        sums, self._sums = self._sums, {}
+        return {self._names[code]: (total / count, count) for code, (total, count) in sums.items()}
+
+    def norms(self) -> dict[tuple[str, str], float | None]:
+        """``{(problem, what): norm}`` sampled since the last call (one transfer; NaN/Inf as
+        None), and forget them."""
+        kept, self._norms = self._norms, {}
+        if not kept:
+            return {}
+        try:
+            read = torch.stack([v.to(torch.float64) for v in kept.values()]).tolist()
+        except RuntimeError:                            # several devices
+            read = [float(v) for v in kept.values()]
+        return {self._names[code]: (x if math.isfinite(x) else None) for code, x in zip(kept, read)}
 
     def check(self) -> None:
         """Raise :class:`NonFiniteError` for the first non-finite watch, if any (one sync)."""

@@ -74,7 +74,7 @@ def kill_and_resume(tmp_path, kinds: list[str], nproc: int, seed: int, steps: in
                           timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert same_state(run_dir, full)
-    keys = [(r["step"], r["problem"], r.get("eval")) for r in records(run_dir)]
+    keys = [(r["step"], r["problem"], r.get("eval"), r.get("kind")) for r in records(run_dir)]
     assert len(keys) == len(set(keys)) and [k[0] for k in keys] == sorted(k[0] for k in keys)
     assert not list(run_dir.glob(".*.tmp")) and not (run_dir / ".lock").exists()
 

@@ -50,9 +50,9 @@ def test_resume_into_a_new_folder_copies_the_run_and_leaves_the_original(tmp_pat
     assert snapshot(a) == before_a
     assert run("--steps", 10, "--out", full) == 0
     assert same_state(b, full)
-    keys = [(r["step"], r["problem"], r.get("eval")) for r in records(b)]
-    assert keys == [(r["step"], r["problem"], r.get("eval")) for r in records(a)] + \
-        [(r["step"], r["problem"], r.get("eval")) for r in records(full) if r["step"] > 5]
+    keys = [(r["step"], r["problem"], r.get("eval"), r.get("kind")) for r in records(b)]
+    assert keys == [(r["step"], r["problem"], r.get("eval"), r.get("kind")) for r in records(a)] + \
+        [(r["step"], r["problem"], r.get("eval"), r.get("kind")) for r in records(full) if r["step"] > 5]
     config = json.loads((b / "config.json").read_text())
     assert config["resumes"][0]["resumed_from"] == str(a.resolve())
 
@@ -96,9 +96,9 @@ def test_resume_drops_the_records_past_the_checkpoint(tmp_path):
     assert run("--steps", 10, "--resume", tmp_path) == 0
     (tmp_path / "checkpoint.pt").write_bytes(at5)        # as if killed before the step-10 checkpoint
     assert run("--steps", 10, "--resume", tmp_path) == 0
-    keys = [(r["step"], r["problem"], r.get("eval")) for r in records(tmp_path)]
+    keys = [(r["step"], r["problem"], r.get("eval"), r.get("kind")) for r in records(tmp_path)]
     assert len(keys) == len(set(keys)) and [k[0] for k in keys] == sorted(k[0] for k in keys)
-    assert [k[0] for k in keys].count(10) == 4         # net, weights, steps/s, the evaluation
+    assert [k[0] for k in keys].count(10) == 5         # net, weights, speed, the evaluation, the summary
 
 
 def test_temporary_files_of_a_killed_run_go_on_the_next_start(tmp_path):

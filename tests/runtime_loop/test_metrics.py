@@ -12,15 +12,18 @@ from mloc.runtime.metrics import FiniteGuard, MetricsWriter, NonFiniteError
 
 def test_writes_one_flushed_json_object_per_line(tmp_path):
     path = tmp_path / "logs" / "metrics.jsonl"
-    w = MetricsWriter(path)
+    w = MetricsWriter(path, clock=lambda: 12.5)
     w.write(10, "classifier", loss=torch.tensor(0.5), lr=0.1)
-    assert json.loads(path.read_text()) == {"step": 10, "problem": "classifier", "loss": 0.5, "lr": 0.1}
+    assert json.loads(path.read_text()) == {"kind": "train", "step": 10, "time": 12.5, "problem": "classifier",
+                                            "loss": 0.5, "lr": 0.1}
     w.write(20, "weight_net", loss=float("nan"), grads=torch.tensor([1.0, float("inf")]))
     w.close()
-    with MetricsWriter(path) as again:                     # appends
-        again.write(30, "classifier", loss=1)
+    with MetricsWriter(path, clock=lambda: 13.0) as again:  # appends
+        again.write(30, "*", "eval", eval="acc", value=1)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert lines[1] == {"step": 20, "problem": "weight_net", "loss": None, "grads": [1.0, None]}
+    assert lines[1] == {"kind": "train", "step": 20, "time": 12.5, "problem": "weight_net", "loss": None,
+                        "grads": [1.0, None]}
+    assert lines[2] == {"kind": "eval", "step": 30, "time": 13.0, "problem": "*", "eval": "acc", "value": 1}
     assert [r["step"] for r in lines] == [10, 20, 30]
 
 

@@ -1,0 +1,296 @@
+"""The commands around runs: `plot` (curves), `runs` (what ran), `sweep` (a grid of runs).
+
+    mloc plot RUN... [-o out.png|out.svg] [--metric NAME...]
+    mloc runs [DIR]
+    mloc sweep FILE --set 'PATH=V1,V2,...' [--set ...] [--seeds 0,1,2] [--jobs 2] [--threads 1]
+               [--steps N] [--out DIR] [--logger NAME]          (mloc.cli.sweep)
+
+They read what a run folder holds (``metrics.jsonl``, whose schema is in
+:mod:`mloc.runtime.metrics`; ``config.json``; ``summary.json`` when the run wrote one;
+``.lock``) and nothing else. A curve is named as the loggers name it
+(:func:`mloc.runtime.loggers.scalars`): ``PROBLEM/loss``, ``PROBLEM/lr``,
+``PROBLEM/grad_norm``, ``eval/METRIC``.
+
+**Best** is ``summary.json``'s ``best`` when the run has one (``checkpoint best on``);
+otherwise the best evaluation in ``metrics.jsonl``: the largest, or the smallest for a
+metric whose name holds ``loss`` or ``err``. **Status**: ``running`` while ``.lock``
+names a live process; else ``summary.json``'s status; else ``finished`` when the last
+record is a ``summary`` at the configured last step, ``crashed`` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mloc.cli.output import EXIT_OK, Output, UsageError
+
+EXAMPLES = {
+    "plot": "examples:\n  mloc plot runs/data_reweighting/latest                 (in the terminal)\n"
+            "  mloc plot runs/data_reweighting/1 runs/data_reweighting/2 -o curves.png\n"
+            "  mloc plot runs/sweep1/* --metric eval/acc -o acc.svg",
+    "runs": "examples:\n  mloc runs\n  mloc runs runs/data_reweighting",
+    "sweep": "examples:\n  mloc sweep programs/data_reweighting.mlo --set 'classifier.optimizer.lr=0.1,0.05,0.01' "
+             "--seeds 0,1,2 --jobs 2\n"
+             "  mloc sweep programs/data_reweighting.mlo --set 'weight_net->classifier.hypergrad="
+             "neumann(iters=3, alpha=0.1),sama(eps=0.01)' --steps 500",
+}
+
+
+# --- reading run folders -----------------------------------------------------------------
+
+@dataclass
+class Run:
+    """What a run folder holds (see the module docstring)."""
+
+    dir: Path
+    records: list[dict]
+    config: dict = field(default_factory=dict)
+    summary: dict | None = None
+
+    @property
+    def steps_done(self) -> int:
+        if self.summary and isinstance(self.summary.get("steps_done"), int):
+            return self.summary["steps_done"]
+        return max((r["step"] for r in self.records), default=0)
+
+    def curves(self) -> dict[str, list[tuple[float, float]]]:
+        """``{name: [(step, value), ...]}`` for every scalar the loggers would log."""
+        from mloc.runtime.loggers import scalars
+        out: dict[str, list[tuple[float, float]]] = {}
+        for r in self.records:
+            for name, value in scalars(r).items():
+                out.setdefault(name, []).append((float(r["step"]), value))
+        return out
+
+    def evals(self) -> dict[str, list[tuple[int, float]]]:
+        out: dict[str, list[tuple[int, float]]] = {}
+        for r in self.records:
+            if r.get("kind") == "eval" and isinstance(r.get("value"), (int, float)):
+                out.setdefault(r["eval"], []).append((r["step"], float(r["value"])))
+        return out
+
+    def final(self) -> dict[str, float]:
+        """Each evaluation's last value (the losses' when there is none)."""
+        if self.summary and isinstance(self.summary.get("final"), dict) and self.summary["final"]:
+            return {k: v for k, v in self.summary["final"].items() if isinstance(v, (int, float))}
+        evals = self.evals()
+        if evals:
+            return {k: v[-1][1] for k, v in evals.items()}
+        return {k: v[-1][1] for k, v in self.curves().items() if k.endswith("/loss")}
+
+    def best(self) -> dict | None:
+        """``{"metric", "mode", "step", "value"}`` (see the module docstring), or None."""
+        if self.summary and isinstance(self.summary.get("best"), dict):
+            return self.summary["best"]
+        evals = self.evals()
+        if not evals:
+            return None
+        metric = next(iter(evals))
+        mode = mode_of(metric)
+        step, value = (min if mode == "min" else max)(evals[metric], key=lambda sv: (sv[1] if mode == "max" else
+                                                                                      -sv[1], -sv[0]))
+        return {"metric": metric, "mode": mode, "step": step, "value": value}
+
+    def best_of(self, metric: str) -> float | None:
+        """The best value of evaluation ``metric`` (its mode as in :meth:`best`)."""
+        b = self.best()
+        if b and b.get("metric") == metric:
+            return b.get("value")
+        values = [v for _, v in self.evals().get(metric, [])]
+        if not values:
+            return None
+        return min(values) if mode_of(metric) == "min" else max(values)
+
+    def status(self) -> str:
+        from mloc.runtime.runfolder import lock_owner
+        if lock_owner(self.dir) is not None:
+            return "running"
+        if self.summary and self.summary.get("status"):
+            return str(self.summary["status"])
+        steps = self.config.get("steps")
+        last = self.records[-1] if self.records else None
+        if last and last.get("kind") == "summary" and (steps is None or last["step"] >= steps):
+            return "finished"
+        return "crashed"
+
+
+def mode_of(metric: str) -> str:
+    """``min`` for a metric named like a loss or an error, else ``max``."""
+    return "min" if re.search(r"loss|err", metric, re.I) else "max"
+
+
+def load_run(directory: Path) -> Run:
+    """Read a run folder; a :class:`UsageError` when it holds no metrics."""
+    from mloc.runtime.metrics import read_metrics
+    directory = Path(directory)
+    path = directory / "metrics.jsonl"
+    try:
+        records = read_metrics(path)
+    except FileNotFoundError:
+        raise UsageError(f"{directory} holds no metrics.jsonl", help="pass a run folder (mloc runs lists them)") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    return Run(directory, records, _json(directory / "config.json").get("run") or {}, _json(directory / "summary.json") or None)
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def find_runs(root: Path) -> list[Path]:
+    """The run folders under ``root`` (it included), sorted; ``latest`` links skipped."""
+    root = Path(root)
+    found = {p.parent for p in root.rglob("metrics.jsonl") if "latest" not in p.relative_to(root).parts}
+    if (root / "metrics.jsonl").is_file():
+        found.add(root)
+    return sorted(found, key=lambda p: [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", str(p))])
+
+
+def labels(dirs: list[Path]) -> list[str]:
+    """Legend names: each folder's name, with its parent's while two would be the same."""
+    names = [d.resolve().name for d in dirs]
+    if len(set(names)) < len(names):
+        names = [f"{d.resolve().parent.name}/{d.resolve().name}" for d in dirs]
+    return names
+
+
+# --- mloc plot ----------------------------------------------------------------------------
+
+PANELS = (("losses", "/loss"), ("learning rates", "/lr"), ("evaluations", "eval/"))
+
+
+def _panels(runs: list[Run], names: list[str], metrics: list[str] | None) -> list[tuple[str, dict]]:
+    """``[(title, {legend: points})]``: the losses, learning rates and evaluations (or the
+    ``--metric`` curves, one panel each), every run's in the same panel."""
+    curves = [r.curves() for r in runs]
+    several = len(runs) > 1
+    if metrics:
+        wanted = [(m, m) for m in metrics]
+        match = lambda key, name: name == key or name.endswith("/" + key)                     # noqa: E731
+    else:
+        wanted = list(PANELS)
+        match = lambda key, name: key in name and not name.startswith("speed/")               # noqa: E731
+    panels = []
+    for title, key in wanted:
+        series = {}
+        for label, c in zip(names, curves):
+            for name, points in c.items():
+                if match(key, name):
+                    series[f"{label}: {name}" if several else name] = points
+        if series:
+            panels.append((title, series))
+    if metrics and not panels:
+        known = sorted({n for c in curves for n in c})
+        raise UsageError(f"no curve named {', '.join(metrics)} in {', '.join(names)}",
+                         help=f"the curves are: {', '.join(known)}")
+    return panels
+
+
+def cmd_plot(args, out: Output) -> int:
+    runs = [load_run(Path(d)) for d in args.runs]
+    names = labels([r.dir for r in runs])
+    panels = _panels(runs, names, args.metric)
+    if not panels:
+        raise UsageError(f"nothing to plot: {', '.join(args.runs)} hold{'s' * (len(runs) == 1)} no records yet")
+    if args.output is None:
+        from mloc.cli.textplot import plot
+        out.out("\n\n".join(plot(title, series) for title, series in panels))
+        return EXIT_OK
+    write_figure(panels, Path(args.output))
+    out.err(f"wrote {args.output}")
+    return EXIT_OK
+
+
+def write_figure(panels: list[tuple[str, dict]], path: Path) -> None:
+    """One matplotlib figure, a panel per row (a log scale for the losses), saved as
+    ``path`` (its suffix: png, svg or pdf)."""
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise UsageError(f"cannot write {path}: the output must end in .png, .svg or .pdf")
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("writing a plot needs matplotlib, which is not installed",
+                         help="pip install 'mloc[plot]' (or pip install matplotlib); without -o the curves "
+                              "are drawn in the terminal") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.6 * len(panels)), sharex=True, squeeze=False)
+    for ax, (title, series) in zip(axes[:, 0], panels):
+        for label, points in series.items():
+            ax.plot([x for x, _ in points], [y for _, y in points], label=label, linewidth=1.2)
+        if title == "losses" and all(y > 0 for s in series.values() for _, y in s):
+            ax.set_yscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel("step")
+    fig.tight_layout()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+
+
+# --- mloc runs ----------------------------------------------------------------------------
+
+def cmd_runs(args, out: Output) -> int:
+    root = Path(args.dir)
+    if not root.is_dir():
+        raise UsageError(f"no such folder: {root}", help="runs are written under runs/ (mloc run --out DIR elsewhere)")
+    rows = [("RUN", "PROGRAM", "SET", "STEPS", "BEST", "STATUS")]
+    for d in find_runs(root):
+        run = load_run(d)
+        program = run.config.get("program") or {}
+        best = run.best()
+        rows.append((str(d), Path(program.get("file") or "?").stem, " ".join(program.get("set") or ()) or "-",
+                     f"{run.steps_done}/{run.config.get('steps', '?')}",
+                     f"{best['metric']}={best['value']:.4g}@{best['step']}" if best else "-", run.status()))
+    if len(rows) == 1:
+        out.err(f"no runs under {root}")
+        return EXIT_OK
+    out.out(table(rows))
+    return EXIT_OK
+
+
+def table(rows: list[tuple]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+# --- registration -------------------------------------------------------------------------
+
+def add_commands(command) -> None:
+    """Register plot, runs and sweep on the CLI's subparser factory."""
+    p = command("plot", "plot a run's losses, learning rates and evaluations against steps (several overlay)",
+                cmd_plot)
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (holding metrics.jsonl)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write a .png, .svg or .pdf (needs matplotlib: mloc[plot]); default: draw in the terminal")
+    p.add_argument("--metric", action="append", metavar="NAME",
+                   help="plot only this curve (e.g. eval/acc, classifier/loss, loss); repeatable")
+
+    p = command("runs", "list the runs under a folder: program, overrides, steps, best metric, status", cmd_runs)
+    p.add_argument("dir", nargs="?", default="runs", metavar="DIR", help="where to look (default: runs)")
+
+    from mloc.cli.sweep import cmd_sweep
+    p = command("sweep", "run a grid of overrides x seeds in parallel processes and tabulate the results",
+                cmd_sweep)
+    p.add_argument("file", metavar="FILE", help="the .mlo program")
+    p.add_argument("--set", action="append", metavar="PATH=V1,V2,...",
+                   help="a grid axis: the values split at top-level commas (commas inside calls stay); repeatable")
+    p.add_argument("--seeds", metavar="S1,S2,...", help="seeds to run each point with (default: the program's)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
+    p.add_argument("--steps", type=int, help="outer steps per run (default: the program's)")
+    p.add_argument("--out", metavar="DIR", help="the sweep's folder (default: a fresh runs/PROGRAM/sweepN)")
+    p.add_argument("--logger", action="append", metavar="NAME", help="passed to each run (csv, tensorboard, wandb)")

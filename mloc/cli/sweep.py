@@ -1,0 +1,207 @@
+"""`mloc sweep`: a grid of `--set` values x seeds, run in parallel processes, tabulated.
+
+    mloc sweep FILE --set 'PATH=V1,V2,...' [--set ...] [--seeds 0,1,2] [--jobs 2] [--threads 1]
+               [--steps N] [--out DIR] [--logger NAME]
+
+Each point of the grid (every combination of the ``--set`` axes, each seed) is one
+``mloc run`` in a process of its own, with ``--threads`` torch threads (default 1:
+``--jobs`` runs side by side on as many cores, no oversubscription) and ``--quiet``, in its
+own run folder ``OUT/NN-NAME=VALUE,...,seed=S`` (its output in ``OUT/logs/``). A run that
+fails is reported with its last lines and the others go on; the exit code is then 1.
+The table (and ``OUT/sweep.json``) gives, per point, each evaluation's final and best value
+(:class:`mloc.cli.experiments.Run`) as mean ± sample standard deviation (n - 1) over the
+seeds whose run finished.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mloc.cli.experiments import load_run, table
+from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError
+
+
+def split_values(text: str) -> list[str]:
+    """``PATH=V1,V2`` values split at the commas outside brackets and quotes:
+    ``neumann(iters=3, alpha=0.1),sama(eps=0.01)`` is two values."""
+    values, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            values.append(text[start:i].strip())
+            start = i + 1
+    values.append(text[start:].strip())
+    return values
+
+
+def grid(sets: list[str]) -> list[tuple[str, ...]]:
+    """Every combination of the ``--set PATH=V1,V2,...`` values, as ``PATH=V`` tuples."""
+    axes = []
+    for s in sets:
+        path, eq, values = s.partition("=")
+        if not eq or not path.strip():
+            raise UsageError(f"--set {s}: expected PATH=VALUE[,VALUE...]",
+                             help="e.g. --set 'classifier.optimizer.lr=0.1,0.05'")
+        split = split_values(values)
+        if any(not v for v in split):
+            raise UsageError(f"--set {s}: an empty value", help="separate the values with single commas")
+        axes.append([f"{path.strip()}={v}" for v in split])
+    return list(itertools.product(*axes))
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text}: expected integers separated by commas, e.g. {flag} 0,1,2") from None
+
+
+def _point_name(i: int, point: tuple[str, ...], seed: int) -> str:
+    parts = [f"{p.partition('=')[0].rsplit('.', 1)[-1].split('->')[-1]}={p.partition('=')[2]}" for p in point]
+    return re.sub(r"[^A-Za-z0-9._=,+-]+", "_", f"{i:02d}-" + ",".join(parts + [f"seed={seed}"]))[:120]
+
+
+@dataclass
+class Job:
+    name: str
+    point: tuple[str, ...]
+    seed: int
+    dir: Path
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    code: int | None = None
+
+
+def cmd_sweep(args, out: Output) -> int:
+    if not Path(args.file).is_file():
+        raise UsageError(f"no such file: {args.file}", help="check the path; programs end in .mlo")
+    if args.jobs < 1 or args.threads < 1:
+        raise UsageError("--jobs and --threads must be at least 1")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError("--steps must be at least 1")
+    seeds = _int_list(args.seeds, "--seeds") if args.seeds else [None]
+    points = grid(args.set or [])
+    root = Path(args.out) if args.out else _next_sweep(Path("runs") / Path(args.file).stem)
+    if root.exists() and any(root.iterdir()):
+        raise UsageError(f"{root} is not empty; a sweep writes into a fresh folder", help="choose another --out")
+    jobs = []
+    for i, point in enumerate(points):
+        for seed in seeds:
+            name = _point_name(i, point, seed) if seed is not None else _point_name(i, point, 0).rsplit(",seed=", 1)[0]
+            argv = [sys.executable, "-m", "mloc", "run", str(args.file), "--out", str(root / name), "--quiet",
+                    "--threads", str(args.threads), *[a for p in point for a in ("--set", p)]]
+            argv += ["--seed", str(seed)] if seed is not None else []
+            argv += ["--steps", str(args.steps)] if args.steps else []
+            argv += [a for lg in args.logger or () for a in ("--logger", lg)]
+            jobs.append(Job(name, point, seed, root / name, argv))
+    (root / "logs").mkdir(parents=True, exist_ok=True)
+    out.err(f"sweep: {len(jobs)} runs ({len(points)} points x {len(seeds)} seeds) in {root}, "
+            f"{args.jobs} at a time, {args.threads} thread{'s' * (args.threads != 1)} each")
+    t0 = time.perf_counter()
+    _run_jobs(jobs, args.jobs, root, out)
+    failed = [j for j in jobs if j.code != 0]
+    table, summary = sweep_table(jobs, seeds != [None])
+    (root / "sweep.json").write_text(json.dumps({"file": str(Path(args.file).resolve()), "seeds": seeds,
+                                                 "threads": args.threads, "jobs": args.jobs,
+                                                 "seconds": round(time.perf_counter() - t0, 1), "points": summary},
+                                                indent=2) + "\n", encoding="utf-8")
+    out.out(table)
+    out.err(f"wrote {root / 'sweep.json'}; {len(jobs) - len(failed)} of {len(jobs)} runs finished in "
+            f"{time.perf_counter() - t0:.1f} s" + (f"; failed: {', '.join(j.name for j in failed)}" if failed else ""))
+    return EXIT_ERRORS if failed else EXIT_OK
+
+
+def _next_sweep(base: Path) -> Path:
+    n = 1
+    while (base / f"sweep{n}").exists():
+        n += 1
+    return base / f"sweep{n}"
+
+
+def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output) -> None:
+    """Run ``jobs`` ``parallel`` at a time (each one's output in ``root/logs/NAME.log``);
+    a failure is reported and the others go on; Ctrl-C stops them all."""
+    waiting, running, done = list(jobs), [], 0
+    env = {**os.environ, "OMP_NUM_THREADS": str(jobs[0].argv[jobs[0].argv.index("--threads") + 1])} if jobs else {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                job = waiting.pop(0)
+                with open(root / "logs" / f"{job.name}.log", "wb") as log:
+                    job.proc = subprocess.Popen(job.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+                job.started = time.perf_counter()
+                running.append(job)
+            time.sleep(0.1)
+            for job in [j for j in running if j.proc.poll() is not None]:
+                running.remove(job)
+                job.code, done = job.proc.returncode, done + 1
+                took = time.perf_counter() - job.started
+                if job.code == 0:
+                    out.err(f"[{done}/{len(jobs)}] {job.name}: done in {took:.1f} s")
+                else:
+                    tail = (root / "logs" / f"{job.name}.log").read_text(errors="replace").strip().splitlines()[-3:]
+                    out.err(f"[{done}/{len(jobs)}] {job.name}: failed (exit {job.code}) after {took:.1f} s; see "
+                            f"{root / 'logs' / (job.name + '.log')}" + "".join(f"\n    {line}" for line in tail))
+    except KeyboardInterrupt:
+        for job in running:
+            job.proc.terminate()
+        for job in running:
+            job.proc.wait()
+        raise
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{mean:.4f} ± {std:.4f}"
+
+
+def sweep_table(jobs: list[Job], by_seed: bool) -> tuple[str, list[dict]]:
+    """The table `mloc sweep` prints (a row per grid point: its runs' final and best metrics
+    as mean ± sample std over the seeds that finished) and the same as data."""
+    groups: dict[tuple[str, ...], list[Job]] = {}
+    for j in jobs:
+        groups.setdefault(j.point, []).append(j)
+    summary, metrics = [], []
+    for point, members in groups.items():
+        ok = [load_run(j.dir) for j in members if j.code == 0]
+        finals = [r.final() for r in ok]
+        for name in (k for f in finals for k in f):
+            if name not in metrics:
+                metrics.append(name)
+        summary.append({"set": list(point), "runs": [j.name for j in members], "finished": len(ok),
+                        "final": {m: [f[m] for f in finals if m in f] for m in metrics},
+                        "best": {m: [b for r in ok if (b := r.best_of(m)) is not None] for m in metrics}})
+    for row in summary:                               # metrics first seen in a later group
+        for key in ("final", "best"):
+            for m in metrics:
+                row[key].setdefault(m, [])
+    header = ["SET", "RUNS"] + [f"final {m}" for m in metrics] + \
+             [f"best {m}" for m in metrics if any(row["best"][m] for row in summary)]
+    rows = [tuple(header)]
+    for row in summary:
+        cells = [" ".join(row["set"]) or "(as written)", f"{row['finished']}/{len(row['runs'])}"]
+        cells += [_mean_std(row["final"][m]) for m in metrics]
+        cells += [_mean_std(row["best"][m]) for m in metrics if any(r["best"][m] for r in summary)]
+        rows.append(tuple(cells))
+    note = "mean ± std over seeds (sample std, n-1)" if by_seed else "one run per point"
+    return table(rows) + f"\n({note})", summary

@@ -1,0 +1,46 @@
+"""Curves drawn in the terminal, for `mloc plot` without an output file: no dependency.
+
+:func:`plot` draws several series ``{label: [(x, y), ...]}`` on one character grid: each
+series gets a marker, points are placed by linear scaling of x and y to the grid's
+columns and rows (y grows upwards; a later series overdraws an earlier one where they
+meet), and the y range is printed on the axis, the x range under it, the markers in a
+legend.
+"""
+
+from __future__ import annotations
+
+import math
+
+MARKERS = "*o+x#@%&=~"
+
+
+def plot(title: str, series: dict[str, list[tuple[float, float]]], width: int = 64, height: int = 12) -> str:
+    """The text of one panel (see the module docstring); non-finite points are skipped."""
+    points = {k: [(x, y) for x, y in v if math.isfinite(x) and math.isfinite(y)] for k, v in series.items()}
+    points = {k: v for k, v in points.items() if v}
+    if not points:
+        return f"{title}: no values"
+    xs = [x for v in points.values() for x, _ in v]
+    ys = [y for v in points.values() for _, y in v]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    if y1 == y0:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+    x1 = x1 if x1 > x0 else x0 + 1
+    grid = [[" "] * width for _ in range(height)]
+    for i, values in enumerate(points.values()):
+        mark = MARKERS[i % len(MARKERS)]
+        for x, y in values:
+            col = round((x - x0) / (x1 - x0) * (width - 1))
+            row = height - 1 - round((y - y0) / (y1 - y0) * (height - 1))
+            grid[row][col] = mark
+    hi, lo = f"{y1:.4g}", f"{y0:.4g}"
+    pad = max(len(hi), len(lo))
+    lines = [title]
+    for r, row in enumerate(grid):
+        label = hi if r == 0 else lo if r == height - 1 else ""
+        lines.append(f"{label:>{pad}} |{''.join(row)}")
+    lines.append(" " * pad + " +" + "-" * width)
+    left, right = f"{x0:g}", f"{x1:g}"
+    lines.append(" " * (pad + 2) + left + right.rjust(width - len(left)) + "  (step)")
+    lines += [f"  {MARKERS[i % len(MARKERS)]} {label}" for i, label in enumerate(points)]
+    return "\n".join(lines)
