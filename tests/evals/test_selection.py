@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import mloc
+
 from mloc.codegen.compile import compile_program, load_generated
 from mloc.runtime.checkpoint import load_checkpoint
 from mloc.runtime.launch import run
@@ -96,6 +98,9 @@ def test_best_checkpoint_early_stop_and_summary(tmp_path):
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["value"]) for r in evals if r.get("eval") == "acc"] == \
         [(k, VALUES[k - 1]) for k in range(1, 8)]
+    session = mloc.load(tmp_path / "p.mlo")           # best.pt is a checkpoint like any other
+    session.restore(out / "best.pt")
+    assert session.steps_done == 4 and session.evaluate() == {"acc": 0.7}
 
 
 def test_resume_keeps_the_best_and_the_patience_count(tmp_path):
