@@ -21,9 +21,9 @@ the module calls:
   right there (no head cost);
 - :func:`head_backward` differentiates ``l_t`` with respect to stage t's parameters (only
   the head's are reached: the features are detached) and ``z_t`` (the gradient signal);
-- :func:`stage_backward` sends a signal ``g = dl_t/d out_j`` through stage j: its
-  parameters' gradient (B, when l_t trains stage j) and/or the signal at its input (B_in,
-  when l_t must reach a stage below j).
+- :func:`stage_backward` sends a signal ``g = dl_t/d out_j`` through stage j: the signal
+  at its input first (B_in, :func:`input_backward`, when l_t must reach a stage below j),
+  then its parameters' gradient (B, :func:`param_backward`, when l_t trains stage j).
 
 One step (:meth:`ChainStep.gradients`): the forward wave (each stage once), then every
 evaluated head's loss and its signal down to the deepest stage it trains, then one commit
@@ -128,11 +128,22 @@ def head_backward(fw: StageForward, params: Params, signal: bool) -> tuple[list,
 
 def stage_backward(fw: StageForward, params: Params, g: Tensor, train: bool,
                    send: bool) -> tuple[list | None, Tensor | None]:
-    """The signal ``g = dl/d out_j`` through stage j: the gradient of its parameters when
-    ``train`` (backward B), the signal at its input when ``send`` (B_in)."""
-    inputs = (tuple(params) if train else ()) + ((fw.leaf,) if send else ())
-    grads = torch.autograd.grad(fw.out, inputs, g, retain_graph=True, allow_unused=True)
-    return (list(grads[:len(params)]) if train else None), (grads[-1] if send else None)
+    """The signal ``g = dl/d out_j`` through stage j: first the signal at its input when
+    ``send`` (B_in: what the stage below waits for, so a pipeline sends it before going
+    on), then its parameters' gradient when ``train`` (B). Two backward calls over the
+    kept graph, in that order, in both executions."""
+    g_in = input_backward(fw, g) if send else None
+    return (param_backward(fw, params, g) if train else None), g_in
+
+
+def input_backward(fw: StageForward, g: Tensor) -> Tensor:
+    """B_in alone: ``dl/d in_j`` from ``g = dl/d out_j``."""
+    return torch.autograd.grad(fw.out, (fw.leaf,), g, retain_graph=True)[0]
+
+
+def param_backward(fw: StageForward, params: Params, g: Tensor) -> list:
+    """B alone: ``dl/d params_j`` from ``g = dl/d out_j``."""
+    return list(torch.autograd.grad(fw.out, tuple(params), g, retain_graph=True, allow_unused=True))
 
 
 def add_into(acc: list, grads: Sequence[Tensor | None]) -> None:

@@ -46,8 +46,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from mloc.runtime.interlock import (ChainContractError, add_into, forward_stage, head_backward, stage_backward,
-                                    stages_of)
+from mloc.runtime.interlock import (ChainContractError, add_into, forward_stage, head_backward, input_backward,
+                                    param_backward, stages_of)
 from mloc.runtime import tree
 
 
@@ -154,7 +154,7 @@ def _train(program, chain, j: int, steps: int, delay: float) -> dict:
     draw = program._drawer(chain.stages[0])       # the chain's stream, cast as the run asks
     wire = Wire(me.params[0].dtype)
     heads, trains = set(chain.evaluated()), set(chain.trained_by(j))
-    walls, busy = [], 0.0
+    walls, idles, busy = [], [], 0.0
     for _ in range(steps):
         t0 = time.perf_counter()
         idle0 = wire.idle
@@ -176,21 +176,22 @@ def _train(program, chain, j: int, steps: int, delay: float) -> dict:
                 add_into(grads, head)
             else:
                 g = wire.recv(j + 1)
-            own, g_in = stage_backward(fw, me.params, g, t == chain.target(j), j > chain.reach(t))
-            _sleep(2 * delay if own is not None else 0.0)
-            if own is not None:
-                add_into(grads, own)
-            if g_in is not None:
+            if j > chain.reach(t):                        # B_in first: the stage below waits for it
+                g_in = input_backward(fw, g)
                 _sleep(delay)
                 wire.send(g_in, j - 1)
+            if t == chain.target(j):                      # then B, if l_t trains this stage
+                add_into(grads, param_backward(fw, me.params, g))
+                _sleep(2 * delay)
         pipeline.run(tree.dense(tuple(grads), me.params), fw.loss.detach() if fw.loss is not None else None)
         wire.flush()
         program.step_count += 1
         wall = time.perf_counter() - t0
         walls.append(wall)
-        busy += wall - (wire.idle - idle0)
+        idles.append(wire.idle - idle0)
+        busy += wall - idles[-1]
     program.guard.check()
-    return {"steps": steps, "busy_s": busy, "idle_s": wire.idle, "step_wall_s": walls,
+    return {"steps": steps, "busy_s": busy, "idle_s": wire.idle, "step_wall_s": walls, "step_idle_s": idles,
             "trains": sorted(trains)}
 
 

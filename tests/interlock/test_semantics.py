@@ -13,6 +13,7 @@ hand-written loops, in float64.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 
@@ -88,3 +89,21 @@ def test_extremes_equal_local_learning_and_backpropagation(tmp_path, n):
     if n == 3:
         fresh = _reference(n, 0)
         assert torch.equal(prog.module("stage1").head.weight.detach(), fresh[0].head.weight.detach())
+
+
+def test_monitored_heads_train_on_their_own_loss_and_train_no_stage(tmp_path):
+    """n = K with `monitor`: the pruned heads (stages 1, 2) are evaluated and trained on
+    their detached features; every stage's main parameters are those of the pruned run."""
+    path = write(tmp_path, NET, n=3, opt="sgd(lr=0.1, momentum=0.9)")
+    pruned, watched = mloc.load(path, dtype="float64"), mloc.load(path, dtype="float64")
+    chain = watched.program.chains["stage1"]
+    watched.program.chains["stage1"] = dataclasses.replace(chain, monitor=True)
+    before = watched.module("stage1").head.weight.detach().clone()
+    pruned.run(3)
+    watched.run(3)
+    for k in (1, 2, 3):
+        a, b = pruned.module(f"stage{k}").block, watched.module(f"stage{k}").block
+        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert torch.equal(pruned.module("stage1").head.weight, before)
+    assert not torch.equal(watched.module("stage1").head.weight, before)
+    assert torch.equal(pruned.module("stage3").head.weight, watched.module("stage3").head.weight)
