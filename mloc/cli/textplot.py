@@ -3,7 +3,7 @@
 :func:`plot` draws several series ``{label: [(x, y), ...]}`` on one character grid: each
 series gets a marker, points are placed by linear scaling of x and y to the grid's
 columns and rows (y grows upwards; a later series overdraws an earlier one where they
-meet), and the y range is printed on the axis, the x range under it, the markers in a
+meet) and joined by dots, and the y range is printed on the axis, the x range under it, the markers in a
 legend.
 """
 
@@ -27,11 +27,18 @@ def plot(title: str, series: dict[str, list[tuple[float, float]]], width: int = 
         y0, y1 = y0 - 0.5, y1 + 0.5
     x1 = x1 if x1 > x0 else x0 + 1
     grid = [[" "] * width for _ in range(height)]
+    def cell(x: float, y: float) -> tuple[int, int]:
+        return (height - 1 - round((y - y0) / (y1 - y0) * (height - 1)), round((x - x0) / (x1 - x0) * (width - 1)))
+
     for i, values in enumerate(points.values()):
         mark = MARKERS[i % len(MARKERS)]
-        for x, y in values:
-            col = round((x - x0) / (x1 - x0) * (width - 1))
-            row = height - 1 - round((y - y0) / (y1 - y0) * (height - 1))
+        cells = [cell(x, y) for x, y in sorted(values)]
+        for (ra, ca), (rb, cb) in zip(cells, cells[1:]):     # the segments between points, as dots
+            for c in range(ca + 1, cb):
+                r = round(ra + (rb - ra) * (c - ca) / (cb - ca))
+                if grid[r][c] == " ":
+                    grid[r][c] = "·"
+        for row, col in cells:
             grid[row][col] = mark
     hi, lo = f"{y1:.4g}", f"{y0:.4g}"
     pad = max(len(hi), len(lo))
