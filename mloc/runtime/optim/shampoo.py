@@ -70,6 +70,8 @@ from mloc.runtime.tree import Params
 GRAFTS = ("none", "sgd", "adagrad", "rmsprop", "adam")
 GRAFT_EPS = 1e-10
 ADAM_GRAFT_BETA1 = 0.9
+ROOT_CHUNK = 16
+"""Roots are computed in batches of this many matrices (see ``Shampoo._batched_root``)."""
 
 
 class ShampooState(NamedTuple):
@@ -284,23 +286,41 @@ class Shampoo(Optimizer):
         return {"roots": tuple(map(tuple, roots)), "status": tuple(map(tuple, status))}
 
     def _batched_root(self, batch: Tensor, p: int) -> tuple[Tensor, Tensor]:
-        """``(roots, ok)`` of a batch; under data parallelism each rank computes a
-        contiguous slice (padded with identities to equal sizes) and all-gathers."""
-        if self._shard is None:
-            r = inverse_root(batch, p, epsilon=self.epsilon, method=self.method)
-            return r.root, r.ok
+        """``(roots, ok)`` of a batch, computed in chunks of ``ROOT_CHUNK`` matrices (the last
+        padded with identities): every root is computed in a batch of the same shape
+        whatever the process layout (CPU batched matmuls round differently for different
+        batch sizes). Under data parallelism rank ``r`` computes chunks ``r, r+W, …`` and the
+        ranks all-gather them, so the roots equal one process's bit for bit."""
+        n, size = batch.shape[0], batch.shape[-1]
+        count = -(-n // ROOT_CHUNK)
+        eye = torch.eye(size, dtype=batch.dtype, device=batch.device)
+        padded = torch.cat([batch, eye.expand(count * ROOT_CHUNK - n, -1, -1)]).view(count, ROOT_CHUNK, size, size)
+        rank, world = self._shard or (0, 1)
+        mine = [self._root(padded[c], p) for c in range(rank, count, world)]
+        if world == 1:
+            roots, oks = [r for r, _ in mine], [k for _, k in mine]
+        else:
+            roots, oks = self._gather(mine, count, world, padded)
+        return torch.cat(roots)[:n], torch.cat(oks)[:n]
+
+    def _root(self, chunk: Tensor, p: int) -> tuple[Tensor, Tensor]:
+        r = inverse_root(chunk, p, epsilon=self.epsilon, method=self.method)
+        return r.root, r.ok
+
+    def _gather(self, mine, count, world, padded):
+        """All-gather the ranks' chunks (each rank sends ``⌈count/W⌉``, identity-padded) and
+        put them back in order."""
         import torch.distributed as dist
-        rank, world = self._shard
-        n, size = batch.shape[0], -(-batch.shape[0] // world)
-        eye = torch.eye(batch.shape[-1], dtype=batch.dtype, device=batch.device)
-        padded = torch.cat([batch, eye.expand(size * world - n, -1, -1)])
-        mine = inverse_root(padded[rank * size:(rank + 1) * size], p, epsilon=self.epsilon,
-                            method=self.method)
-        roots = [torch.empty_like(mine.root) for _ in range(world)]
-        oks = [torch.empty(size, dtype=torch.uint8, device=batch.device) for _ in range(world)]
-        dist.all_gather(roots, mine.root.contiguous())
-        dist.all_gather(oks, mine.ok.to(torch.uint8))
-        return torch.cat(roots)[:n], torch.cat(oks)[:n].bool()
+        per = -(-count // world)
+        filler = (torch.zeros_like(padded[0]), torch.zeros(ROOT_CHUNK, dtype=torch.bool, device=padded.device))
+        mine = mine + [filler] * (per - len(mine))
+        root_out = [torch.empty((per, *padded.shape[1:]), dtype=padded.dtype, device=padded.device)
+                    for _ in range(world)]
+        ok_out = [torch.empty(per, ROOT_CHUNK, dtype=torch.uint8, device=padded.device) for _ in range(world)]
+        dist.all_gather(root_out, torch.stack([r for r, _ in mine]).contiguous())
+        dist.all_gather(ok_out, torch.stack([k for _, k in mine]).to(torch.uint8))
+        order = [(c % world, c // world) for c in range(count)]
+        return [root_out[r][i] for r, i in order], [ok_out[r][i].bool() for r, i in order]
 
     def _report(self, failures) -> None:
         """Warn when a root was rejected: the first time, then every 10 more consecutive
