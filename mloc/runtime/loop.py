@@ -153,7 +153,7 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
     program.guard.check()
     save(program, out, owner, watch.state())
     watch.finish()
-    metrics.write(steps, "*", "summary", steps_per_s=rate, seconds=time.perf_counter() - t0,
+    metrics.write(program.step_count, "*", "summary", steps_per_s=rate, seconds=time.perf_counter() - t0,
                   final={(f"{k}/loss" if k in program.live else k): v for k, v in last.items()})
     metrics.close()
     return last

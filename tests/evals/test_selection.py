@@ -98,6 +98,7 @@ def test_best_checkpoint_early_stop_and_summary(tmp_path):
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["value"]) for r in evals if r.get("eval") == "acc"] == \
         [(k, VALUES[k - 1]) for k in range(1, 8)]
+    assert [r["step"] for r in evals if r.get("kind") == "summary"] == [7]      # metrics.jsonl's closing record
     session = mloc.load(tmp_path / "p.mlo")           # best.pt is a checkpoint like any other
     session.restore(out / "best.pt")
     assert session.steps_done == 4 and session.evaluate() == {"acc": 0.7}
