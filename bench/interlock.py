@@ -130,6 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pipe-steps", type=int, default=30)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--skip-pipeline", action="store_true", help="accuracy only")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -145,15 +146,17 @@ def main(argv=None) -> int:
             print("|---|" + "---|" * (len(args.seeds) + 1))
             for name, a in acc.items():
                 print(f"| {name} | " + " | ".join(f"{x:.4f}" for x in a) + f" | {statistics.mean(a):.4f} |")
-        t = stage_timings(paths[2])
+        if args.skip_pipeline:
+            paths = {}
+        t = stage_timings(paths[2]) if paths else []
         result["timings"] = t
         print("\n| stage | F (ms) | B (ms) | B_in (ms) | A (ms) |\n|---|---|---|---|---|")
         for s in t:
             print(f"| {s['stage']} | {s['F'] * 1e3:.3f} | {s['B'] * 1e3:.3f} | {s['B_in'] * 1e3:.3f} | {s['A'] * 1e3:.3f} |")
         runs = {}
-        for n in POLICIES:
+        for n in paths:
             runs[n] = measure_pipeline(paths[n], folder, args.pipe_steps, args.delay)
-        c = statistics.median(r["ranks"][0]["hop_latency_s"] for r in runs.values())
+        c = statistics.median(r["ranks"][0]["hop_latency_s"] for r in runs.values()) if runs else 0.0
         result["hop_latency_s"] = c
         rows = []
         print(f"\nhop latency c = {c * 1e3:.3f} ms; injected delay d = {args.delay * 1e3:.0f} ms per F and B_in, "

@@ -48,11 +48,13 @@ from mloc.runtime.tree import Params
 
 class ChainContractError(Exception):
     """A stage module or loss that breaks the chain contract (see the module docstring):
-    the program's error, reported with a help line."""
+    the program's error (E702, exit 1), reported with a help line; ``frames`` (what the
+    run reports as its location) is that line."""
 
     def __init__(self, message: str, help: str):
         super().__init__(message)
         self.help = help
+        self.frames = [f"the chain contract (docs/interlocking.md): {help}"]
 
 
 class _Stop(BaseException):

@@ -99,3 +99,12 @@ def test_stages_with_different_data_are_E708(tmp_path):
     c = compile_program(str(path), out_dir=tmp_path / "b")
     assert [(d.code, d.span.line) for d in c.diagnostics] == [("E708", 17)]
     assert "data = h.blobs(batch_size=16)" in c.diagnostics[0].help
+
+
+def test_a_stage_that_breaks_the_contract_is_the_programs_error(tmp_path, capsys):
+    path = write(tmp_path, NET, n=2, opt="sgd(lr=0.1)")
+    path.write_text(path.read_text().replace("h.Block(fan_in=7, width=6)", "h.Pair(fan_in=7, width=6)"))
+    assert main(["run", str(path), "--steps", "1", "--out", str(tmp_path / "run"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "error[E702]" in err and "stage `stage2` returned tuple, not a tensor" in err
+    assert "a stage's forward takes and returns one tensor" in err
