@@ -108,3 +108,11 @@ def test_a_stage_that_breaks_the_contract_is_the_programs_error(tmp_path, capsys
     err = capsys.readouterr().err
     assert "error[E702]" in err and "stage `stage2` returned tuple, not a tensor" in err
     assert "a stage's forward takes and returns one tensor" in err
+
+
+def test_pipeline_usage_errors_exit_2(tmp_path, capsys):
+    assert main(["run", INTERLOCK, "--pipeline", "--nproc", "2", "--out", str(tmp_path / "a")]) == 2
+    assert "--pipeline runs one process per stage" in capsys.readouterr().err
+    assert main(["run", str(PROGRAMS / "hpo.mlo"), "--pipeline", "--steps", "1", "--out", str(tmp_path / "b"),
+                 "--quiet"]) == 2
+    assert "one interlocking chain, and nothing else" in capsys.readouterr().err
