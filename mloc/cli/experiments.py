@@ -222,9 +222,16 @@ def write_figure(panels: list[tuple[str, dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.6 * len(panels)), sharex=True, squeeze=False)
+    runs = list(dict.fromkeys(label.split(": ")[0] for _, series in panels for label in series if ": " in label))
+    styles = ("-", "--", ":", "-.")
     for ax, (title, series) in zip(axes[:, 0], panels):
-        for label, points in series.items():
-            ax.plot([x for x, _ in points], [y for _, y in points], label=label, linewidth=1.2)
+        curves: list[str] = []
+        for label, points in series.items():                # a color per run, a line style per curve
+            run, _, curve = label.rpartition(": ")
+            curves += [curve] if curve not in curves else []
+            color = f"C{runs.index(run) % 10}" if run else None
+            ax.plot([x for x, _ in points], [y for _, y in points], label=label, linewidth=1.2, color=color,
+                    linestyle=styles[curves.index(curve) % len(styles)] if run else "-")
         if title == "losses" and all(y > 0 for s in series.values() for _, y in s):
             ax.set_yscale("log")
         ax.set_title(title, fontsize=10)

@@ -180,10 +180,8 @@ def _launch(train: Path, nproc: int, options, out: Output, quiet: bool) -> int:
     if not quiet:
         out.err(f"training {train.parent} with {nproc} processes")
     outcome = launch(train, nproc, options.argv())
-    if outcome.report:
+    if outcome.report:                  # on success: rank 0's banner, progress and closing summary
         out.err(outcome.report)
-    if outcome.code == 0 and not quiet:
-        out.err(f"done; wrote {options.out / 'checkpoint.pt'} and {options.out / 'metrics.jsonl'}")
     return exit_code(outcome.code)
 
 

@@ -186,3 +186,24 @@ def test_wandb_logger_with_a_fake_module(tmp_path):
     assert calls[0][0] == "init" and calls[0][1]["name"] == "runs/7" and calls[0][1]["config"] == {"steps": 10}
     assert calls[1:] == [("log", 5, {"net/loss": 0.5, "net/lr": 0.1}), ("log", 10, {"eval/acc": 0.9}), ("finish",)]
     assert FakeRun.summary == {"acc": 0.9}
+
+
+@pytest.mark.slow
+def test_nproc_logs_on_rank_0_only_and_shows_its_progress(tmp_path):
+    """--nproc 2: one record per (kind, step, problem, eval) in metrics.jsonl and one CSV row
+    per scalar (rank 0 alone writes), and the launcher shows rank 0's banner, progress and
+    closing summary (~100 s on the loaded 2-core machine: slow tier)."""
+    import os
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "mloc", "run", str(SMALL), "--steps", "10", "--nproc", "2",
+                           "--threads", "1", "--logger", "csv", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert ", 1 thread, nproc 2 ->" in proc.stderr and "step 10/10" in proc.stderr and "done: 10 steps" in proc.stderr
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    keys = [(r["kind"], r["step"], r["problem"], r.get("eval")) for r in records]
+    assert len(keys) == len(set(keys)) and {k[0] for k in keys} == {"train", "speed", "eval", "summary"}
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == sum(len(scalars(r)) for r in records)
