@@ -71,7 +71,7 @@ GRAFTS = ("none", "sgd", "adagrad", "rmsprop", "adam")
 GRAFT_EPS = 1e-10
 ADAM_GRAFT_BETA1 = 0.9
 ROOT_CHUNK = 16
-"""Roots are computed in batches of this many matrices (see ``Shampoo._batched_root``)."""
+"""Roots are computed in batches of at most this many matrices (``Shampoo._batched_root``)."""
 
 
 class ShampooState(NamedTuple):
@@ -286,15 +286,17 @@ class Shampoo(Optimizer):
         return {"roots": tuple(map(tuple, roots)), "status": tuple(map(tuple, status))}
 
     def _batched_root(self, batch: Tensor, p: int) -> tuple[Tensor, Tensor]:
-        """``(roots, ok)`` of a batch, computed in chunks of ``ROOT_CHUNK`` matrices (the last
-        padded with identities): every root is computed in a batch of the same shape
-        whatever the process layout (CPU batched matmuls round differently for different
-        batch sizes). Under data parallelism rank ``r`` computes chunks ``r, r+W, …`` and the
-        ranks all-gather them, so the roots equal one process's bit for bit."""
+        """``(roots, ok)`` of a batch of ``n`` matrices, computed in chunks of
+        ``min(ROOT_CHUNK, n)`` (the last padded with identities): every root is computed in a
+        batch of the same shape whatever the process layout (CPU batched matmuls round
+        differently for different batch sizes). Under data parallelism rank ``r`` computes
+        chunks ``r, r+W, …`` and the ranks all-gather them, so the roots equal one
+        process's bit for bit."""
         n, size = batch.shape[0], batch.shape[-1]
-        count = -(-n // ROOT_CHUNK)
+        chunk = min(ROOT_CHUNK, n)
+        count = -(-n // chunk)
         eye = torch.eye(size, dtype=batch.dtype, device=batch.device)
-        padded = torch.cat([batch, eye.expand(count * ROOT_CHUNK - n, -1, -1)]).view(count, ROOT_CHUNK, size, size)
+        padded = torch.cat([batch, eye.expand(count * chunk - n, -1, -1)]).view(count, chunk, size, size)
         rank, world = self._shard or (0, 1)
         mine = [self._root(padded[c], p) for c in range(rank, count, world)]
         if world == 1:
@@ -312,11 +314,12 @@ class Shampoo(Optimizer):
         put them back in order."""
         import torch.distributed as dist
         per = -(-count // world)
-        filler = (torch.zeros_like(padded[0]), torch.zeros(ROOT_CHUNK, dtype=torch.bool, device=padded.device))
+        chunk = padded.shape[1]
+        filler = (torch.zeros_like(padded[0]), torch.zeros(chunk, dtype=torch.bool, device=padded.device))
         mine = mine + [filler] * (per - len(mine))
         root_out = [torch.empty((per, *padded.shape[1:]), dtype=padded.dtype, device=padded.device)
                     for _ in range(world)]
-        ok_out = [torch.empty(per, ROOT_CHUNK, dtype=torch.uint8, device=padded.device) for _ in range(world)]
+        ok_out = [torch.empty(per, chunk, dtype=torch.uint8, device=padded.device) for _ in range(world)]
         dist.all_gather(root_out, torch.stack([r for r, _ in mine]).contiguous())
         dist.all_gather(ok_out, torch.stack([k for _, k in mine]).to(torch.uint8))
         order = [(c % world, c // world) for c in range(count)]

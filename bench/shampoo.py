@@ -1,0 +1,190 @@
+"""Shampoo against Adam and against pytorch-optimizer 4.1.0's Shampoo, side by side.
+
+Two full-batch problems, float32, one thread:
+
+- ``logreg``: 10-class logistic regression, 2000 examples, 50 features whose scales span
+  1e-2 … 1e1 (condition number of the feature covariance ~1e6), weight 10×50 + bias;
+- ``mlp``: 64 → 128 → 10 tanh MLP on 2000 examples of a fixed random teacher network,
+  inputs scaled as above.
+
+Measured, each the median of ``--runs`` repetitions:
+
+1. optimizer step time (the optimizer's step alone, forward/backward excluded; the mean
+   over a 100-step run, so the root refreshes are amortised): mloc ``adam``; mloc ``shampoo`` (AdaGrad grafting,
+   roots every 10 steps); mloc ``shampoo`` with pytorch-optimizer's settings (no grafting,
+   no momentum, roots every 10 steps) and ``pytorch_optimizer.Shampoo`` with the same
+   (``momentum=0, preconditioning_compute_steps=10``);
+2. steps to reach Adam's 500-step loss: each optimizer's learning rate is the best of a
+   3-point grid (``LRS``) for its 500-step loss; the number of steps mloc's Shampoo needs
+   to reach Adam's best 500-step loss, with the default exponent −1/4 per side and with
+   ``exponent_override=2`` (−1/2 per side), both AdaGrad-grafted, roots every 10 steps,
+   preconditioning from step 11;
+3. wall time per training step (forward, backward, step) with roots every 10 steps and
+   staleness 1, synchronous against ``async_roots``.
+
+    python bench/shampoo.py [--runs 3] [--steps 500] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from mloc.runtime.optim import adam, shampoo
+
+LRS = {"adam": (3e-2, 1e-1, 3e-1), "shampoo": (1e-1, 3e-1, 1.0), "shampoo_p2": (1e-1, 3e-1, 1.0)}
+
+
+def scaled_inputs(gen, n, d):
+    x = torch.randn(n, d, generator=gen)
+    return x * torch.logspace(-2, 1, d)
+
+
+def logreg():
+    gen = torch.Generator().manual_seed(0)
+    x = scaled_inputs(gen, 2000, 50)
+    w = torch.randn(10, 50, generator=gen) / torch.logspace(-2, 1, 50)
+    y = (x @ w.T + 0.5 * torch.randn(2000, 10, generator=gen)).argmax(1)
+    params = (torch.zeros(10, 50), torch.zeros(10))
+
+    def loss(p):
+        return torch.nn.functional.cross_entropy(x @ p[0].T + p[1], y)
+    return params, loss
+
+
+def mlp():
+    gen = torch.Generator().manual_seed(1)
+    x = scaled_inputs(gen, 2000, 64)
+    teacher = torch.randn(10, 64, generator=gen) / torch.logspace(-2, 1, 64)
+    y = torch.tanh(x @ teacher.T).argmax(1)
+    params = (torch.randn(128, 64, generator=gen) / 8, torch.zeros(128),
+              torch.randn(10, 128, generator=gen) / 11, torch.zeros(10))
+
+    def loss(p):
+        return torch.nn.functional.cross_entropy(torch.tanh(x @ p[0].T + p[1]) @ p[2].T + p[3], y)
+    return params, loss
+
+
+PROBLEMS = {"logreg": logreg, "mlp": mlp}
+
+
+def make(name, lr):
+    if name == "adam":
+        return adam(lr)
+    if name == "shampoo":
+        return shampoo(lr, update_every=10, start_preconditioning_step=10, graft="adagrad")
+    if name == "shampoo_p2":      # exponent -1/2 per side instead of -1/4
+        return shampoo(lr, update_every=10, start_preconditioning_step=10, graft="adagrad",
+                       exponent_override=2)
+    if name == "shampoo_matched":
+        return shampoo(lr, momentum=0.0, update_every=10, start_preconditioning_step=0, graft="none",
+                       epsilon=1e-6)
+    raise ValueError(name)
+
+
+def train(problem, opt_name, lr, steps, time_step=False, **kw):
+    """``(losses, step_times)``: ``losses[k]`` the loss after ``k`` steps (``k = 0 … steps``),
+    and the seconds of each optimizer step."""
+    init, loss_fn = PROBLEMS[problem]()
+    params = tuple(p.clone().requires_grad_(True) for p in init)
+    losses, times = [], []
+    if opt_name == "po_shampoo":
+        import pytorch_optimizer
+        opt = pytorch_optimizer.Shampoo(params, lr=lr, momentum=0.0, preconditioning_compute_steps=10)
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = loss_fn(params)
+            loss.backward()
+            losses.append(loss.item())
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        return losses + [loss_fn(params).item()], times
+    opt = kw.pop("opt", None) or make(opt_name, lr)
+    opt.start()
+    state = opt.init(params)
+    for _ in range(steps):
+        loss = loss_fn(params)
+        grads = torch.autograd.grad(loss, params)
+        losses.append(loss.item())
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            state = opt.commit(grads, state, params)
+        times.append(time.perf_counter() - t0)
+    opt.close()
+    with torch.no_grad():
+        return losses + [loss_fn(params).item()], times
+
+
+def step_times(problem, runs, steps=100):
+    """Per optimizer, the median over runs of the mean step time (amortising the root
+    refreshes of every 10th step)."""
+    out = {}
+    for name in ("adam", "shampoo", "shampoo_matched", "po_shampoo"):
+        means = [statistics.fmean(train(problem, name, 1e-2, steps)[1]) for _ in range(runs)]
+        out[name] = statistics.median(means)
+    return out
+
+
+def steps_to_target(problem, steps):
+    best = {}
+    for name in ("adam", "shampoo", "shampoo_p2"):
+        runs = {lr: train(problem, name, lr, steps)[0] for lr in LRS[name]}
+        final = {lr: l[-1] for lr, l in runs.items() if l[-1] == l[-1]}     # NaN runs dropped
+        lr = min(final, key=final.get)
+        best[name] = (lr, runs[lr])
+    target = best["adam"][1][-1]
+    hits = {n: next((i for i, v in enumerate(best[n][1]) if v <= target), None)
+            for n in ("shampoo", "shampoo_p2")}
+    return best, target, hits
+
+
+def async_vs_sync(problem, runs, steps=100):
+    out = {}
+    for asyn in (False, True):
+        walls = []
+        for _ in range(runs):
+            opt = shampoo(1e-2, update_every=10, staleness=1, async_roots=asyn, start_preconditioning_step=10)
+            t0 = time.perf_counter()
+            train(problem, "shampoo", 1e-2, steps, opt=opt)
+            walls.append((time.perf_counter() - t0) / steps)
+        out["async" if asyn else "sync"] = statistics.median(walls)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {args.runs} runs\n")
+    print("mean optimizer step, ms (roots every 10 steps, amortised):\n")
+    print("| problem | adam | shampoo (adagrad graft) | shampoo (matched) | pytorch-optimizer Shampoo (matched) |")
+    print("|---|---|---|---|---|")
+    for problem in PROBLEMS:
+        t = step_times(problem, args.runs)
+        print(f"| {problem} | {t['adam']*1e3:.3f} | {t['shampoo']*1e3:.3f} | {t['shampoo_matched']*1e3:.3f} "
+              f"| {t['po_shampoo']*1e3:.3f} |")
+    print(f"\n| problem | adam: best lr, loss at {args.steps} | shampoo (-1/4): best lr, loss, steps to "
+          f"adam's | shampoo (-1/2): best lr, loss, steps to adam's |")
+    print("|---|---|---|---|")
+    for problem in PROBLEMS:
+        best, target, hits = steps_to_target(problem, args.steps)
+        cells = [f"{best[n][0]:g}, {best[n][1][-1]:.4f}, "
+                 f"{hits[n] if hits[n] is not None else '>' + str(args.steps)}" for n in ("shampoo", "shampoo_p2")]
+        print(f"| {problem} | {best['adam'][0]:g}, {target:.4f} | {cells[0]} | {cells[1]} |")
+    print("\nwall time per training step (forward, backward, step), roots every 10, staleness 1:\n")
+    print("| problem | sync | async |")
+    print("|---|---|---|")
+    for problem in PROBLEMS:
+        w = async_vs_sync(problem, args.runs)
+        print(f"| {problem} | {w['sync']*1e3:.3f} ms | {w['async']*1e3:.3f} ms |")
+
+
+if __name__ == "__main__":
+    main()
