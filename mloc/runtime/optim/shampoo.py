@@ -55,8 +55,6 @@ slice of every batch of roots and the slices are all-gathered (synchronous roots
 
 from __future__ import annotations
 
-import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import NamedTuple
 
 import torch
@@ -64,14 +62,11 @@ from torch import Tensor
 
 from mloc.runtime.optim import blocks
 from mloc.runtime.optim.base import Optimizer, is_zero
-from mloc.runtime.optim.roots import inverse_root
-from mloc.runtime.tree import Params
+from mloc.runtime.optim.rootwork import RootWork, clone_tuple, merge_due
 
 GRAFTS = ("none", "sgd", "adagrad", "rmsprop", "adam")
 GRAFT_EPS = 1e-10
 ADAM_GRAFT_BETA1 = 0.9
-ROOT_CHUNK = 16
-"""Roots are computed in batches of at most this many matrices (``Shampoo._batched_root``)."""
 
 
 class ShampooState(NamedTuple):
@@ -108,12 +103,9 @@ class Shampoo(Optimizer):
         self.graft, self.staleness, self.async_roots = graft, staleness, async_roots
         self.p_override, self.max_dim, self.method = exponent_override, max_precond_dim, root_method
         self.graft_beta2 = graft_beta2
-        self.slots = -(-staleness // update_every) if staleness else 0
+        self.work = RootWork(epsilon, root_method, update_every, staleness)
+        self.slots = self.work.slots
         self._layouts: dict[tuple, blocks.Layout] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._jobs: dict[int, Future] = {}
-        self._shard: tuple[int, int] | None = None     # (rank, world) under data parallelism
-        self._warned_at = 0
 
     # --- layout and state ---------------------------------------------------------------
     def layout(self, p: Tensor) -> blocks.Layout:
@@ -134,7 +126,7 @@ class Shampoo(Optimizer):
         n_graft = {"none": 0, "sgd": 0, "adagrad": 1, "rmsprop": 1, "adam": 2}[self.graft]
         graft = tuple(tuple(torch.zeros_like(p) for _ in range(n_graft)) for p in params)
         mom = tuple(torch.zeros_like(p) for p in params) if not is_zero(self.mu) else ()
-        pending = tuple({"step": -1, "roots": tuple(map(_clone_tuple, roots)),
+        pending = tuple({"step": -1, "roots": tuple(map(clone_tuple, roots)),
                          "status": tuple(tuple(f.to(torch.int8) for f in fs) for fs in fails)}
                         for _ in range(self.slots))
         return ShampooState(0, tuple(stats), tuple(roots), tuple(fails), graft, mom, pending)
@@ -145,10 +137,10 @@ class Shampoo(Optimizer):
         g = self._decayed(grads, params)
         stats = self._statistics(g, state.stats, params)
         ps = tuple(self.layout(p).p for p in params)
-        roots, failures, pending = self._install(t, state.roots, state.failures, state.pending)
-        pending = self._refresh(t, stats, ps, pending, background=self.async_roots)
+        roots, failures, pending = self.work.install(t, state.roots, state.failures, state.pending)
+        pending = self.work.refresh(t, stats, ps, pending, background=self.async_roots)
         if not self.slots:          # staleness 0: this step's roots are used by this step
-            roots, failures, pending = self._install(t, roots, failures, pending)
+            roots, failures, pending = self.work.install(t, roots, failures, pending)
         graft_state, direction = self._directions(t, g, state.graft, roots, params)
         mom, upd = self._momentum(direction, state.momentum, params)
         return upd, ShampooState(t, stats, roots, failures, graft_state, mom, pending)
@@ -215,160 +207,18 @@ class Shampoo(Optimizer):
             upd = [u - lr * self.wd * p for u, p in zip(upd, params)]
         return mom, tuple(upd)
 
-    # --- roots: refresh, stale install, asynchronous jobs, sharding -------------------------
-    def _refresh(self, t, stats, ps, pending, background):
-        """At a refresh step (``t`` a multiple of ``update_every``), the new roots: in a
-        one-off slot due now (staleness 0), or in their staleness slot due at ``t+s``,
-        computed now or by a background job that writes into the slot's tensors."""
-        if t % self.every or not any(stats):
-            return pending
-        if not self.slots:
-            return ({"step": t, **self._compute(stats, ps)},)
-        slot = (t // self.every) % self.slots
-        if slot in self._jobs:                 # installed already; its job is done
-            self._jobs.pop(slot).result()
-        fresh = {"step": t + self.staleness,
-                 "roots": tuple(tuple(torch.empty_like(s) for s in ss) for ss in stats),
-                 "status": tuple(tuple(torch.zeros(s.shape[0], dtype=torch.int8, device=s.device)
-                                       for s in ss) for ss in stats)}
-        if background:
-            self._start_pool()
-            self._jobs[slot] = self._pool.submit(self._fill, fresh, stats, ps)
-        else:
-            self._fill(fresh, stats, ps)
-        return pending[:slot] + (fresh,) + pending[slot + 1:]
-
-    def _fill(self, slot: dict, stats, ps) -> None:
-        """Compute the roots of ``stats`` into ``slot``'s tensors (a job's body)."""
-        done = self._compute(stats, ps)
-        for key in ("roots", "status"):
-            for dst, src in zip(slot[key], done[key]):
-                for d, s in zip(dst, src):
-                    d.copy_(s)
-
-    def _install(self, t, roots, failures, pending):
-        """Install the slots due at ``t`` (waiting for their jobs): accepted roots replace
-        the old, a rejected one keeps it and adds a consecutive failure, an all-zero
-        statistic (no gradient yet) does neither. Staleness 0's one-off slot is dropped."""
-        due = [i for i, s in enumerate(pending) if s["step"] == t]
-        if not due:
-            return roots, failures, pending
-        for i in due:
-            if i in self._jobs:
-                self._jobs.pop(i).result()
-            slot = pending[i]
-            roots, failures = _merge(roots, failures, slot["roots"], slot["status"])
-            pending = pending[:i] + ({**slot, "step": -1},) + pending[i + 1:]
-        if not self.slots:
-            pending = ()
-        self._report(failures)
-        return roots, failures, pending
-
-    @torch.no_grad()
-    def _compute(self, stats, ps) -> dict:
-        """New roots and their status (1 accepted, 0 rejected, -1 an all-zero statistic:
-        nothing to precondition by yet) for every statistic, one batched root per
-        (size, p) group."""
-        groups: dict[tuple, list] = {}
-        for i, ss in enumerate(stats):
-            for j, s in enumerate(ss):
-                groups.setdefault((s.shape[-1], ps[i]), []).append((i, j))
-        roots = [list(ss) for ss in stats]
-        status = [list(ss) for ss in stats]
-        for (_, p), items in groups.items():
-            batch = torch.cat([stats[i][j].detach() for i, j in items])
-            root, ok = self._batched_root(batch, p)
-            empty = batch.abs().amax((-2, -1)) == 0
-            code = torch.where(empty, -1, ok.to(torch.int8)).to(torch.int8)
-            sizes = [stats[i][j].shape[0] for i, j in items]
-            for (i, j), r, c in zip(items, root.split(sizes), code.split(sizes)):
-                roots[i][j], status[i][j] = r, c
-        return {"roots": tuple(map(tuple, roots)), "status": tuple(map(tuple, status))}
-
-    def _batched_root(self, batch: Tensor, p: int) -> tuple[Tensor, Tensor]:
-        """``(roots, ok)`` of a batch of ``n`` matrices, computed in chunks of
-        ``min(ROOT_CHUNK, n)`` (the last padded with identities): every root is computed in a
-        batch of the same shape whatever the process layout (CPU batched matmuls round
-        differently for different batch sizes). Under data parallelism rank ``r`` computes
-        chunks ``r, r+W, …`` and the ranks all-gather them, so the roots equal one
-        process's bit for bit."""
-        n, size = batch.shape[0], batch.shape[-1]
-        chunk = min(ROOT_CHUNK, n)
-        count = -(-n // chunk)
-        eye = torch.eye(size, dtype=batch.dtype, device=batch.device)
-        padded = torch.cat([batch, eye.expand(count * chunk - n, -1, -1)]).view(count, chunk, size, size)
-        rank, world = self._shard or (0, 1)
-        mine = [self._root(padded[c], p) for c in range(rank, count, world)]
-        if world == 1:
-            roots, oks = [r for r, _ in mine], [k for _, k in mine]
-        else:
-            roots, oks = self._gather(mine, count, world, padded)
-        return torch.cat(roots)[:n], torch.cat(oks)[:n]
-
-    def _root(self, chunk: Tensor, p: int) -> tuple[Tensor, Tensor]:
-        r = inverse_root(chunk, p, epsilon=self.epsilon, method=self.method)
-        return r.root, r.ok
-
-    def _gather(self, mine, count, world, padded):
-        """All-gather the ranks' chunks (each rank sends ``⌈count/W⌉``, identity-padded) and
-        put them back in order."""
-        import torch.distributed as dist
-        per = -(-count // world)
-        chunk = padded.shape[1]
-        filler = (torch.zeros_like(padded[0]), torch.zeros(chunk, dtype=torch.bool, device=padded.device))
-        mine = mine + [filler] * (per - len(mine))
-        root_out = [torch.empty((per, *padded.shape[1:]), dtype=padded.dtype, device=padded.device)
-                    for _ in range(world)]
-        ok_out = [torch.empty(per, chunk, dtype=torch.uint8, device=padded.device) for _ in range(world)]
-        dist.all_gather(root_out, torch.stack([r for r, _ in mine]).contiguous())
-        dist.all_gather(ok_out, torch.stack([k for _, k in mine]).to(torch.uint8))
-        order = [(c % world, c // world) for c in range(count)]
-        return [root_out[r][i] for r, i in order], [ok_out[r][i].bool() for r, i in order]
-
-    def _report(self, failures) -> None:
-        """Warn when a root was rejected: the first time, then every 10 more consecutive
-        failures of the worst matrix (one host read per install)."""
-        flat = [f for fs in failures for f in fs]
-        if not flat:
-            return
-        worst = int(torch.stack([f.max() for f in flat]).max())
-        if worst and (self._warned_at == 0 or worst >= self._warned_at + 10):
-            self._warned_at = worst
-            bad = sum(int((f > 0).sum()) for f in flat)
-            warnings.warn(f"shampoo: {bad} inverse root(s) rejected (non-finite or inaccurate); "
-                          f"the previous roots are kept (worst: {worst} consecutive failures). "
-                          "Check the gradients for NaN/Inf, raise `epsilon`, or refresh the "
-                          "roots less often.", RuntimeWarning, stacklevel=2)
-        elif worst == 0:
-            self._warned_at = 0
-
-    # --- lifecycle ------------------------------------------------------------------------
-    def _start_pool(self) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shampoo-roots")
-
+    # --- lifecycle (the root work's thread) ------------------------------------------------
     def start(self) -> None:
         """Start the root thread (``async_roots``); under a process group of several ranks
         (and synchronous roots) shard the root work."""
-        if self.async_roots:
-            self._start_pool()
-        import torch.distributed as dist
-        if not self.async_roots and dist.is_available() and dist.is_initialized():
-            world = dist.get_world_size()
-            self._shard = (dist.get_rank(), world) if world > 1 else None
+        self.work.start(self.async_roots)
 
     def drain(self) -> None:
         """Wait for every root job: the state's pending slots are then complete."""
-        for slot in sorted(self._jobs):
-            self._jobs.pop(slot).result()
+        self.work.drain()
 
     def close(self) -> None:
-        try:
-            self.drain()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+        self.work.close()
 
     # --- SAMA -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -381,9 +231,9 @@ class Shampoo(Optimizer):
         pending = state.pending
         if not self.slots:              # staleness 0: the next step computes its own roots
             stats = self._statistics(g, state.stats, params)
-            pending = self._refresh(t, stats, tuple(self.layout(p).p for p in params), pending,
+            pending = self.work.refresh(t, stats, tuple(self.layout(p).p for p in params), pending,
                                     background=False)
-        roots, _, _ = _merge_due(t, state.roots, state.failures, pending)
+        roots, _, _ = merge_due(t, state.roots, state.failures, pending)
         c = (1 + self.mu if self.nesterov else 1.0) if not is_zero(self.mu) else 1.0
         out = []
         for gi, acc, rts, p in zip(g, state.graft, roots, params):
@@ -413,27 +263,6 @@ class Shampoo(Optimizer):
 
 def _norm(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x)
-
-
-def _clone_tuple(ts):
-    return tuple(t.clone() for t in ts)
-
-
-def _merge(roots, failures, new_roots, status):
-    """Install ``new_roots`` where the status is 1; count a failure where it is 0."""
-    out_r, out_f = [], []
-    for rs, fs, ns, ss in zip(roots, failures, new_roots, status):
-        out_r.append(tuple(torch.where((s == 1)[:, None, None], n, r) for r, n, s in zip(rs, ns, ss)))
-        out_f.append(tuple(torch.where(s == 1, 0, torch.where(s == 0, f + 1, f))
-                           for f, s in zip(fs, ss)))
-    return tuple(out_r), tuple(out_f)
-
-
-def _merge_due(t, roots, failures, pending):
-    for slot in pending:
-        if slot["step"] == t:
-            roots, failures = _merge(roots, failures, slot["roots"], slot["status"])
-    return roots, failures, pending
 
 
 def shampoo(lr=1e-3, beta2=1.0, momentum=0.9, nesterov=True, epsilon=1e-6, weight_decay=0.0,

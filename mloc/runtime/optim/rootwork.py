@@ -1,0 +1,211 @@
+"""Shampoo's root work: when roots are refreshed, where pending stale roots wait, the
+background thread that computes them, the chunked batches and their split across
+data-parallel ranks, and how rejected roots are counted and reported.
+
+:class:`RootWork` is held by :class:`~mloc.runtime.optim.shampoo.Shampoo` (one per
+optimizer). A refresh at step ``t`` (a multiple of ``update_every``) produces, for every
+statistic, a root and a status (1 accepted, 0 rejected, -1 an all-zero statistic); with
+staleness ``s > 0`` it goes into slot ``(t / update_every) mod ⌈s/update_every⌉`` of the
+state's ``pending`` tuple, due at ``t+s``, computed now or by the thread (which writes into
+that slot's fresh tensors; installing waits for it). Installing merges accepted roots and
+counts a consecutive failure per rejected matrix.
+"""
+
+from __future__ import annotations
+
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+from torch import Tensor
+
+from mloc.runtime.optim.roots import inverse_root
+
+ROOT_CHUNK = 16
+"""Roots are computed in batches of at most this many matrices (``RootWork._batched_root``)."""
+
+
+class RootWork:
+    """See the module docstring."""
+
+    def __init__(self, epsilon: float, method: str, every: int, staleness: int):
+        self.epsilon, self.method, self.every, self.staleness = epsilon, method, every, staleness
+        self.slots = -(-staleness // every) if staleness else 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._jobs: dict[int, Future] = {}
+        self.shard: tuple[int, int] | None = None      # (rank, world) under data parallelism
+        self._warned_at = 0
+
+    def refresh(self, t, stats, ps, pending, background):
+        """At a refresh step (``t`` a multiple of ``update_every``), the new roots: in a
+        one-off slot due now (staleness 0), or in their staleness slot due at ``t+s``,
+        computed now or by a background job that writes into the slot's tensors."""
+        if t % self.every or not any(stats):
+            return pending
+        if not self.slots:
+            return ({"step": t, **self.compute(stats, ps)},)
+        slot = (t // self.every) % self.slots
+        if slot in self._jobs:                 # installed already; its job is done
+            self._jobs.pop(slot).result()
+        fresh = {"step": t + self.staleness,
+                 "roots": tuple(tuple(torch.empty_like(s) for s in ss) for ss in stats),
+                 "status": tuple(tuple(torch.zeros(s.shape[0], dtype=torch.int8, device=s.device)
+                                       for s in ss) for ss in stats)}
+        if background:
+            self._start_pool()
+            self._jobs[slot] = self._pool.submit(self._fill, fresh, stats, ps)
+        else:
+            self._fill(fresh, stats, ps)
+        return pending[:slot] + (fresh,) + pending[slot + 1:]
+
+    def _fill(self, slot: dict, stats, ps) -> None:
+        """Compute the roots of ``stats`` into ``slot``'s tensors (a job's body)."""
+        done = self.compute(stats, ps)
+        for key in ("roots", "status"):
+            for dst, src in zip(slot[key], done[key]):
+                for d, s in zip(dst, src):
+                    d.copy_(s)
+
+    def install(self, t, roots, failures, pending):
+        """Install the slots due at ``t`` (waiting for their jobs): accepted roots replace
+        the old, a rejected one keeps it and adds a consecutive failure, an all-zero
+        statistic (no gradient yet) does neither. Staleness 0's one-off slot is dropped."""
+        due = [i for i, s in enumerate(pending) if s["step"] == t]
+        if not due:
+            return roots, failures, pending
+        for i in due:
+            if i in self._jobs:
+                self._jobs.pop(i).result()
+            slot = pending[i]
+            roots, failures = merge(roots, failures, slot["roots"], slot["status"])
+            pending = pending[:i] + ({**slot, "step": -1},) + pending[i + 1:]
+        if not self.slots:
+            pending = ()
+        self._report(failures)
+        return roots, failures, pending
+
+    @torch.no_grad()
+    def compute(self, stats, ps) -> dict:
+        """New roots and their status (1 accepted, 0 rejected, -1 an all-zero statistic:
+        nothing to precondition by yet) for every statistic, one batched root per
+        (size, p) group."""
+        groups: dict[tuple, list] = {}
+        for i, ss in enumerate(stats):
+            for j, s in enumerate(ss):
+                groups.setdefault((s.shape[-1], ps[i]), []).append((i, j))
+        roots = [list(ss) for ss in stats]
+        status = [list(ss) for ss in stats]
+        for (_, p), items in groups.items():
+            batch = torch.cat([stats[i][j].detach() for i, j in items])
+            root, ok = self._batched_root(batch, p)
+            empty = batch.abs().amax((-2, -1)) == 0
+            code = torch.where(empty, -1, ok.to(torch.int8)).to(torch.int8)
+            sizes = [stats[i][j].shape[0] for i, j in items]
+            for (i, j), r, c in zip(items, root.split(sizes), code.split(sizes)):
+                roots[i][j], status[i][j] = r, c
+        return {"roots": tuple(map(tuple, roots)), "status": tuple(map(tuple, status))}
+
+    def _batched_root(self, batch: Tensor, p: int) -> tuple[Tensor, Tensor]:
+        """``(roots, ok)`` of a batch of ``n`` matrices, computed in chunks of
+        ``min(ROOT_CHUNK, n)`` (the last padded with identities): every root is computed in a
+        batch of the same shape whatever the process layout (CPU batched matmuls round
+        differently for different batch sizes). Under data parallelism rank ``r`` computes
+        chunks ``r, r+W, …`` and the ranks all-gather them, so the roots equal one
+        process's bit for bit."""
+        n, size = batch.shape[0], batch.shape[-1]
+        chunk = min(ROOT_CHUNK, n)
+        count = -(-n // chunk)
+        eye = torch.eye(size, dtype=batch.dtype, device=batch.device)
+        padded = torch.cat([batch, eye.expand(count * chunk - n, -1, -1)]).view(count, chunk, size, size)
+        rank, world = self.shard or (0, 1)
+        mine = [self._root(padded[c], p) for c in range(rank, count, world)]
+        if world == 1:
+            roots, oks = [r for r, _ in mine], [k for _, k in mine]
+        else:
+            roots, oks = self._gather(mine, count, world, padded)
+        return torch.cat(roots)[:n], torch.cat(oks)[:n]
+
+    def _root(self, chunk: Tensor, p: int) -> tuple[Tensor, Tensor]:
+        r = inverse_root(chunk, p, epsilon=self.epsilon, method=self.method)
+        return r.root, r.ok
+
+    def _gather(self, mine, count, world, padded):
+        """All-gather the ranks' chunks (each rank sends ``⌈count/W⌉``, identity-padded) and
+        put them back in order."""
+        import torch.distributed as dist
+        per = -(-count // world)
+        chunk = padded.shape[1]
+        filler = (torch.zeros_like(padded[0]), torch.zeros(chunk, dtype=torch.bool, device=padded.device))
+        mine = mine + [filler] * (per - len(mine))
+        root_out = [torch.empty((per, *padded.shape[1:]), dtype=padded.dtype, device=padded.device)
+                    for _ in range(world)]
+        ok_out = [torch.empty(per, chunk, dtype=torch.uint8, device=padded.device) for _ in range(world)]
+        dist.all_gather(root_out, torch.stack([r for r, _ in mine]).contiguous())
+        dist.all_gather(ok_out, torch.stack([k for _, k in mine]).to(torch.uint8))
+        order = [(c % world, c // world) for c in range(count)]
+        return [root_out[r][i] for r, i in order], [ok_out[r][i].bool() for r, i in order]
+
+    def _report(self, failures) -> None:
+        """Warn when a root was rejected: the first time, then every 10 more consecutive
+        failures of the worst matrix (one host read per install)."""
+        flat = [f for fs in failures for f in fs]
+        if not flat:
+            return
+        worst = int(torch.stack([f.max() for f in flat]).max())
+        if worst and (self._warned_at == 0 or worst >= self._warned_at + 10):
+            self._warned_at = worst
+            bad = sum(int((f > 0).sum()) for f in flat)
+            warnings.warn(f"shampoo: {bad} inverse root(s) rejected (non-finite or inaccurate); "
+                          f"the previous roots are kept (worst: {worst} consecutive failures). "
+                          "Check the gradients for NaN/Inf, raise `epsilon`, or refresh the "
+                          "roots less often.", RuntimeWarning, stacklevel=2)
+        elif worst == 0:
+            self._warned_at = 0
+
+    def _start_pool(self) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shampoo-roots")
+
+    def start(self, background: bool) -> None:
+        """Start the root thread (``async_roots``); under a process group of several ranks
+        (and synchronous roots) shard the root work."""
+        if background:
+            self._start_pool()
+        import torch.distributed as dist
+        if not background and dist.is_available() and dist.is_initialized():
+            world = dist.get_world_size()
+            self.shard = (dist.get_rank(), world) if world > 1 else None
+
+    def drain(self) -> None:
+        """Wait for every root job: the state's pending slots are then complete."""
+        for slot in sorted(self._jobs):
+            self._jobs.pop(slot).result()
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+
+def clone_tuple(ts):
+    return tuple(t.clone() for t in ts)
+
+
+def merge(roots, failures, new_roots, status):
+    """Install ``new_roots`` where the status is 1; count a failure where it is 0."""
+    out_r, out_f = [], []
+    for rs, fs, ns, ss in zip(roots, failures, new_roots, status):
+        out_r.append(tuple(torch.where((s == 1)[:, None, None], n, r) for r, n, s in zip(rs, ns, ss)))
+        out_f.append(tuple(torch.where(s == 1, 0, torch.where(s == 0, f + 1, f))
+                           for f, s in zip(fs, ss)))
+    return tuple(out_r), tuple(out_f)
+
+
+def merge_due(t, roots, failures, pending):
+    for slot in pending:
+        if slot["step"] == t:
+            roots, failures = merge(roots, failures, slot["roots"], slot["status"])
+    return roots, failures, pending
