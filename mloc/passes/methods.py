@@ -2,8 +2,8 @@
 
 A method's `caps.needs` names the optimizer capabilities it requires of the lower
 problem's optimizer (`mloc.builtins`): `itd` backpropagates through the optimizer's update,
-so it needs a `differentiable` one (not shampoo, whose matrix roots are not, nor a
-`torch.optim` optimizer, which steps in place); `sama` needs the diagonal ∂update/∂grad
+so it needs a `differentiable` one (shampoo is, with its roots held constant between
+refreshes; a `torch.optim` optimizer is not: it steps in place); `sama` needs the diagonal ∂update/∂grad
 (`sama_diag`). A missing one is E401, with the optimizer's `caps.opaque` as a note. An unrolling method
 cannot differentiate more steps than the edge unrolls (its `steps` default to the edge's
 `unroll`), and `truncate` cannot exceed `steps` (E402).
