@@ -51,8 +51,7 @@ def problem():
     return loss, (w1, w2)
 
 
-@pytest.mark.parametrize("method,wd,decoupled", [("newton", 0.01, False), ("newton", 0.01, True),
-                                                 ("eigh", 0.0, False)])
+@pytest.mark.parametrize("method,wd,decoupled", [("newton", 0.01, False), ("eigh", 0.01, True)])
 def test_first_100_steps_agree(method, wd, decoupled):
     loss, init = problem()
     ours = tuple(p.clone() for p in init)
