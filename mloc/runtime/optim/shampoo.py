@@ -76,7 +76,8 @@ class ShampooState(NamedTuple):
     failures: tuple        # per parameter: per mode, (B,) int64 consecutive rejected roots
     graft: tuple           # per parameter: the grafting accumulators (() for sgd/none)
     momentum: tuple        # per parameter: the momentum buffer; () without momentum
-    pending: tuple         # per staleness slot: a dict {"step", "roots", "ok"} (see _Pending)
+    pending: tuple         # per staleness slot: {"step": due step or -1, "roots", "status"}
+                           # (mloc.runtime.optim.rootwork)
 
 
 class Shampoo(Optimizer):
@@ -231,8 +232,8 @@ class Shampoo(Optimizer):
         pending = state.pending
         if not self.slots:              # staleness 0: the next step computes its own roots
             stats = self._statistics(g, state.stats, params)
-            pending = self.work.refresh(t, stats, tuple(self.layout(p).p for p in params), pending,
-                                    background=False)
+            ps = tuple(self.layout(p).p for p in params)
+            pending = self.work.refresh(t, stats, ps, pending, background=False)
         roots, _, _ = merge_due(t, state.roots, state.failures, pending)
         c = (1 + self.mu if self.nesterov else 1.0) if not is_zero(self.mu) else 1.0
         out = []
