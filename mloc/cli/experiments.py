@@ -124,7 +124,7 @@ def mode_of(metric: str) -> str:
 
 def load_run(directory: Path) -> Run:
     """Read a run folder; a :class:`UsageError` when it holds no metrics."""
-    from mloc.runtime.metrics import read_metrics
+    from mloc.runtime.records import read_metrics
     directory = Path(directory)
     path = directory / "metrics.jsonl"
     try:

@@ -127,7 +127,7 @@ def _finite(lv: Any, guard: FiniteGuard, clock: Any, commit: Callable[[Params], 
     name = lv.spec.name
     keep_loss, keep_grads = guard.loss_watcher(name), guard.grads_watcher(name, "hypergradient")
     upper = bool(getattr(getattr(clock, "hierarchy", None), "lowers", {}).get(name))
-    keep_norm = guard.norm_watcher(name, "hypergrad_norm" if upper else "grad_norm")   # logged steps only
+    keep_norm = guard.norms.watcher(name, "hypergrad_norm" if upper else "grad_norm")   # logged steps only
 
     def run(grads: Params, loss: Tensor | None) -> None:
         if loss is not None:

@@ -75,7 +75,7 @@ class RunOptions:
     quiet: bool = False
     launched_by: int | None = None
     threads: int | None = None          # torch's intra-op threads; None: torch's default
-    logger: tuple[str, ...] = ()        # loggers beside metrics.jsonl (mloc.runtime.loggers)
+    logger: tuple[str, ...] | None = None   # loggers beside metrics.jsonl (mloc.runtime.loggers)
 
     def config(self, defaults: RunConfig) -> RunConfig:
         given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
@@ -120,7 +120,7 @@ def main(ns: dict, argv: list[str] | None = None) -> int:
     """`python train.py [options]`: parse the options, open the run folder, then `run`."""
     args = parser(ns["DEFAULTS"]).parse_args(argv)
     try:
-        args.logger = usable_loggers(args.logger)
+        args.logger = usable_loggers(args.logger) or None
     except LoggerError as e:
         _say(e)
         return 2
@@ -158,7 +158,7 @@ def _main(ns: dict, options: RunOptions, config: RunConfig) -> int:
             return EXIT_PEER            # the launcher is gone already: write nothing
         check_owner(options.out, options.launched_by)
         return run(ns, config, options.out, options.resume, quiet=options.quiet, owner=options.launched_by,
-                   threads=options.threads, loggers=options.logger)   # rank 0 alone shows progress
+                   threads=options.threads, loggers=options.logger or ())   # rank 0 alone shows progress
     if rank not in (None, 0):           # a plain torchrun: rank 0 opens the folder, the others write nothing
         return run(ns, config, options.out or Path("."), options.resume, quiet=True, threads=options.threads)
     if options.resume is not None:
@@ -166,9 +166,9 @@ def _main(ns: dict, options: RunOptions, config: RunConfig) -> int:
     choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])
     with RunFolder(choice) as folder:
         write_config(folder.dir, run_record(config, {"file": ns.get("__file__")}, options.resume,
-                                            threads=options.threads, loggers=options.logger))
+                                            threads=options.threads, loggers=options.logger or ()))
         return run(ns, config, folder.dir, folder.dir if options.resume else None, options.quiet,
-                   owner=folder.owner, threads=options.threads, loggers=options.logger)
+                   owner=folder.owner, threads=options.threads, loggers=options.logger or ())
 
 
 def check_resume(directory: Path, name: str, steps: int) -> int:

@@ -27,7 +27,8 @@ from pathlib import Path
 from mloc.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from mloc.runtime.engine import Program
 from mloc.runtime.loggers import open_loggers
-from mloc.runtime.metrics import MetricsWriter, log_train
+from mloc.runtime.metrics import MetricsWriter
+from mloc.runtime.records import log_train
 from mloc.runtime.runfolder import RunIOError, check_owner, truncate_metrics
 from mloc.runtime.selection import Selection, Watch
 
@@ -128,7 +129,7 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
     for step in range(start, steps):
         where.text = f"step {step + 1}"
         done = step + 1
-        logged = guard.sampling = done % intervals.log_every == 0 or done == steps
+        logged = guard.norms.sampling = done % intervals.log_every == 0 or done == steps
         program.outer_step()
         if logged:
             guard.check()
@@ -149,7 +150,7 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
         if intervals.checkpoint_every and done % intervals.checkpoint_every == 0 and done != steps:
             program.guard.check()
             save(program, out, owner, watch.state())
-    guard.sampling = False
+    guard.norms.sampling = False
     program.guard.check()
     save(program, out, owner, watch.state())
     watch.finish()

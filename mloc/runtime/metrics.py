@@ -25,7 +25,7 @@ summary  ``problem: "*"``, ``steps_per_s``, ``seconds``, ``final``: {metric: val
 The loss means cost no host sync per step: the losses are the values :class:`FiniteGuard`
 keeps on the device anyway, summed when the guard reads them at a log boundary
 (:meth:`FiniteGuard.means`). The gradient norms are queued only on the step that ends a log
-interval (:attr:`FiniteGuard.sampling`), kept on the device and read with the means.
+interval (:class:`GradNorms`, the guard's ``norms``), kept on the device and read with the means.
 
 :class:`FiniteGuard` watches losses and gradients. :meth:`FiniteGuard.watch` only queues
 device work (it keeps one 0-dim value per watch on the device: the loss itself, or a flag
@@ -98,62 +98,6 @@ class MetricsWriter:
         self.close()
 
 
-def log_train(metrics: MetricsWriter, program: Any, step: int, rate: float) -> dict[str, float]:
-    """Write the ``train`` records of ``program`` (an :class:`~mloc.runtime.engine.Program`)
-    at ``step`` and a ``speed`` record; returns ``{problem: loss}`` for the progress display.
-    Call right after ``program.guard.check()`` (which read the losses this takes the means
-    of). The learning rates are read here (a scheduled one is a 0-dim tensor: one read per
-    problem, at log boundaries only)."""
-    guard = program.guard
-    means, norms, current = guard.means(), guard.norms(), None
-    losses = {}
-    for name, lv in program.live.items():
-        mean = means.get((name, "loss"))
-        if mean is None:                  # no step reported a loss: the loss on its current batch
-            current = program.losses() if current is None else current
-            if name not in current:
-                continue
-            mean = (current[name], 0)
-        losses[name] = mean[0]
-        values = {"loss": mean[0], "loss_steps": mean[1]}
-        lr = learning_rate(lv)
-        if lr is not None:
-            values["lr"] = lr
-        for what in ("grad_norm", "hypergrad_norm"):
-            if (name, what) in norms:
-                values[what] = norms[(name, what)]
-        metrics.write(step, name, "train", **values)
-    metrics.write(step, "*", "speed", steps_per_s=rate)
-    return losses
-
-
-def learning_rate(lv: Any) -> float | None:
-    """A problem's learning rate now: its ``lr`` (a number, or the 0-dim tensor its
-    schedule rewrites before each step); None when its optimizer has none."""
-    lr = getattr(lv, "lr", None)
-    if isinstance(lr, Tensor):
-        return float(lr)
-    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The records of a ``metrics.jsonl`` (a torn last line, from a killed run, skipped).
-    Records from before the schema (no ``kind``) get one: ``eval`` when they hold ``eval``,
-    ``speed`` for ``steps_per_s``, else ``train``."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and "step" in record:
-                record.setdefault("kind", "eval" if "eval" in record else
-                                  "speed" if "steps_per_s" in record else "train")
-                out.append(record)
-    return out
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, Tensor):
         value = value.item() if value.numel() == 1 else value.tolist()
@@ -182,6 +126,48 @@ class NonFiniteError(Exception):
                      "logs of zero, or use fp32/bf16 instead of fp16; resume from the last checkpoint")
 
 
+class GradNorms:
+    """Gradient 2-norms sampled on the steps that end a log interval (the loop sets
+    :attr:`sampling`), kept on the device and read at the log boundary (:meth:`read`).
+    Not part of the finiteness check: an fp16 step whose gradients overflow is the loss
+    scaler's to skip, and its norm is just logged as ``null``."""
+
+    def __init__(self):
+        self.sampling = False
+        self._kept: dict[tuple[str, str], Tensor] = {}
+
+    def watcher(self, problem: str, what: str = "grad_norm") -> Callable[[Sequence[Tensor]], None]:
+        """``keep(grads)``: while :attr:`sampling` is set, queue the 2-norm of ``grads`` (all
+        of them as one vector, ``‖(‖g₁‖₂, …, ‖gₙ‖₂)‖₂``: one foreach kernel and one norm) as
+        ``(problem, what)``'s latest; a no-op otherwise."""
+        key = (problem, what)
+
+        def keep(grads: Sequence[Tensor]) -> None:
+            if not self.sampling:
+                return
+            ts = [g for g in grads if g is not None and _inexact(g)]
+            if ts:
+                with torch.no_grad():
+                    try:
+                        each = torch._foreach_norm(ts)
+                    except RuntimeError:                    # mixed devices or dtypes
+                        each = [torch.linalg.vector_norm(g) for g in ts]
+                    self._kept[key] = torch.linalg.vector_norm(torch.stack([n.to(each[0]) for n in each]))
+        return keep
+
+    def read(self) -> dict[tuple[str, str], float | None]:
+        """``{(problem, what): norm}`` sampled since the last read (one transfer; NaN/Inf as
+        None), and forget them."""
+        kept, self._kept = self._kept, {}
+        if not kept:
+            return {}
+        try:
+            read = torch.stack([v.to(torch.float64) for v in kept.values()]).tolist()
+        except RuntimeError:                            # several devices
+            read = [float(v) for v in kept.values()]
+        return {key: (x if math.isfinite(x) else None) for key, x in zip(kept, read)}
+
+
 class FiniteGuard:
     """Keeps, on the device, one 0-dim value per watch; :meth:`check` finds the first
     ``(step, problem, what)`` whose tensors were not finite and raises it (see the module
@@ -202,8 +188,7 @@ class FiniteGuard:
         self._used = 0                           # flags handed out since the last scan
         self._one: Tensor | None = None
         self._sums: dict[int, list] = {}         # code -> [sum, count] of the finite 0-dim values read
-        self._norms: dict[int, Tensor] = {}      # code -> the last sampled gradient 2-norm, on the device
-        self.sampling = False                    # set by the loop on the step that ends a log interval
+        self.norms = GradNorms()                 # sampled on logged steps; not part of the check
 
     def watch(self, step: int | Tensor, problem: str, tensors: Tensor | Sequence[Tensor | None],
               what: str = "loss") -> None:
@@ -364,27 +349,6 @@ class FiniteGuard:
         if self._first is None:
             self._first = found
 
-    def norm_watcher(self, problem: str, what: str = "grad_norm") -> Callable[[Sequence[Tensor]], None]:
-        """``keep(grads)``: while :attr:`sampling` is set, queue the 2-norm of ``grads`` (all
-        of them as one vector, ``‖(‖g₁‖₂, …, ‖gₙ‖₂)‖₂``, one foreach kernel and one norm) and
-        keep it on the device as ``(problem, what)``'s latest (:meth:`norms` reads it); a
-        no-op otherwise. Not part of the finiteness check: an fp16 step whose gradients
-        overflow is the loss scaler's to skip, and its norm is just logged as ``null``."""
-        code = self._code(problem, what)
-
-        def keep(grads: Sequence[Tensor]) -> None:
-            if not self.sampling:
-                return
-            ts = [g for g in grads if g is not None and _inexact(g)]
-            if ts:
-                with torch.no_grad():
-                    try:
-                        each = torch._foreach_norm(ts)
-                    except RuntimeError:                    # mixed devices or dtypes
-                        each = [torch.linalg.vector_norm(g) for g in ts]
-                    self._norms[code] = torch.linalg.vector_norm(torch.stack([n.to(each[0]) for n in each]))
-        return keep
-
     def means(self) -> dict[tuple[str, str], tuple[float, int]]:
         """``{(problem, what): (mean, count)}`` of the 0-dim values (losses) kept since the
         last call and read by a :meth:`check` (or a fold): the running mean over a log
@@ -392,18 +356,6 @@ class FiniteGuard:
         :meth:`check` first."""
         sums, self._sums = self._sums, {}
         return {self._names[code]: (total / count, count) for code, (total, count) in sums.items()}
-
-    def norms(self) -> dict[tuple[str, str], float | None]:
-        """``{(problem, what): norm}`` sampled since the last call (one transfer; NaN/Inf as
-        None), and forget them."""
-        kept, self._norms = self._norms, {}
-        if not kept:
-            return {}
-        try:
-            read = torch.stack([v.to(torch.float64) for v in kept.values()]).tolist()
-        except RuntimeError:                            # several devices
-            read = [float(v) for v in kept.values()]
-        return {self._names[code]: (x if math.isfinite(x) else None) for code, x in zip(kept, read)}
 
     def check(self) -> None:
         """Raise :class:`NonFiniteError` for the first non-finite watch, if any (one sync)."""

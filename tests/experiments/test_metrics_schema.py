@@ -18,7 +18,8 @@ import torch
 import mloc
 from mloc.cli import main
 from mloc.runtime.loggers import LoggerError, WandbLogger, check_available, parse, scalars
-from mloc.runtime.metrics import FiniteGuard, read_metrics
+from mloc.runtime.metrics import FiniteGuard
+from mloc.runtime.records import read_metrics
 
 SMALL = Path(__file__).resolve().parents[1] / "run" / "small.mlo"     # net (lower), weights (upper), log every 5
 
@@ -64,19 +65,19 @@ def test_guard_means_survive_a_fold():
 
 def test_norms_are_sampled_only_on_logged_steps_and_equal_the_flat_norm():
     guard = FiniteGuard()
-    keep = guard.norm_watcher("p", "grad_norm")
+    keep = guard.norms.watcher("p", "grad_norm")
     g = torch.Generator().manual_seed(1)
     grads = [torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randn(5, generator=g, dtype=torch.float64)]
     keep(grads)
-    assert guard.norms() == {}                                     # not sampling: nothing queued
-    guard.sampling = True
+    assert guard.norms.read() == {}                                     # not sampling: nothing queued
+    guard.norms.sampling = True
     keep([2 * x for x in grads])
     keep(grads)                                                    # the last one of the step is kept
     flat = torch.cat([x.reshape(-1) for x in grads])
-    (norm,) = guard.norms().values()
+    (norm,) = guard.norms.read().values()
     assert norm == pytest.approx(math.sqrt(math.fsum(float(v) ** 2 for v in flat)), rel=1e-14, abs=0)
     keep([torch.full((2,), float("inf"), dtype=torch.float64)])
-    assert guard.norms() == {("p", "grad_norm"): None}            # logged as null, not raised
+    assert guard.norms.read() == {("p", "grad_norm"): None}            # logged as null, not raised
 
 
 def _run(tmp_path, *extra):

@@ -1,0 +1,74 @@
+"""What a log boundary writes into ``metrics.jsonl`` (the ``train`` and ``speed`` records of
+the schema in :mod:`mloc.runtime.metrics`), and reading the file back.
+
+:func:`log_train` takes each problem's mean loss over the interval and its sampled
+gradient norm from the :class:`~mloc.runtime.metrics.FiniteGuard` (which kept them on the
+device: no host sync per step) and its learning rate from the problem; :func:`read_metrics`
+is what `mloc plot`, `mloc runs` and `mloc sweep` read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from torch import Tensor
+
+from mloc.runtime.metrics import MetricsWriter
+
+
+def log_train(metrics: MetricsWriter, program: Any, step: int, rate: float) -> dict[str, float]:
+    """Write the ``train`` records of ``program`` (an :class:`~mloc.runtime.engine.Program`)
+    at ``step`` and a ``speed`` record; returns ``{problem: loss}`` for the progress display.
+    Call right after ``program.guard.check()`` (which read the losses this takes the means
+    of). The learning rates are read here (a scheduled one is a 0-dim tensor: one read per
+    problem, at log boundaries only)."""
+    guard = program.guard
+    means, norms, current = guard.means(), guard.norms.read(), None
+    losses = {}
+    for name, lv in program.live.items():
+        mean = means.get((name, "loss"))
+        if mean is None:                  # no step reported a loss: the loss on its current batch
+            current = program.losses() if current is None else current
+            if name not in current:
+                continue
+            mean = (current[name], 0)
+        losses[name] = mean[0]
+        values = {"loss": mean[0], "loss_steps": mean[1]}
+        lr = learning_rate(lv)
+        if lr is not None:
+            values["lr"] = lr
+        for what in ("grad_norm", "hypergrad_norm"):
+            if (name, what) in norms:
+                values[what] = norms[(name, what)]
+        metrics.write(step, name, "train", **values)
+    metrics.write(step, "*", "speed", steps_per_s=rate)
+    return losses
+
+
+def learning_rate(lv: Any) -> float | None:
+    """A problem's learning rate now: its ``lr`` (a number, or the 0-dim tensor its
+    schedule rewrites before each step); None when its optimizer has none."""
+    lr = getattr(lv, "lr", None)
+    if isinstance(lr, Tensor):
+        return float(lr)
+    return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The records of a ``metrics.jsonl`` (a torn last line, from a killed run, skipped).
+    Records from before the schema (no ``kind``) get one: ``eval`` when they hold ``eval``,
+    ``speed`` for ``steps_per_s``, else ``train``."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "step" in record:
+                record.setdefault("kind", "eval" if "eval" in record else
+                                  "speed" if "steps_per_s" in record else "train")
+                out.append(record)
+    return out
