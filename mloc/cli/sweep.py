@@ -96,6 +96,8 @@ def cmd_sweep(args, out: Output) -> int:
         raise UsageError("--jobs and --threads must be at least 1")
     if args.steps is not None and args.steps < 1:
         raise UsageError("--steps must be at least 1")
+    from mloc.cli.train import _loggers
+    _loggers(args.logger)                  # an unknown or uninstalled logger: refused before any run
     seeds = _int_list(args.seeds, "--seeds") if args.seeds else [None]
     points = grid(args.set or [])
     root = Path(args.out) if args.out else _next_sweep(Path("runs") / Path(args.file).stem)
