@@ -12,7 +12,8 @@ Measured, each the median of ``--runs`` repetitions:
 1. optimizer step time (the optimizer's step alone, forward/backward excluded; the mean
    over a 100-step run, so the root refreshes are amortised): mloc ``adam``; mloc ``shampoo`` (AdaGrad grafting,
    roots every 10 steps); mloc ``shampoo`` with pytorch-optimizer's settings (no grafting,
-   no momentum, roots every 10 steps) and ``pytorch_optimizer.Shampoo`` with the same
+   no momentum, roots every 10 steps; coupled Newton, and ``root_method="eigh"``) and
+   ``pytorch_optimizer.Shampoo`` with the same
    (``momentum=0, preconditioning_compute_steps=10``);
 2. steps to reach Adam's 500-step loss: each optimizer's learning rate is the best of a
    3-point grid (``LRS``) for its 500-step loss; the number of steps mloc's Shampoo needs
@@ -79,9 +80,9 @@ def make(name, lr):
     if name == "shampoo_p2":      # exponent -1/2 per side instead of -1/4
         return shampoo(lr, update_every=10, start_preconditioning_step=10, graft="adagrad",
                        exponent_override=2)
-    if name == "shampoo_matched":
+    if name in ("shampoo_matched", "shampoo_matched_eigh"):
         return shampoo(lr, momentum=0.0, update_every=10, start_preconditioning_step=0, graft="none",
-                       epsilon=1e-6)
+                       epsilon=1e-6, root_method="eigh" if name.endswith("eigh") else "newton")
     raise ValueError(name)
 
 
@@ -123,7 +124,7 @@ def step_times(problem, runs, steps=100):
     """Per optimizer, the median over runs of the mean step time (amortising the root
     refreshes of every 10th step)."""
     out = {}
-    for name in ("adam", "shampoo", "shampoo_matched", "po_shampoo"):
+    for name in ("adam", "shampoo", "shampoo_matched", "shampoo_matched_eigh", "po_shampoo"):
         means = [statistics.fmean(train(problem, name, 1e-2, steps)[1]) for _ in range(runs)]
         out[name] = statistics.median(means)
     return out
@@ -164,12 +165,13 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {args.runs} runs\n")
     print("mean optimizer step, ms (roots every 10 steps, amortised):\n")
-    print("| problem | adam | shampoo (adagrad graft) | shampoo (matched) | pytorch-optimizer Shampoo (matched) |")
-    print("|---|---|---|---|---|")
+    print("| problem | adam | shampoo (adagrad graft) | shampoo (matched) | shampoo (matched, eigh) "
+          "| pytorch-optimizer Shampoo (matched) |")
+    print("|---|---|---|---|---|---|")
     for problem in PROBLEMS:
         t = step_times(problem, args.runs)
         print(f"| {problem} | {t['adam']*1e3:.3f} | {t['shampoo']*1e3:.3f} | {t['shampoo_matched']*1e3:.3f} "
-              f"| {t['po_shampoo']*1e3:.3f} |")
+              f"| {t['shampoo_matched_eigh']*1e3:.3f} | {t['po_shampoo']*1e3:.3f} |")
     print(f"\n| problem | adam: best lr, loss at {args.steps} | shampoo (-1/4): best lr, loss, steps to "
           f"adam's | shampoo (-1/2): best lr, loss, steps to adam's |")
     print("|---|---|---|---|")
