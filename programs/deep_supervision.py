@@ -85,10 +85,10 @@ def sk_digits_test():
     return _sk_digits(train=False)
 
 
-def accuracy(*stages_and_data) -> torch.Tensor:
+def accuracy(*stages_and_data) -> float:
     """Test accuracy of the network (every stage, then the last stage's head)."""
     *stages, (x, y) = stages_and_data
     h = x.to(next(stages[0].parameters()).dtype)
     for stage in stages:
         h = stage(h)
-    return (stages[-1].head(h).argmax(1) == y).float().mean()
+    return (stages[-1].head(h).argmax(1) == y).float().mean().item()

@@ -174,11 +174,7 @@ class Emitter:
         for top, c in self.plan.compositions.items():
             self.emit(f"    {top!r}: {c!r},")
         self.emit("}")
-        if self.plan.chains:
-            self.emit("CHAINS = (  # interlocking backpropagation: stage k learns from head min(k+n-1, K)")
-            for c, spec in zip(self.plan.chains, self.g.info.chains):
-                self.emit(f"    {c!r},  {self.at(spec.span)}: {c.policy()}")
-            self.emit(")")
+        self.lines += _chains(self.plan.chains, self.g.info.chains, self.at)
         self.block()
 
     def schedule(self) -> None:
@@ -284,6 +280,14 @@ def _hooks(p: ProblemNode, at) -> list[list[str]]:
             out.append([f"def {p.name}_{key}({p.name}):  # {when}, under no_grad",
                         f"    {render_value(call.call)}  {at(call.span)}"])
     return out
+
+
+def _chains(chains, specs, at) -> list[str]:
+    """`CHAINS`: the program's interlocking chains, each with its source line (none: nothing)."""
+    if not chains:
+        return []
+    return ["CHAINS = (  # interlocking backpropagation: stage k learns from head min(k+n-1, K)",
+            *(f"    {c!r},  {at(spec.span)}: {c.policy()}" for c, spec in zip(chains, specs)), ")"]
 
 
 def _warmup(actions) -> list[str]:

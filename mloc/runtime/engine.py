@@ -54,8 +54,7 @@ class Program:
                  evaluations: Sequence[tuple[int, str, Callable]] = (), compositions: dict | None = None,
                  chains: Sequence[Interlock] = ()):
         self.name, self.config, self._schedule = name, config, schedule
-        self.chains = {c.stages[0]: c for c in chains}     # by first stage, as `chain_step` names them
-        self._chain_fns: dict[str, Callable[[], None]] = {}
+        self.chains, self._chain_fns = {c.stages[0]: c for c in chains}, {}    # by first stage; steps built lazily
         self.dist = DistContext.from_env()
         self.device = resolve_device(config.device, self.dist.local_rank)
         self.step_count = 0
@@ -120,14 +119,10 @@ class Program:
         batch()
 
     def chain_step(self, first: str) -> None:
-        """One interlocking step of the chain starting at `first`: one batch (its first
-        stage's next) for every stage, the chain's gradients (:mod:`mloc.runtime.interlock`),
-        then each stage's own commit pipeline, in depth order."""
-        fn = self._chain_fns.get(first)
-        if fn is None:
-            fn = self._chain_fns[first] = chain_stepper(self.chains[first], self.live, self._drawer(first),
-                                                        self._pipeline)
-        fn()
+        """One step of the interlocking chain that starts at `first` (:mod:`mloc.runtime.interlock`)."""
+        if first not in self._chain_fns:
+            self._chain_fns[first] = chain_stepper(self.chains[first], self.live, self._drawer(first), self._pipeline)
+        self._chain_fns[first]()
 
     def _source(self, name: str) -> Source:
         """Where `name`'s steps take their gradients: its plain gradient (a lowest problem)

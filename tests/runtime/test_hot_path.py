@@ -12,11 +12,12 @@ from mloc.runtime import Edge, Hierarchy, Problem, cg, finite_diff, itd, neumann
 RUNTIME = Path(__file__).resolve().parents[2] / "mloc" / "runtime"
 SYNCING = {"item", "tolist", "cpu", "numpy"}
 # Modules that run only at log, checkpoint or compile boundaries, where one read is the point.
-BOUNDARY = {"metrics.py", "checkpoint.py"}
+BOUNDARY = {"metrics.py", "checkpoint.py", "selection.py"}   # selection: after evaluations only
 # Reads allowed by name: a scheduled rate handed to a torch.optim optimizer, which takes host
 # floats (one read per step of such a problem, free on the CPU; the engine keeps the rate in
 # a device tensor).
-ALLOWED = {("torch_optim.py", "_host_lr")}
+ALLOWED = {("torch_optim.py", "_host_lr"),
+           ("pipeline.py", "recv")}   # the shape header of a message between pipeline workers (CPU, gloo)
 
 
 def test_runtime_never_reads_tensors_back_to_the_host():
