@@ -9,8 +9,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
 from mloc.cli import main
 
 HERE = Path(__file__).parent / "oracle_programs"
@@ -57,11 +55,10 @@ def test_the_probed_curvature_finds_the_negative_direction():
     assert probed.indefinite(1e-8) and exact.indefinite(1e-8)
 
 
-@pytest.mark.parametrize("program", ["q.mlo", "saddle.mlo"])
-def test_json_keeps_stdout_one_object(capsys, program):
+def test_json_keeps_stdout_one_object(capsys):
     import json
 
-    assert main(["hypergrad", str(HERE / program), "--dtype", "float64", "--check", "--json"]) == 0
+    assert main(["hypergrad", str(HERE / "saddle.mlo"), "--dtype", "float64", "--check", "--json"]) == 0
     captured = capsys.readouterr()
     json.loads(captured.out)
     assert "verdict:" in captured.err
