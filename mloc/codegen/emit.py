@@ -77,12 +77,10 @@ class Emitter:
         self.emit('"""')
         self.emit("")
         self.emit("from mloc.ir.composition import Composition")
-        if self.plan.chains:
-            self.emit("from mloc.ir.interlock import Interlock")
         self.emit("from mloc.runtime import Edge")
         self.emit("from mloc.runtime.engine import ProblemSpec, RunConfig")
         self.emit("from mloc.runtime.launch import main, program_dir")
-        for module, names in sorted(_runtime_imports(self.used()).items()):
+        for module, names in sorted(_runtime_imports(self.used(), bool(self.plan.chains)).items()):
             self.emit(f"from {module} import " + ", ".join(sorted(names)))
         self.emit("")
         self.emit(f"program_dir(__file__, {self.program_dir!r})  # the directory of {self.name}, first on sys.path")
@@ -249,10 +247,12 @@ class Emitter:
 MAX_TRACE_LINES = 40
 
 
-def _runtime_imports(used: list[Descriptor]) -> dict[str, set[str]]:
+def _runtime_imports(used: list[Descriptor], chains: bool = False) -> dict[str, set[str]]:
     """{module: factory names} for the runtime factories of `used` (each has a runtime: the
-    checker reports E704 for a built-in without one, and the planner resolves `auto`)."""
-    out: dict[str, set[str]] = {}
+    checker reports E704 for a built-in without one, and the planner resolves `auto`), and
+    what interlocking chains need when the program has ``chains``."""
+    out: dict[str, set[str]] = {"mloc.ir.interlock": {"Interlock"}, "mloc.runtime.interlock": {"chain_step"}} \
+        if chains else {}
     for d in used:
         if d.runtime is None:
             raise ValueError(f"`{d.name}` has no runtime; it cannot appear in generated code")
@@ -323,6 +323,8 @@ def _selection(t, at) -> list[str]:
 
 def _action(a: Action) -> str:
     note = f"  # {a.note}" if a.note else ""
+    if a.kind == "chain_step":
+        return f"chain_step(p, {a.problem!r}){note}"
     if a.kind == "meta_batch":
         return f"p.meta_batch({a.problem!r}, tasks={a.count}, steps={a.steps}){note}"
     return f"p.{a.kind}({a.problem!r}){note}"

@@ -8,7 +8,7 @@ planner chose) and its schedule (`outer_step`, a few plain lines calling `lower_
   streams, runtime `Problem`s whose losses are `BoundLoss`es, the `Hierarchy`;
 - :mod:`mloc.runtime.sources`: where a step's gradients come from (a lower problem's
   plain gradient, an upper problem's hypergradient); :mod:`mloc.runtime.interlock`: the
-  third source, an interlocking chain's step (`chain_step`);
+  third source, an interlocking chain's step (its `chain_step(program, first)`);
 - :mod:`mloc.runtime.commit`: one commit pipeline per problem that every source feeds
   (all-reduce, unscale, clip, NaN/Inf watch on the device, optimizer commit);
 - :mod:`mloc.runtime.state`: snapshot and restore (parameters, optimizer states, module
@@ -37,7 +37,7 @@ from mloc.runtime.compose import Edge
 from mloc.runtime.data import cast_floating
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.evaluations import metrics
-from mloc.runtime.interlock import Interlock, chain_stepper
+from mloc.runtime.interlock import Interlock
 from mloc.runtime.metabatch import MetaBatch
 from mloc.runtime.metrics import FiniteGuard
 from mloc.runtime.sources import Source, hypergradient, plain_gradient
@@ -54,7 +54,7 @@ class Program:
                  evaluations: Sequence[tuple[int, str, Callable]] = (), compositions: dict | None = None,
                  chains: Sequence[Interlock] = ()):
         self.name, self.config, self._schedule = name, config, schedule
-        self.chains, self._chain_fns = {c.stages[0]: c for c in chains}, {}    # by first stage; steps built lazily
+        self.chains = {c.stages[0]: c for c in chains}     # by first stage (`interlock.chain_step`)
         self.dist = DistContext.from_env()
         self.device = resolve_device(config.device, self.dist.local_rank)
         self.step_count = 0
@@ -117,12 +117,6 @@ class Program:
             (lower,) = self.hierarchy.lowers[name]
             batch = self._meta_batches[name] = MetaBatch(self, name, lower, tasks, steps)
         batch()
-
-    def chain_step(self, first: str) -> None:
-        """One step of the interlocking chain that starts at `first` (:mod:`mloc.runtime.interlock`)."""
-        if first not in self._chain_fns:
-            self._chain_fns[first] = chain_stepper(self.chains[first], self.live, self._drawer(first), self._pipeline)
-        self._chain_fns[first]()
 
     def _source(self, name: str) -> Source:
         """Where `name`'s steps take their gradients: its plain gradient (a lowest problem)

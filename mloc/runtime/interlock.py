@@ -233,3 +233,13 @@ def chain_stepper(chain: Interlock, live: dict, draw_first: Callable[[], None],
         for pipeline, (grads, loss) in zip(pipelines, step.gradients()):
             pipeline.run(grads, loss)
     return run
+
+
+def chain_step(program, first: str) -> None:
+    """One step of the chain of ``program`` (an :class:`mloc.runtime.engine.Program`) that
+    starts at stage ``first``: what the generated schedule calls. The step is built at its
+    first call (:func:`chain_stepper`) and kept on the program."""
+    steps = program.__dict__.setdefault("_chain_steps", {})
+    if first not in steps:
+        steps[first] = chain_stepper(program.chains[first], program.live, program._drawer(first), program._pipeline)
+    steps[first]()

@@ -6,10 +6,11 @@ Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-ed
 """
 
 from mloc.ir.composition import Composition
-from mloc.ir.interlock import Interlock
 from mloc.runtime import Edge
 from mloc.runtime.engine import ProblemSpec, RunConfig
 from mloc.runtime.launch import main, program_dir
+from mloc.ir.interlock import Interlock
+from mloc.runtime.interlock import chain_step
 from mloc.runtime.optim import sgd
 
 program_dir(__file__, '../../programs')  # the directory of interlock.mlo, first on sys.path
@@ -81,7 +82,7 @@ CHAINS = (  # interlocking backpropagation: stage k learns from head min(k+n-1, 
 
 def outer_step(p):
     """One step of the top problem: the planner's schedule."""
-    p.chain_step('stage1')  # pairwise interlocking over stage1, stage2, stage3
+    chain_step(p, 'stage1')  # pairwise interlocking over stage1, stage2, stage3
 
 
 EVALUATIONS = ()
