@@ -16,10 +16,6 @@ the trial changes nothing the run sees.
 
 from __future__ import annotations
 
-import random
-import sys
-from contextlib import contextmanager
-
 from mloc.diagnostics import Diagnostic, did_you_mean
 from mloc.passes.loader import evaluate
 
@@ -27,30 +23,28 @@ from mloc.passes.loader import evaluate
 def try_evaluations(g, mods: dict, raised) -> list[Diagnostic]:
     """Diagnostics for the program's evaluations (see the module docstring); ``raised(span,
     what, err)`` makes the E702 of a call that raises."""
-    from mloc.runtime.buffers import inference
-    from mloc.runtime.evaluations import as_metrics, invalid
+    from mloc.runtime.evaluations import as_metrics, invalid, trial
 
     train, out, names, modules = g.info.train, [], set(), {}
-    with _rng_kept():
-        for e in train.evals:
-            try:
-                for r in e.call.read_names():
-                    if r not in modules:
-                        modules[r] = evaluate(g.problem(r).module.call, mods)
-                with inference([modules[r] for r in e.call.read_names()]):
-                    value = evaluate(e.call.call, {**mods, **modules})
-            except Exception as err:  # noqa: BLE001 - user code
-                out.append(raised(e.call.span, f"the evaluation `{e.name}`", err))
-                continue
-            wrong = invalid(value)
-            if wrong is not None:
-                out.append(Diagnostic(
-                    "E707", f"the evaluation `{e.name}` returns {wrong}", e.call.span,
-                    label="tried on the initial modules",
-                    help="return a number, a 0-dim tensor (e.g. `acc.mean()`), or a dict of them keyed by "
-                         "name, e.g. `{\"top1\": a, \"top5\": b}`"))
-                continue
-            names.update(as_metrics(e.name, value, e.named))
+    for e in train.evals:
+        try:
+            for r in e.call.read_names():
+                if r not in modules:
+                    modules[r] = trial(lambda r=r: evaluate(g.problem(r).module.call, mods), ())
+            value = trial(lambda e=e: evaluate(e.call.call, {**mods, **modules}),
+                          [modules[r] for r in e.call.read_names()])
+        except Exception as err:  # noqa: BLE001 - user code
+            out.append(raised(e.call.span, f"the evaluation `{e.name}`", err))
+            continue
+        wrong = invalid(value)
+        if wrong is not None:
+            out.append(Diagnostic(
+                "E707", f"the evaluation `{e.name}` returns {wrong}", e.call.span,
+                label="tried on the initial modules",
+                help="return a number, a 0-dim tensor (e.g. `acc.mean()`), or a dict of them keyed by "
+                     "name, e.g. `{\"top1\": a, \"top5\": b}`"))
+            continue
+        names.update(as_metrics(e.name, value, e.named))
     if out:
         return out
     return [_unknown(w, names) for w in (train.best, train.stop) if w is not None and w.metric not in names]
@@ -61,19 +55,3 @@ def _unknown(watched, names: set[str]) -> Diagnostic:
     return Diagnostic("E603", f"no evaluation returns a metric `{watched.metric}`", watched.span,
                       label="unknown metric",
                       help=did_you_mean(watched.metric, names) or f"the evaluations return {metrics}")
-
-
-@contextmanager
-def _rng_kept():
-    import torch
-
-    state = random.getstate()
-    np = sys.modules.get("numpy")
-    np_state = np.random.get_state() if np is not None else None
-    with torch.random.fork_rng(devices=[]):
-        try:
-            yield
-        finally:
-            random.setstate(state)
-            if np_state is not None:
-                np.random.set_state(np_state)

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import inspect
 import numbers
-from typing import Callable
+import random
+import sys
+from typing import Callable, Iterable
 
 import torch
+from torch import nn
+
+from mloc.runtime.buffers import inference
 
 
 class EvaluationError(TypeError):
@@ -77,3 +82,21 @@ def _frames(fn: Callable) -> list[str]:
         if line.strip().startswith("return "):
             return [f"{fn.__code__.co_filename}:{start + offset} in {fn.__name__}: {line.strip()}"]
     return []
+
+
+def trial(call: Callable[[], object], modules: Iterable[nn.Module]):
+    """``call()`` as a run evaluates (:func:`~mloc.runtime.buffers.inference` over
+    ``modules``), with Python's, torch's CPU and (when imported) numpy's global random
+    generators restored after: the compile-time trial of an evaluation changes nothing
+    the run sees."""
+    state = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with inference(modules):
+                return call()
+        finally:
+            random.setstate(state)
+            if np_state is not None:
+                np.random.set_state(np_state)
