@@ -86,4 +86,4 @@ class Interlock:
 
 def chains_of(g) -> tuple[Interlock, ...]:
     """The program's chains (a :class:`~mloc.ir.graph.ProgramGraph`'s `info.chains`)."""
-    return tuple(Interlock(tuple(c.stages), c.interlock, getattr(c, "monitor", False)) for c in g.info.chains)
+    return tuple(Interlock(tuple(c.stages), c.interlock, c.monitor) for c in g.info.chains)

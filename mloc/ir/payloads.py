@@ -111,16 +111,16 @@ class ChainSpec:
     stages: tuple[str, ...]
     interlock: int
     span: Span
+    monitor: bool = False       # keep the heads no stage learns from, for reporting
 
 
 @dataclass(frozen=True)
 class EvalSpec:
-    every: int
     """`eval [name] every N = CALL`. `name` is the written one, or (unnamed) the called
     function's name; `named` says it was written, and then a dict's keys become `name.key`."""
 
+    every: int
     call: PyCall
-
     name: str = ""
     named: bool = False
 
@@ -144,6 +144,7 @@ class StopSpec:
     min_delta: float
     span: Span
 
+
 @dataclass(frozen=True)
 class TrainSpec:
     steps: int = 1000
@@ -154,9 +155,9 @@ class TrainSpec:
     evals: tuple[EvalSpec, ...] = ()
     checkpoint_every: int | None = None
     log_every: int = 10
-    span: Span | None = None
     best: WatchSpec | None = None
     stop: StopSpec | None = None
+    span: Span | None = None
 
 
 @dataclass(frozen=True)

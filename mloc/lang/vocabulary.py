@@ -78,6 +78,8 @@ CHAIN_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("interlock", "value", "n-wise interlocking: each stage learns from the loss "
               "n-1 stages ahead (1 = local, number of stages = end-to-end)", required=True,
               type=Int()),
+    FieldSpec("monitor", "value", "keep the heads no stage learns from (pruned otherwise), "
+              "trained on their own loss and logged (default: false)", type=Bool()),
 )}
 
 TRAIN_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (

@@ -38,7 +38,9 @@ def resolve_chains(module: ast.Module, problems: set[str], diags: Diagnostics):
         groups.append(tuple(s.name for s in c.stages))
         n = None if missing else _interlock(c, fields, diags)
         if n is not None:
-            specs.append(ChainSpec(groups[-1], n, c.span))
+            monitor = V.CHAIN_FIELDS["monitor"].type.check(fields["monitor"].value, "`monitor`", diags) \
+                if "monitor" in fields else False
+            specs.append(ChainSpec(groups[-1], n, c.span, monitor is True))
     return tuple(specs), tuple(groups), uncertain
 
 

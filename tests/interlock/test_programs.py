@@ -18,6 +18,7 @@ import torch
 
 from mloc.cli import main
 from mloc.codegen.compile import compile_program
+from mloc.passes.plan import plan_table
 from mloc.runtime.checkpoint import load_checkpoint
 from tests.conftest import PROGRAMS
 from tests.interlock.programs import NET, write
@@ -116,3 +117,19 @@ def test_pipeline_usage_errors_exit_2(tmp_path, capsys):
     assert main(["run", str(PROGRAMS / "hpo.mlo"), "--pipeline", "--steps", "1", "--out", str(tmp_path / "b"),
                  "--quiet"]) == 2
     assert "one interlocking chain, and nothing else" in capsys.readouterr().err
+
+
+def test_monitor_in_the_chain_block_keeps_the_pruned_heads(tmp_path):
+    """`monitor = true` reaches the chain (plan and train.py): stage1's head, which pairwise
+    interlocking prunes, is kept and reported as monitored."""
+    import shutil
+    text = (PROGRAMS / "interlock.mlo").read_text()
+    assert "{ interlock = 2 }" in text
+    (tmp_path / "monitor.mlo").write_text(text.replace("{ interlock = 2 }", "{ interlock = 2, monitor = true }"))
+    for module in ("deep_supervision.py", "synthetic.py"):
+        shutil.copy(PROGRAMS / module, tmp_path / module)
+    compiled = compile_program(str(tmp_path / "monitor.mlo"))
+    assert compiled.ok, compiled.diagnostics
+    assert "monitor=True" in compiled.source
+    assert "head monitored (trains on its own loss, trains no stage)" in plan_table(compiled.plan)
+    assert "monitor=False" in compile_program(str(PROGRAMS / "interlock.mlo")).source
