@@ -180,7 +180,7 @@ def _launch(train: Path, nproc: int, options, out: Output, quiet: bool) -> int:
     if not quiet:
         out.err(f"training {train.parent} with {nproc} processes")
     outcome = launch(train, nproc, options.argv())
-    if outcome.report:                  # on success: rank 0's banner, progress and closing summary
+    if outcome.report:                  # rank 0's banner, progress and summary were shown live
         out.err(outcome.report)
     return exit_code(outcome.code)
 

@@ -9,11 +9,11 @@ environment torchrun would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
   exec); a worker whose launcher is already gone when it starts exits at once, and a
   worker checks before every checkpoint that the run folder's lock still names its
   launcher (:func:`mloc.runtime.runfolder.check_owner`);
-- writes its stderr to a file of its own. When every worker succeeds the launcher shows
-  rank 0's; when one fails the launcher stops the others and shows the diagnostic of the
-  rank that failed first, which names its rank, and nothing else: no launcher traceback,
-  no second report from the ranks whose collectives broke because of it (they exit with
-  :data:`EXIT_PEER`).
+- writes its stderr to a file of its own; rank 0's is also shown as it comes (its banner,
+  progress and closing summary, live). When one fails the launcher stops the others and
+  shows the diagnostic of the rank that failed first, which names its rank, and nothing
+  else: no launcher traceback, no second report from the ranks whose collectives broke
+  because of it (they exit with :data:`EXIT_PEER`), and rank 0's own diagnostic once.
 
 The exit code is the failing rank's (1 the run failed, 2 a usage, I/O or checkpoint error,
 101 a bug in mloc), 130 after Ctrl-C, 0 when all succeed.
@@ -21,6 +21,7 @@ The exit code is the failing rank's (1 the run failed, 2 a usage, I/O or checkpo
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import os
 import signal
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,14 +90,33 @@ def launch(train_py: Path, nproc: int, argv: list[str]) -> Outcome:
                 with open(paths[rank], "wb") as err:
                     procs.append(subprocess.Popen(
                         [sys.executable, str(train_py), *argv, "--launched-by", str(os.getpid())],
-                        env=_env(rank, nproc, port), stderr=err, preexec_fn=_preexec))
+                        env=_env(rank, nproc, port), stderr=subprocess.PIPE if rank == 0 else err,
+                        preexec_fn=_preexec))
+                if rank == 0:
+                    shown = threading.Thread(target=_tee, args=(procs[0].stderr, paths[0]), daemon=True)
+                    shown.start()
             code, rank = _watch(procs)
         except KeyboardInterrupt:
             _stop(procs, signal.SIGINT, timeout=10.0)
             return Outcome(130, "interrupted")
         finally:
             _stop(procs, signal.SIGTERM, timeout=5.0)
+            if procs:
+                shown.join(timeout=5.0)
+        own = procs[0].returncode
+        if code > 0 and code != 130 and own not in (None, 0, EXIT_PEER) and own > 0:
+            code, rank = own, 0     # rank 0 failed first-hand too: its diagnostic, shown already, is the one
         return Outcome(code, _report(code, rank, nproc, paths))
+
+
+def _tee(pipe, path: Path) -> None:
+    """Rank 0's stderr, as it comes: to the launcher's stderr and to ``path``."""
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    with open(path, "wb") as f:
+        for chunk in iter(lambda: pipe.read1(65536), b""):
+            f.write(chunk)
+            sys.stderr.write(decode.decode(chunk))
+            sys.stderr.flush()
 
 
 def _watch(procs: list[subprocess.Popen]) -> tuple[int, int]:
@@ -131,15 +152,19 @@ def _stop(procs: list[subprocess.Popen], sig: int, timeout: float) -> None:
 
 
 def _report(code: int, rank: int, world: int, paths: list[Path]) -> str:
+    """What the launcher adds after the run: nothing on success (rank 0's output was shown
+    live), else the failing rank's diagnostic (rank 0's was shown already)."""
     text = paths[rank].read_text(encoding="utf-8", errors="replace").rstrip("\n")
     if code == 0:
-        return text
+        return ""
     if code == 130:
         return "interrupted"
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         return (f"error: rank {rank} of {world} was killed by {name}"
                 + ("\n  = help: the system may have run out of memory" if -code == signal.SIGKILL else ""))
+    if rank == 0 and text:
+        return ""
     return text or f"error: rank {rank} of {world} exited with code {code}"
 
 
