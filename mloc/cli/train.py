@@ -221,7 +221,7 @@ def add_commands(command) -> None:
     p.add_argument("--set", action="append", metavar="PATH=VALUE",
                    help="change a field for this run, checked like the file: PROBLEM.FIELD, UPPER->LOWER.FIELD, "
                         "train.FIELD or a setting, or one argument of a call (PROBLEM.optimizer.lr); repeatable")
-    p.add_argument("--nproc", type=int, default=1, help="data-parallel processes, launched with torchrun (default 1)")
+    p.add_argument("--nproc", type=int, default=1, help="data-parallel processes (gloo or nccl), started and watched by mloc; rank 0 shows its progress (default 1)")
     p.add_argument("--pipeline", action="store_true",
                    help="an interlocking chain as a real pipeline: one process per stage (gloo on 127.0.0.1)")
     p.add_argument("--pipeline-delay", type=float, default=0.0, metavar="SECONDS",
