@@ -89,10 +89,9 @@ class MetaBatch:
             upper_batches.append(U.batch)
         last_lower, last_upper = L.batch, U.batch
         stacked_starts = tuple(torch.stack(ts) for ts in zip(*starts))
-        lb_template = lower_batches[0][0]
-        lb = _stack_tasks(lower_batches)
-        ub = _stack(list(upper_batches))
-        ub_template = upper_batches[0]
+        lb_template, ub_template = lower_batches[0][0], upper_batches[0]
+        lb = _stacked(self.lower, lambda: _stack_tasks(lower_batches))
+        ub = _stacked(self.upper, lambda: _stack(upper_batches))
         holder = {}
         x = tuple(t.detach() for t in U.problem.params)   # torch.func differentiates; autograd need not
         try:
@@ -182,13 +181,32 @@ def _with_aux(loss):
 def _stack(batches: list) -> list:
     """The tensors of equally shaped batches, each stacked along a new leading dimension."""
     flats = [tree.tensors(b) for b in batches]
-    return [torch.stack(ts) for ts in zip(*flats)]
+    return [torch.stack(ts) for ts in zip(*flats, strict=True)]
 
 
 def _stack_tasks(tasks: list[list]) -> list:
     """Per task, its steps' batches: tensors of shape (tasks, steps, ...)."""
     per_task = [_stack(task) for task in tasks]
-    return [torch.stack(ts) for ts in zip(*per_task)]
+    return [torch.stack(ts) for ts in zip(*per_task, strict=True)]
+
+
+class MetaBatchError(Exception):
+    """The program's batches cannot be stacked over tasks (exit 1, E702); ``frames`` say
+    what `vmap = true` needs, as the launcher reports a program error's locations."""
+
+    def __init__(self, message: str, problem: str):
+        super().__init__(message)
+        self.frames = [f"`vmap = true` (docs/language.md): every task's batches of `{problem}` "
+                       "must have the same shapes and one structure; drop `vmap` to solve the "
+                       "tasks one after another"]
+
+
+def _stacked(problem: str, stack: Callable[[], list]) -> list:
+    """``stack()``, or a :class:`MetaBatchError` naming ``problem`` when its batches differ."""
+    try:
+        return stack()
+    except (RuntimeError, ValueError) as e:
+        raise MetaBatchError(f"the tasks' batches of `{problem}` cannot be stacked: {e}", problem) from None
 
 
 def _why_not(program, upper: str, lower: str) -> str | None:
