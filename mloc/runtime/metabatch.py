@@ -42,6 +42,7 @@ import torch
 from torch.func import grad, vjp, vmap
 
 from mloc.runtime import tree
+from mloc.runtime.compose import method_caps
 from mloc.runtime.optim.base import apply_updates
 
 
@@ -123,7 +124,7 @@ class MetaBatch:
         lower_reads, upper_reads = L.problem.reads, U.problem.reads
         points = {n: lv.problem.params for n, lv in self.program.live.items()}
         lower_name, upper_name = self.lower, self.upper
-        implicit = hasattr(method, "solve")
+        implicit = not method_caps(method).zero    # cg, neumann: a solve; first_order: no indirect term
 
         def args(reads, xx, d):
             return [d if r == lower_name else xx if r == upper_name else points[r] for r in reads]
@@ -140,7 +141,6 @@ class MetaBatch:
             d = start
             state = optimizer.init(d)
             losses = []
-            batch = None
             for j in range(steps):
                 batch = tree.replace_tensors(lb_template, [t[j] for t in lower_flat])
                 g, loss = grad(lambda dd: _with_aux(f(x, dd, batch)), has_aux=True)(d)
