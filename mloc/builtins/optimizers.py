@@ -43,7 +43,7 @@ ADAMW = Descriptor(
 # two Kronecker factors and their roots (4), momentum and the grafting accumulator.
 SHAMPOO = Descriptor(
     signature("shampoo", "Shampoo (Gupta et al. 2018; Anil et al. 2020): Kronecker-factored "
-              "preconditioning with coupled-Newton inverse roots, grafting and blocking",
+              "preconditioning with matrix inverse roots, grafting and blocking",
               Param("lr", LR, 1e-3), Param("beta2", Float(0, 1, open_lo=True), 1.0),
               Param("momentum", UNIT, 0.9), Param("nesterov", Bool(), True),
               Param("epsilon", EPS, 1e-6, doc="relative ridge: epsilon·λmax"),
@@ -57,7 +57,9 @@ SHAMPOO = Descriptor(
               Param("exponent_override", Int(0), 0, doc="root order p (0: 2 × the tensor's dims)"),
               Param("max_precond_dim", Int(1), 8192,
                     doc="tensors with a dim above it get the grafted diagonal update"),
-              Param("root_method", Enum(("newton", "eigh")), "newton"),
+              Param("root_method", Enum(("auto", "newton", "eigh")), "auto",
+                    doc="inverse roots: coupled Newton, an eigendecomposition, or auto "
+                        "(eigh on the CPU, newton on an accelerator)"),
               Param("graft_beta2", UNIT, 0.999, doc="second-moment decay of rmsprop/adam grafting")),
     OptimizerCaps(differentiable=True, sama_diag=True, state_per_param=6),
     "mloc.runtime.optim:shampoo")

@@ -94,6 +94,8 @@ def layout(shape: tuple[int, ...], block_size: int, max_precond_dim: int, p_over
 
 def to_blocks(x: Tensor, lay: Layout) -> Tensor:
     """``x`` (the parameter's shape) as ``(B, b₁, …, b_k)`` blocks (zero-padded)."""
+    if lay.count == 1:                  # one block, no padding: a view
+        return x.reshape(1, *lay.block)
     x = x.reshape(lay.merged)
     pad = [p - d for p, d in zip(lay.padded, lay.merged)]
     if any(pad):
@@ -106,6 +108,8 @@ def to_blocks(x: Tensor, lay: Layout) -> Tensor:
 
 def from_blocks(x: Tensor, lay: Layout) -> Tensor:
     """The inverse of :func:`to_blocks` (padding dropped)."""
+    if lay.count == 1:
+        return x.reshape(lay.shape)
     k = len(lay.block)
     x = x.reshape(*lay.grid, *lay.block)
     x = x.permute([v for i in range(k) for v in (i, k + i)]).reshape(lay.padded)
@@ -117,6 +121,8 @@ def from_blocks(x: Tensor, lay: Layout) -> Tensor:
 def mode_stats(x: Tensor) -> list[Tensor]:
     """Per mode ``i`` of the blocks ``x`` (``(B, b₁, …, b_k)``), ``X₍ᵢ₎X₍ᵢ₎ᵀ`` (``(B, bᵢ, bᵢ)``),
     ``X₍ᵢ₎`` the mode-``i`` unfolding."""
+    if x.dim() == 3:                    # matrix blocks: X Xᵀ and Xᵀ X, no transposed copy
+        return [x @ x.transpose(-2, -1), x.transpose(-2, -1) @ x]
     out = []
     for _ in range(x.dim() - 1):
         u = x.reshape(x.shape[0], x.shape[1], -1)
@@ -125,9 +131,29 @@ def mode_stats(x: Tensor) -> list[Tensor]:
     return out
 
 
+def accumulate(stats, x: Tensor, beta: float, inplace: bool = False) -> tuple[Tensor, ...]:
+    """Per mode, ``β·S + w·X₍ᵢ₎X₍ᵢ₎ᵀ`` (``w = 1`` for ``β = 1``, a running sum, else ``1−β``)
+    for the statistics ``stats`` of the blocks ``x``: one fused ``baddbmm`` per mode for
+    matrix blocks, the same kernel in place (``inplace``: ``stats`` are overwritten and
+    returned) or not, so the two agree bit for bit."""
+    w = 1.0 if beta == 1 else 1 - beta
+    if x.dim() == 3:
+        xt = x.transpose(-2, -1)
+        pairs = ((stats[0], x, xt), (stats[1], xt, x))
+        if inplace:
+            return tuple(s.baddbmm_(a, b, beta=beta, alpha=w) for s, a, b in pairs)
+        return tuple(torch.baddbmm(s, a, b, beta=beta, alpha=w) for s, a, b in pairs)
+    new = mode_stats(x)
+    if inplace:
+        return tuple(s.mul_(beta).add_(n, alpha=w) if beta != 1 else s.add_(n) for s, n in zip(stats, new))
+    return tuple(s + n if beta == 1 else beta * s + w * n for s, n in zip(stats, new))
+
+
 def precondition(x: Tensor, roots: list[Tensor]) -> Tensor:
     """``x ×₁ Q₁ ×₂ Q₂ … ×_k Q_k`` blockwise (``Qᵢ`` symmetric, ``(B, bᵢ, bᵢ)``); for a
     matrix block ``Q₁ X Q₂``."""
+    if x.dim() == 3 and len(roots) == 2:
+        return roots[0] @ x @ roots[1]
     for q in roots:
         shape = x.shape
         x = (q @ x.reshape(shape[0], shape[1], -1)).reshape(shape).movedim(1, -1)

@@ -24,7 +24,13 @@ iterations are not monotone in ``max|M − I|`` (a 6×6 Shampoo statistic with e
 there with a rejected root. Before that, only a non-finite iterate stops it; a converged matrix is frozen while the others continue, so a
 matrix's root does not depend on what it is batched with.
 
-The eigendecomposition alternative (``method="eigh"``) computes ``V diag(λ^{-1/p}) Vᵀ``.
+The eigendecomposition alternative (``method="eigh"``) computes ``S = V diag(λ) Vᵀ`` once
+and the root as ``V diag((λ + ε·λmax)^{-1/p}) Vᵀ`` with ``λmax`` its largest eigenvalue (the
+ridge shifts every eigenvalue by the same amount, so no power iteration is needed and the
+ridge is exact). ``method="auto"`` (:func:`resolve`) is ``eigh`` on the CPU and ``newton``
+elsewhere: on a CPU LAPACK's eigendecomposition of a 128×128 matrix costs about eight
+matrix products (~1.4 ms in float64 on one core), the ~20 Newton iterations about eighty;
+on an accelerator the matrix products are cheap and batched ``eigh`` is not.
 
 Acceptance: a root is **rejected** (``ok`` false for that matrix) when the input, the ridge
 or the root is not finite, or its final error ``max|M − I|`` exceeds ``error_tolerance``
@@ -45,6 +51,7 @@ import torch
 from torch import Tensor
 
 METHODS = ("newton", "eigh")
+"""The root algorithms; ``"auto"`` is resolved to one of them per device (:func:`resolve`)."""
 GUARD_ARMED_BELOW = 0.1
 """The divergence guard acts once ``max|M − I|`` is below this (see the module docstring)."""
 
@@ -131,11 +138,27 @@ def _newton(a: Tensor, p: int, tol: float, max_iters: int) -> tuple[Tensor, Tens
     return x, err, it
 
 
-def _eigh(a: Tensor, p: int) -> tuple[Tensor, Tensor]:
-    lam, v = torch.linalg.eigh(a)
-    ok = (lam > 0).all(-1)
-    root = (v * lam.clamp_min(torch.finfo(a.dtype).tiny).pow(-1.0 / p).unsqueeze(-2)) @ v.transpose(-2, -1)
-    return root, ok
+def _eigh(a: Tensor, p: int, epsilon: float) -> tuple[Tensor, Tensor]:
+    """``(S + ε·λmax·I)^{-1/p}`` of the symmetric ``a`` from one eigendecomposition, and
+    whether every shifted eigenvalue is positive (all rejected when LAPACK fails)."""
+    try:
+        lam, v = torch.linalg.eigh(a)
+    except torch.linalg.LinAlgError:     # LAPACK did not converge: reject the whole batch
+        return torch.zeros_like(a), torch.zeros(a.shape[:-2], dtype=torch.bool, device=a.device)
+    shifted = lam + (epsilon * lam[..., -1:].clamp_min(0)) if epsilon else lam
+    ok = (shifted > 0).all(-1)
+    scale = shifted.clamp_min(torch.finfo(a.dtype).tiny).pow(-1.0 / p)
+    return (v * scale.unsqueeze(-2)) @ v.transpose(-2, -1), ok
+
+
+def resolve(method: str, device: torch.device) -> str:
+    """The root algorithm for ``method`` on ``device``: ``"auto"`` is ``"eigh"`` on the CPU
+    and ``"newton"`` elsewhere (see the module docstring); others are themselves."""
+    if method == "auto":
+        return "eigh" if device.type == "cpu" else "newton"
+    if method not in METHODS:
+        raise ValueError(f"unknown root method {method!r}; expected 'auto' or one of {METHODS}")
+    return method
 
 
 def inverse_root(stats: Tensor, p: int, *, epsilon: float = 1e-6, method: str = "newton",
@@ -145,21 +168,22 @@ def inverse_root(stats: Tensor, p: int, *, epsilon: float = 1e-6, method: str = 
     docstring); ``epsilon = 0`` computes the root of ``S`` itself. ``tol`` defaults to
     :func:`default_tol` of ``compute_dtype``."""
     tol = default_tol(compute_dtype) if tol is None else tol
-    if method not in METHODS:
-        raise ValueError(f"unknown root method {method!r}; expected one of {METHODS}")
+    method = resolve(method, stats.device)
     finite_in = torch.isfinite(stats).all(-1).all(-1)
-    clean = torch.where(finite_in[..., None, None], stats, torch.zeros((), dtype=stats.dtype,
-                                                                      device=stats.device))
-    a = ridged(clean, epsilon, compute_dtype)[0] if epsilon else 0.5 * (
-        clean.to(compute_dtype) + clean.to(compute_dtype).transpose(-2, -1))
-    if method == "newton":
+    clean = stats if bool(finite_in.all()) else torch.where(
+        finite_in[..., None, None], stats, torch.zeros((), dtype=stats.dtype, device=stats.device))
+    if method == "eigh":                # LAPACK reads the lower triangle: no symmetrizing
+        (x, ok), err, iters = _eigh(clean.to(compute_dtype), p, epsilon), \
+            torch.zeros(stats.shape[:-2], dtype=compute_dtype, device=stats.device), 0
+    else:
+        a = ridged(clean, epsilon, compute_dtype)[0] if epsilon else 0.5 * (
+            clean.to(compute_dtype) + clean.to(compute_dtype).transpose(-2, -1))
         x, err, iters = _newton(a, p, tol, max_iters)
         ok = err <= error_tolerance
-    else:
-        (x, ok), err, iters = _eigh(a, p), torch.zeros(a.shape[:-2], dtype=a.dtype, device=a.device), 0
     root = x.to(stats.dtype)
     ok = ok & finite_in & torch.isfinite(root).all(-1).all(-1)
-    root = torch.where(ok[..., None, None], root, torch.zeros((), dtype=root.dtype, device=root.device))
+    if not bool(ok.all()):              # a rejected root is zeros, never NaN or Inf
+        root = torch.where(ok[..., None, None], root, torch.zeros((), dtype=root.dtype, device=root.device))
     return Roots(root, ok, err, iters)
 
 

@@ -51,9 +51,10 @@ class RootWork:
                  "roots": tuple(tuple(torch.empty_like(s) for s in ss) for ss in stats),
                  "status": tuple(tuple(torch.zeros(s.shape[0], dtype=torch.int8, device=s.device)
                                        for s in ss) for ss in stats)}
-        if background:
+        if background:                         # a snapshot: the step updates stats in place
             self._start_pool()
-            self._jobs[slot] = self._pool.submit(self._fill, fresh, stats, ps)
+            snapshot = tuple(tuple(s.detach().clone() for s in ss) for ss in stats)
+            self._jobs[slot] = self._pool.submit(self._fill, fresh, snapshot, ps)
         else:
             self._fill(fresh, stats, ps)
         return pending[:slot] + (fresh,) + pending[slot + 1:]
@@ -96,11 +97,17 @@ class RootWork:
         roots = [list(ss) for ss in stats]
         status = [list(ss) for ss in stats]
         for (_, p), items in groups.items():
-            batch = torch.cat([stats[i][j].detach() for i, j in items])
+            parts = [stats[i][j].detach() for i, j in items]
+            batch = parts[0] if len(parts) == 1 else torch.cat(parts)
             root, ok = self._batched_root(batch, p)
-            empty = batch.abs().amax((-2, -1)) == 0
+            # a PSD matrix is zero iff its trace is: no gradient has reached it yet
+            empty = batch.diagonal(0, -2, -1).sum(-1) == 0
             code = torch.where(empty, -1, ok.to(torch.int8)).to(torch.int8)
-            sizes = [stats[i][j].shape[0] for i, j in items]
+            if len(items) == 1:
+                (i, j), = items
+                roots[i][j], status[i][j] = root, code
+                continue
+            sizes = [s.shape[0] for s in parts]
             for (i, j), r, c in zip(items, root.split(sizes), code.split(sizes)):
                 roots[i][j], status[i][j] = r, c
         return {"roots": tuple(map(tuple, roots)), "status": tuple(map(tuple, status))}
@@ -115,9 +122,11 @@ class RootWork:
         n, size = batch.shape[0], batch.shape[-1]
         chunk = min(ROOT_CHUNK, n)
         count = -(-n // chunk)
+        rank, world = self.shard or (0, 1)
+        if count == 1 and world == 1:
+            return self._root(batch, p)
         eye = torch.eye(size, dtype=batch.dtype, device=batch.device)
         padded = torch.cat([batch, eye.expand(count * chunk - n, -1, -1)]).view(count, chunk, size, size)
-        rank, world = self.shard or (0, 1)
         mine = [self._root(padded[c], p) for c in range(rank, count, world)]
         if world == 1:
             roots, oks = [r for r, _ in mine], [k for _, k in mine]
@@ -151,7 +160,7 @@ class RootWork:
         flat = [f for fs in failures for f in fs]
         if not flat:
             return
-        worst = int(torch.stack([f.max() for f in flat]).max())
+        worst = int(torch.cat([f.reshape(-1) for f in flat]).max())
         if worst and (self._warned_at == 0 or worst >= self._warned_at + 10):
             self._warned_at = worst
             bad = sum(int((f > 0).sum()) for f in flat)
@@ -195,7 +204,13 @@ def clone_tuple(ts):
 
 
 def merge(roots, failures, new_roots, status):
-    """Install ``new_roots`` where the status is 1; count a failure where it is 0."""
+    """Install ``new_roots`` where the status is 1; count a failure where it is 0. When
+    every root was accepted (one host read) they are installed as they are and the failure
+    counts restart at zero."""
+    flat = [s.reshape(-1) for ss in status for s in ss]
+    if flat and bool(torch.cat(flat).eq(1).all()):
+        return (tuple(tuple(ns) for ns in new_roots),
+                tuple(tuple(torch.zeros_like(f) for f in fs) for fs in failures))
     out_r, out_f = [], []
     for rs, fs, ns, ss in zip(roots, failures, new_roots, status):
         out_r.append(tuple(torch.where((s == 1)[:, None, None], n, r) for r, n, s in zip(rs, ns, ss)))

@@ -61,7 +61,7 @@ import torch
 from torch import Tensor
 
 from mloc.runtime.optim import blocks
-from mloc.runtime.optim.base import Optimizer, is_zero
+from mloc.runtime.optim.base import Optimizer, is_zero, numbers
 from mloc.runtime.optim.rootwork import RootWork, clone_tuple, merge_due
 
 GRAFTS = ("none", "sgd", "adagrad", "rmsprop", "adam")
@@ -87,7 +87,7 @@ class Shampoo(Optimizer):
                  weight_decay=0.0, decoupled_weight_decay=True, update_every=1,
                  start_preconditioning_step=5, block_size=128, graft="adagrad", staleness=0,
                  async_roots=False, exponent_override=0, max_precond_dim=8192,
-                 root_method="newton", graft_beta2=0.999):
+                 root_method="auto", graft_beta2=0.999):
         super().__init__(lr=lr, beta2=beta2, momentum=momentum, nesterov=nesterov,
                          epsilon=epsilon, weight_decay=weight_decay,
                          decoupled_weight_decay=decoupled_weight_decay, update_every=update_every,
@@ -104,6 +104,7 @@ class Shampoo(Optimizer):
         self.graft, self.staleness, self.async_roots = graft, staleness, async_roots
         self.p_override, self.max_dim, self.method = exponent_override, max_precond_dim, root_method
         self.graft_beta2 = graft_beta2
+        self.inplace = numbers(lr, beta2, momentum, weight_decay, graft_beta2)
         self.work = RootWork(epsilon, root_method, update_every, staleness)
         self.slots = self.work.slots
         self._layouts: dict[tuple, blocks.Layout] = {}
@@ -146,23 +147,83 @@ class Shampoo(Optimizer):
         mom, upd = self._momentum(direction, state.momentum, params)
         return upd, ShampooState(t, stats, roots, failures, graft_state, mom, pending)
 
+    def commit(self, grads, state, params):
+        """:meth:`update`'s step in place: the statistics, grafting accumulators, momentum
+        buffers and parameters are overwritten, the elementwise work grouped into one
+        ``torch._foreach_*`` call per formula over all tensors (the same formulas; the
+        results agree with :meth:`update` to rounding). With a tensor hyperparameter (a
+        schedule's learning rate) it is :meth:`update` followed by ``params += updates``."""
+        if not self.inplace:
+            return super().commit(grads, state, params)
+        t = state.count + 1
+        params = list(params)
+        g = list(self._decayed(grads, params))
+        self._statistics(g, state.stats, params, inplace=True)
+        ps = tuple(self.layout(p).p for p in params)
+        roots, failures, pending = self.work.install(t, state.roots, state.failures, state.pending)
+        pending = self.work.refresh(t, state.stats, ps, pending, background=self.async_roots)
+        if not self.slots:
+            roots, failures, pending = self.work.install(t, roots, failures, pending)
+        d = list(self._graft_inplace(t, g, state.graft))
+        if t > self.start_step:
+            pre = [(i, blocks.from_blocks(blocks.precondition(blocks.to_blocks(g[i], self.layout(p)),
+                                                               list(roots[i])), self.layout(p)))
+                   for i, p in enumerate(params) if roots[i]]
+            if pre and self.graft != "none":
+                p_norms = torch._foreach_add(torch._foreach_norm([x for _, x in pre]), 1e-16)
+                scale = torch._foreach_div(torch._foreach_norm([d[i] for i, _ in pre]), p_norms)
+                torch._foreach_mul_([x for _, x in pre], scale)
+            for i, x in pre:
+                d[i] = x
+        lr, mu = self.lr, self.mu
+        if is_zero(mu):
+            step = d
+        else:
+            bufs = list(state.momentum)
+            torch._foreach_mul_(bufs, mu)
+            torch._foreach_add_(bufs, d)
+            step = torch._foreach_add(d, bufs, alpha=mu) if self.nesterov else bufs
+        if self.decoupled and not is_zero(self.wd):
+            torch._foreach_mul_(params, 1 - lr * self.wd)
+        torch._foreach_add_(params, step, alpha=-lr)
+        return ShampooState(t, state.stats, roots, failures, state.graft, state.momentum, pending)
+
+    def _graft_inplace(self, t, g, graft_state) -> list:
+        """The grafted directions, accumulators updated in place (:meth:`_graft_direction`'s
+        formulas)."""
+        kind = self.graft
+        if kind in ("none", "sgd"):
+            return list(g)
+        b2 = self.graft_beta2
+        v = [acc[-1] for acc in graft_state]
+        if kind == "adagrad":
+            torch._foreach_addcmul_(v, g, g)
+        else:
+            torch._foreach_mul_(v, b2)
+            torch._foreach_addcmul_(v, g, g, value=1 - b2)
+        denom = torch._foreach_sqrt(v)
+        if kind == "adam":
+            b1 = ADAM_GRAFT_BETA1
+            m = [acc[0] for acc in graft_state]
+            torch._foreach_lerp_(m, g, 1 - b1)
+            torch._foreach_div_(denom, (1 - b2**t) ** 0.5)
+            torch._foreach_add_(denom, GRAFT_EPS)
+            out = torch._foreach_div(m, denom)
+            torch._foreach_div_(out, 1 - b1**t)
+            return out
+        torch._foreach_add_(denom, GRAFT_EPS)
+        return torch._foreach_div(g, denom)
+
     def _decayed(self, grads, params):
         if self.decoupled or is_zero(self.wd):
             return tuple(grads)
         return tuple(g + self.wd * p for g, p in zip(grads, params))
 
-    def _statistics(self, g, stats, params):
-        """The statistics after ``g`` (detached: the roots are constants to autograd)."""
-        b2 = self.beta2
-        w = 1.0 if b2 == 1 else 1 - b2
-        out = []
-        for gi, s, p in zip(g, stats, params):
-            if not s:
-                out.append(())
-                continue
-            new = blocks.mode_stats(blocks.to_blocks(gi.detach(), self.layout(p)))
-            out.append(tuple(si + n if b2 == 1 else b2 * si + w * n for si, n in zip(s, new)))
-        return tuple(out)
+    def _statistics(self, g, stats, params, inplace=False):
+        """The statistics after ``g`` (detached: the roots are constants to autograd);
+        ``inplace`` overwrites ``stats``."""
+        return tuple(blocks.accumulate(s, blocks.to_blocks(gi.detach(), self.layout(p)), self.beta2, inplace)
+                     if s else () for gi, s, p in zip(g, stats, params))
 
     def _directions(self, t, g, graft_state, roots, params):
         """``(graft accumulators, direction)`` per tensor (before momentum)."""
@@ -269,7 +330,7 @@ def _norm(x: Tensor) -> Tensor:
 def shampoo(lr=1e-3, beta2=1.0, momentum=0.9, nesterov=True, epsilon=1e-6, weight_decay=0.0,
             decoupled_weight_decay=True, update_every=1, start_preconditioning_step=5,
             block_size=128, graft="adagrad", staleness=0, async_roots=False,
-            exponent_override=0, max_precond_dim=8192, root_method="newton",
+            exponent_override=0, max_precond_dim=8192, root_method="auto",
             graft_beta2=0.999) -> Shampoo:
     """Shampoo (see :class:`Shampoo` and the module docstring)."""
     return Shampoo(lr, beta2, momentum, nesterov, epsilon, weight_decay, decoupled_weight_decay,
