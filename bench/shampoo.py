@@ -36,6 +36,8 @@ import torch
 
 from mloc.runtime.optim import adam, shampoo
 
+EVERY = 10
+"""Steps between root refreshes in every Shampoo configuration here (the issue's setting)."""
 LRS = {"adam": (3e-2, 1e-1, 3e-1), "shampoo": (1e-1, 3e-1, 1.0), "shampoo_p2": (1e-1, 3e-1, 1.0)}
 
 
@@ -76,58 +78,77 @@ def make(name, lr):
     if name == "adam":
         return adam(lr)
     if name == "shampoo":
-        return shampoo(lr, update_every=10, start_preconditioning_step=10, graft="adagrad")
+        return shampoo(lr, update_every=EVERY, start_preconditioning_step=10, graft="adagrad")
     if name == "shampoo_p2":      # exponent -1/2 per side instead of -1/4
         return shampoo(lr, update_every=10, start_preconditioning_step=10, graft="adagrad",
                        exponent_override=2)
-    if name in ("shampoo_matched", "shampoo_matched_eigh"):
-        return shampoo(lr, momentum=0.0, update_every=10, start_preconditioning_step=0, graft="none",
-                       epsilon=1e-6, root_method="eigh" if name.endswith("eigh") else "newton")
+    if name == "shampoo_async":   # the same, roots on a background thread, used one cycle later
+        return shampoo(lr, update_every=EVERY, start_preconditioning_step=10, graft="adagrad",
+                       staleness=EVERY, async_roots=True)
+    if name in ("shampoo_matched", "shampoo_matched_newton"):    # pytorch-optimizer's settings
+        return shampoo(lr, momentum=0.0, update_every=EVERY, start_preconditioning_step=0, graft="none",
+                       epsilon=1e-6, root_method="newton" if name.endswith("newton") else "auto")
     raise ValueError(name)
 
 
 def train(problem, opt_name, lr, steps, time_step=False, **kw):
     """``(losses, step_times)``: ``losses[k]`` the loss after ``k`` steps (``k = 0 … steps``),
-    and the seconds of each optimizer step."""
+    and the seconds of each optimizer step (with ``time_step``: of each whole training
+    step, forward and backward included)."""
     init, loss_fn = PROBLEMS[problem]()
     params = tuple(p.clone().requires_grad_(True) for p in init)
     losses, times = [], []
     if opt_name == "po_shampoo":
         import pytorch_optimizer
-        opt = pytorch_optimizer.Shampoo(params, lr=lr, momentum=0.0, preconditioning_compute_steps=10)
+        opt = pytorch_optimizer.Shampoo(params, lr=lr, momentum=0.0, preconditioning_compute_steps=EVERY)
         for _ in range(steps):
+            t_step = time.perf_counter()
             opt.zero_grad()
             loss = loss_fn(params)
             loss.backward()
             losses.append(loss.item())
             t0 = time.perf_counter()
             opt.step()
-            times.append(time.perf_counter() - t0)
+            times.append(time.perf_counter() - (t_step if time_step else t0))
         return losses + [loss_fn(params).item()], times
     opt = kw.pop("opt", None) or make(opt_name, lr)
     opt.start()
     state = opt.init(params)
     for _ in range(steps):
+        t_step = time.perf_counter()
         loss = loss_fn(params)
         grads = torch.autograd.grad(loss, params)
         losses.append(loss.item())
         t0 = time.perf_counter()
         with torch.no_grad():
             state = opt.commit(grads, state, params)
-        times.append(time.perf_counter() - t0)
+        times.append(time.perf_counter() - (t_step if time_step else t0))
     opt.close()
     with torch.no_grad():
         return losses + [loss_fn(params).item()], times
 
 
-def step_times(problem, runs, steps=100):
-    """Per optimizer, the median over runs of the mean step time (amortising the root
-    refreshes of every 10th step)."""
-    out = {}
-    for name in ("adam", "shampoo", "shampoo_matched", "shampoo_matched_eigh", "po_shampoo"):
-        means = [statistics.fmean(train(problem, name, 1e-2, steps)[1]) for _ in range(runs)]
-        out[name] = statistics.median(means)
-    return out
+TIMED = ("adam", "shampoo", "shampoo_async", "shampoo_matched", "shampoo_matched_newton", "po_shampoo")
+
+
+def amortised(runs, every=EVERY, skip=2 * EVERY):
+    """The mean time per step over a cycle of ``every`` steps, each phase of the cycle
+    (steps ``t ≡ k mod every``) by its median over all ``runs`` (lists of step times),
+    each after its first ``skip`` steps: robust to a busy machine's outliers, and the root
+    refresh (one phase) still counts once per cycle."""
+    phases = [[t for times in runs for i, t in enumerate(times) if i >= skip and i % every == k]
+              for k in range(every)]
+    return statistics.fmean(statistics.median(ph) for ph in phases)
+
+
+def step_times(problem, runs, steps=100, time_step=False):
+    """Per optimizer of ``TIMED``, the amortised step time (:func:`amortised`) over
+    ``runs`` runs of ``steps`` steps, the optimizers interleaved run by run."""
+    times = {name: [] for name in TIMED}
+    for _ in range(runs):
+        for name in TIMED:
+            times[name].append(train(problem, name, 1e-2, steps, time_step=time_step)[1])
+    return {name: amortised(r) for name, r in times.items()}
 
 
 def steps_to_target(problem, steps):
@@ -143,19 +164,6 @@ def steps_to_target(problem, steps):
     return best, target, hits
 
 
-def async_vs_sync(problem, runs, steps=100):
-    out = {}
-    for asyn in (False, True):
-        walls = []
-        for _ in range(runs):
-            opt = shampoo(1e-2, update_every=10, staleness=1, async_roots=asyn, start_preconditioning_step=10)
-            t0 = time.perf_counter()
-            train(problem, "shampoo", 1e-2, steps, opt=opt)
-            walls.append((time.perf_counter() - t0) / steps)
-        out["async" if asyn else "sync"] = statistics.median(walls)
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -164,14 +172,18 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {args.runs} runs\n")
-    print("mean optimizer step, ms (roots every 10 steps, amortised):\n")
-    print("| problem | adam | shampoo (adagrad graft) | shampoo (matched) | shampoo (matched, eigh) "
-          "| pytorch-optimizer Shampoo (matched) |")
-    print("|---|---|---|---|---|---|")
-    for problem in PROBLEMS:
-        t = step_times(problem, args.runs)
-        print(f"| {problem} | {t['adam']*1e3:.3f} | {t['shampoo']*1e3:.3f} | {t['shampoo_matched']*1e3:.3f} "
-              f"| {t['shampoo_matched_eigh']*1e3:.3f} | {t['po_shampoo']*1e3:.3f} |")
+    names = {"adam": "Adam", "shampoo": "Shampoo", "shampoo_async": "Shampoo, async roots",
+             "shampoo_matched": "matched (eigh)", "shampoo_matched_newton": "matched (Newton)",
+             "po_shampoo": "pytorch-optimizer Shampoo"}
+    for what, time_step in (("optimizer step alone", False), ("whole training step (forward, backward, "
+                                                                "optimizer)", True)):
+        print(f"{what}, ms, amortised over the 10-step root cycle (x Adam):\n")
+        print("| problem | " + " | ".join(names[n] for n in TIMED) + " |")
+        print("|---|" + "---|" * len(TIMED))
+        for problem in PROBLEMS:
+            t = step_times(problem, args.runs, time_step=time_step)
+            print(f"| {problem} | " + " | ".join(f"{t[n]*1e3:.3f} ({t[n]/t['adam']:.2f})" for n in TIMED) + " |")
+        print()
     print(f"\n| problem | adam: best lr, loss at {args.steps} | shampoo (-1/4): best lr, loss, steps to "
           f"adam's | shampoo (-1/2): best lr, loss, steps to adam's |")
     print("|---|---|---|---|")
@@ -180,12 +192,6 @@ def main():
         cells = [f"{best[n][0]:g}, {best[n][1][-1]:.4f}, "
                  f"{hits[n] if hits[n] is not None else '>' + str(args.steps)}" for n in ("shampoo", "shampoo_p2")]
         print(f"| {problem} | {best['adam'][0]:g}, {target:.4f} | {cells[0]} | {cells[1]} |")
-    print("\nwall time per training step (forward, backward, step), roots every 10, staleness 1:\n")
-    print("| problem | sync | async |")
-    print("|---|---|---|")
-    for problem in PROBLEMS:
-        w = async_vs_sync(problem, args.runs)
-        print(f"| {problem} | {w['sync']*1e3:.3f} ms | {w['async']*1e3:.3f} ms |")
 
 
 if __name__ == "__main__":

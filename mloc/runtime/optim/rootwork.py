@@ -173,7 +173,11 @@ class RootWork:
 
     def _start_pool(self) -> None:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shampoo-roots")
+            # One intra-op thread: a new thread does not inherit torch.set_num_threads, and
+            # a second OpenMP team spin-waiting beside training's made a 1.3 ms root job
+            # take 30-80 ms of wall time on 2 cores (measured, bench/shampoo.py's logreg).
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shampoo-roots",
+                                            initializer=torch.set_num_threads, initargs=(1,))
 
     def start(self, background: bool) -> None:
         """Start the root thread (``async_roots``); under a process group of several ranks
