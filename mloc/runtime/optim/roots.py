@@ -145,8 +145,8 @@ def _eigh(a: Tensor, p: int, epsilon: float) -> tuple[Tensor, Tensor]:
         lam, v = torch.linalg.eigh(a)
     except torch.linalg.LinAlgError:     # LAPACK did not converge: reject the whole batch
         return torch.zeros_like(a), torch.zeros(a.shape[:-2], dtype=torch.bool, device=a.device)
-    shifted = lam + (epsilon * lam[..., -1:].clamp_min(0)) if epsilon else lam
-    ok = (shifted > 0).all(-1)
+    shifted = torch.add(lam, lam[..., -1:].clamp_min(0), alpha=epsilon) if epsilon else lam
+    ok = shifted[..., 0] > 0            # eigenvalues ascend: the smallest decides
     scale = shifted.clamp_min(torch.finfo(a.dtype).tiny).pow(-1.0 / p)
     return (v * scale.unsqueeze(-2)) @ v.transpose(-2, -1), ok
 
@@ -169,11 +169,12 @@ def inverse_root(stats: Tensor, p: int, *, epsilon: float = 1e-6, method: str = 
     :func:`default_tol` of ``compute_dtype``."""
     tol = default_tol(compute_dtype) if tol is None else tol
     method = resolve(method, stats.device)
-    finite_in = torch.isfinite(stats).all(-1).all(-1)
+    # a matrix with a NaN or Inf has a non-finite sum (one that overflows is rejected too)
+    finite_in = _finite(stats.sum((-2, -1)))
     clean = stats if bool(finite_in.all()) else torch.where(
         finite_in[..., None, None], stats, torch.zeros((), dtype=stats.dtype, device=stats.device))
     if method == "eigh":                # LAPACK reads the lower triangle: no symmetrizing
-        (x, ok), err, iters = _eigh(clean.to(compute_dtype), p, epsilon), \
+        (x, ok), err, iters = _eigh(clean.to(compute_dtype, copy=False), p, epsilon), \
             torch.zeros(stats.shape[:-2], dtype=compute_dtype, device=stats.device), 0
     else:
         a = ridged(clean, epsilon, compute_dtype)[0] if epsilon else 0.5 * (
@@ -181,10 +182,15 @@ def inverse_root(stats: Tensor, p: int, *, epsilon: float = 1e-6, method: str = 
         x, err, iters = _newton(a, p, tol, max_iters)
         ok = err <= error_tolerance
     root = x.to(stats.dtype)
-    ok = ok & finite_in & torch.isfinite(root).all(-1).all(-1)
+    ok = ok & finite_in & _finite(root.sum((-2, -1)))
     if not bool(ok.all()):              # a rejected root is zeros, never NaN or Inf
         root = torch.where(ok[..., None, None], root, torch.zeros((), dtype=root.dtype, device=root.device))
     return Roots(root, ok, err, iters)
+
+
+def _finite(x: Tensor) -> Tensor:
+    """``isfinite`` in two operations (``x·0`` is 0 for a finite ``x``, NaN otherwise)."""
+    return (x * 0) == 0
 
 
 def default_tol(dtype) -> float:

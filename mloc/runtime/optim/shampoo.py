@@ -15,8 +15,9 @@ the grafted direction alone):
     P = G \times_1 Q_1 \cdots \times_k Q_k,\qquad Q_i \approx (S_i + \varepsilon\lambda_{\max}(S_i) I)^{-1/p}
 
 with ``p = 2k`` (exponent ``−1/(2k)``; ``exponent_override`` sets ``p``). The roots ``Qᵢ``
-are refreshed every ``update_every`` steps by :func:`.roots.inverse_root` (coupled Newton in
-float64, or ``eigh``), batched over all blocks of equal size, from statistics that are
+are refreshed every ``update_every`` steps by :func:`.roots.inverse_root` (float64; an
+eigendecomposition on the CPU, coupled Newton on an accelerator: ``root_method="auto"``),
+batched over all blocks of equal size, from statistics that are
 never modified by the ridge; a rejected root (non-finite or inaccurate) keeps the
 previous one and counts a consecutive failure per matrix (``state.failures``; a warning
 says so). Roots start as identities.
