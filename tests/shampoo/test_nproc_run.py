@@ -1,5 +1,5 @@
 """Shampoo end to end under ``mloc run --nproc 2`` (slow tier: each run starts mloc, and
-``--nproc 2`` two more interpreters; about 45 s for the three tests on 2 idle cores).
+``--nproc 2`` two more interpreters; about 50 s for the two slow tests on 2 busy cores).
 
 The program (``tests/shampoo/shampoo_nproc.mlo``, float64 through ``--dtype float64``):
 Shampoo at the lower level of a two-level program under SAMA, roots every 2 steps,
@@ -10,25 +10,28 @@ one and rank 1 the other, and they are all-gathered (mloc/runtime/optim/rootwork
 The data are read in order, so two ranks with batches of 8 see, step by step, the same 16
 examples as one process with batches of 16 (mloc/runtime/data.py).
 
-**2 ranks against 1 process** (synchronous, sharded roots): not bit-identical, and not
-expected to be: the gradients are averaged by an all-reduce of two 8-example means, which
-rounds differently from one 16-example mean (measured, float64: after step 1 the
-statistics differ by 2e-16 relatively and the parameters not at all; the same program
-with ``sgd`` in place of Shampoo ends 3e-16 (net) and 5e-15 (weights, through SAMA's
-finite differences) apart). Shampoo amplifies these roundings through its roots: with the
-relative ridge ``ε = 1e-6`` a root's condition number is up to ``~1/ε``, so a relative
-perturbation ``δ`` of a statistic can move its root by up to ``~δ/(pε)``. Measured after 12
-steps: roots 5.0e-11, parameters 3.9e-14 (net) and 9.5e-13 (weights) apart relatively
-(max |difference| / max |value| per tensor). The tolerance, 1e-9, is 1000× above that and
-far below what a wrong root gives: the same run with roots one refresh late
-(``staleness=1``) differs by 0.34.
+**2 ranks against 1 process** (synchronous, sharded roots; the default ``root_method``,
+``auto``: eigh on the CPU): not bit-identical, and not expected to be: the gradients are
+averaged by an all-reduce of two 8-example means, which rounds differently from one
+16-example mean. Measured (float64): after step 1 the statistics differ by 4.4e-16
+relatively, the roots and parameters not at all; the same program with ``sgd`` in place
+of Shampoo ends 3.2e-16 (net) and 5.5e-15 (weights, through SAMA's finite differences)
+apart. Shampoo amplifies these roundings through its roots: with the relative ridge
+``ε = 1e-6`` a root's condition number is up to about ``1/ε``, so a relative perturbation
+``δ`` of a statistic can move its root by up to about ``δ/(pε)``. After 4 steps the roots
+differ by 1.3e-10, after 12 by 2.5e-11, and the parameters by 3.8e-14 (net) and 9.4e-13
+(weights) (max |difference| / max |value| per tensor). The tolerance, 1e-9, is 1000×
+above that and far below what a wrong root gives: the same run with roots one refresh
+late (``staleness=1``) differs by 0.31.
 
 **Asynchronous roots under 2 ranks** (each rank computes every root on its own thread, no
 collective from a background thread) against synchronous sharded roots with the same
-staleness (1): bit-identical, parameters and the whole Shampoo state (statistics, roots,
-the pending slot, grafting accumulators, momentum), measured and asserted: a root does
-not depend on which rank computed it (fixed chunk shape, each matrix's Newton iteration
-frozen on its own).
+staleness (1), both with Newton roots (``root_method="newton"``, whose iteration stops per
+matrix): bit-identical, parameters and the whole Shampoo state (statistics, roots, the
+pending slot, grafting accumulators, momentum), measured and asserted: a root does not
+depend on which rank computed it (the fixed chunk shape).
+
+The figures: ``python -m tests.shampoo.test_nproc_run`` (about 90 s).
 """
 
 from __future__ import annotations
@@ -50,22 +53,23 @@ PROGRAM = Path(__file__).parent / "shampoo_nproc.mlo"
 HALF_BATCHES = ("--set", "net.data=lib.data(seed=0, batch_size=8)",
                 "--set", "weights.data=lib.data(seed=10, batch_size=8)")
 STALE = ("--set", "net.optimizer.staleness=1")
+NEWTON = ("--set", 'net.optimizer.root_method="newton"')
 STEPS = 12
 
 
-def run(out: Path, *argv) -> dict:
-    """``mloc run`` of the program in float64; it exits 0 with a checkpoint of step 12,
-    which is returned."""
+def run(out: Path, *argv, steps: int = STEPS, shampoo: bool = True) -> dict:
+    """``mloc run`` of the program in float64; it exits 0 with a checkpoint of step
+    ``steps`` (holding the Shampoo state), which is returned."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "mloc", "run", str(PROGRAM), "--dtype", "float64",
-                           "--threads", "1", "--quiet", "--out", str(out), *argv],
+                           "--threads", "1", "--quiet", "--out", str(out), "--steps", str(steps), *argv],
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "checkpoint.pt").is_file()
     state = load_checkpoint(out / "checkpoint.pt", None)
-    assert state["step"] == STEPS
+    assert state["step"] == steps
     opt = state["problems"]["net"]["optimizer"]
-    assert opt["_type"] == "ShampooState" and opt["count"] == STEPS
+    assert not shampoo or (opt["_type"] == "ShampooState" and opt["count"] == steps)
     return state
 
 
@@ -112,8 +116,8 @@ def test_two_ranks_with_sharded_roots_equal_one_process_on_the_same_batch(tmp_pa
 
 @pytest.mark.slow
 def test_async_roots_under_two_ranks_equal_synchronous_sharded_roots_bit_for_bit(tmp_path):
-    sync = run(tmp_path / "sync", "--nproc", "2", *HALF_BATCHES, *STALE)
-    asyn = run(tmp_path / "async", "--nproc", "2", *HALF_BATCHES, *STALE,
+    sync = run(tmp_path / "sync", "--nproc", "2", *HALF_BATCHES, *STALE, *NEWTON)
+    asyn = run(tmp_path / "async", "--nproc", "2", *HALF_BATCHES, *STALE, *NEWTON,
                "--set", "net.optimizer.async_roots=true")
     a, b = params(sync), params(asyn)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -122,3 +126,32 @@ def test_async_roots_under_two_ranks_equal_synchronous_sharded_roots_bit_for_bit
     for field in ("stats", "roots", "failures", "graft", "momentum", "pending"):
         la, lb = leaves(sa[field]), leaves(sb[field])
         assert la and len(la) == len(lb) and all(torch.equal(x, y) for x, y in zip(la, lb)), field
+
+
+if __name__ == "__main__":
+    # The docstring's figures: python -m tests.shampoo.test_nproc_run (about a minute)
+    import tempfile
+
+    def report(what, a, b):
+        pa, pb = params(a), params(b)
+        line = (f"{what}: net {max(rel(pa[k], pb[k]) for k in pa if k.startswith('net')):.1e}, "
+                f"weights {max(rel(pa[k], pb[k]) for k in pa if k.startswith('weights')):.1e}")
+        for field in ("stats", "roots"):
+            la, lb = (leaves(s["problems"]["net"]["optimizer"].get(field, ())) for s in (a, b))
+            line += f", {field} {max(rel(x, y) for x, y in zip(la, lb)):.1e}" if la else ""
+        print(line, flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        one, two = run(out / "1", "--nproc", "1"), run(out / "2", "--nproc", "2", *HALF_BATCHES)
+        report("2 ranks against 1 process", one, two)
+        report("the same after step 1", run(out / "1a", "--nproc", "1", steps=1),
+               run(out / "2a", "--nproc", "2", *HALF_BATCHES, steps=1))
+        report("the same after step 4", run(out / "1b", "--nproc", "1", steps=4),
+               run(out / "2b", "--nproc", "2", *HALF_BATCHES, steps=4))
+        report("roots one refresh late (staleness 1, 2 ranks)", two,
+               run(out / "2s", "--nproc", "2", *HALF_BATCHES, *STALE))
+        sgd = ("--set", "net.optimizer=sgd(lr=0.05, momentum=0.9)")
+        report("sgd in place of shampoo, 2 ranks against 1 process",
+               run(out / "1g", "--nproc", "1", *sgd, shampoo=False),
+               run(out / "2g", "--nproc", "2", *HALF_BATCHES, *sgd, shampoo=False))
