@@ -6,11 +6,13 @@ trained by its ``train`` loop. Protocol, the same for Adam and for every Shampoo
 configuration:
 
 - **Learning rates** on one log grid, 3 points per decade (``lr = 10^(k/3)``). Each
-  optimizer starts from a 5-point window (``START``: Adam and the norm-grafted Shampoos
-  ``0.0215 … 0.464``; ``graft="sgd"`` ``0.215 … 4.64``, its scale is SGD's) and the window
-  is widened one point at a time on the side of the best rate while the best sits at an
-  edge (at most ``MAX_WIDEN`` points), so no optimizer's best rate is at the edge of what
-  was tried unless the table says so (``edge``). "Best" is the lowest loss after ``STEPS``
+  optimizer starts from a 7-point window (``START``: Adam and the norm-grafted Shampoos
+  ``0.01 … 1``; ``graft="sgd"`` ``0.1 … 10``, its scale is SGD's) and the window is
+  widened one point at a time on the side of the best rate while the best sits at an edge
+  (at most ``MAX_WIDEN`` points), so no optimizer's best rate is at the edge of what was
+  tried unless the table says so (``edge``). The loss is not always unimodal in the rate
+  (``logreg``, ``adam_p2_start10``: a 5-point window ``0.0215 … 0.464`` stopped at a local
+  best 0.215, loss 0.125; the wider window finds 2.15), hence 7 points to start. "Best" is the lowest loss after ``STEPS``
   (500) steps (``--select final``; see ``tail`` below); a NaN loss counts as +∞.
 - **Adam**: mloc's ``adam`` with its default betas (0.9, 0.999) and eps 1e-8.
 - **Shampoo**: mloc's ``shampoo`` with roots every 10 steps (``update_every=10``, the
@@ -72,7 +74,7 @@ TARGET_STEPS = 300
 TAIL = 50
 PER_DECADE = 3
 MAX_WIDEN = 8
-START = {"default": range(-5, 0), "sgd": range(-2, 3)}     # k of lr = 10^(k/3)
+START = {"default": range(-6, 1), "sgd": range(-3, 4)}     # k of lr = 10^(k/3)
 
 # name -> shampoo(...) arguments beyond update_every=10, root_method="eigh" (the defaults
 # otherwise). Stage 1: grafting x exponent; stage 2: around stage 1's results.
