@@ -186,7 +186,8 @@ def revision():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
-    ap.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), help="these configurations only")
+    ap.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), metavar="NAME",
+                    help="these configurations only (the keys of CONFIGS)")
     ap.add_argument("--problems", nargs="+", choices=sorted(problems.PROBLEMS), default=list(problems.PROBLEMS))
     ap.add_argument("--select", choices=("final", "tail"), default="final",
                     help="best rate and target by the loss after 500 steps (the issue's), or by the "
