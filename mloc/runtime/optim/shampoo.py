@@ -61,13 +61,11 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from mloc.runtime.optim import blocks
+from mloc.runtime.optim import blocks, graft as grafting
+from mloc.runtime.optim.graft import GRAFTS
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers
 from mloc.runtime.optim.rootwork import RootWork, clone_tuple, merge_due
 
-GRAFTS = ("none", "sgd", "adagrad", "rmsprop", "adam")
-GRAFT_EPS = 1e-10
-ADAM_GRAFT_BETA1 = 0.9
 
 
 class ShampooState(NamedTuple):
@@ -126,7 +124,7 @@ class Shampoo(Optimizer):
             roots.append(tuple(torch.eye(b, dtype=p.dtype, device=p.device).repeat(lay.count, 1, 1)
                                for b in sizes))
             fails.append(tuple(torch.zeros(lay.count, dtype=torch.int64, device=p.device) for _ in sizes))
-        n_graft = {"none": 0, "sgd": 0, "adagrad": 1, "rmsprop": 1, "adam": 2}[self.graft]
+        n_graft = grafting.ACCUMULATORS[self.graft]
         graft = tuple(tuple(torch.zeros_like(p) for _ in range(n_graft)) for p in params)
         mom = tuple(torch.zeros_like(p) for p in params) if not is_zero(self.mu) else ()
         pending = tuple({"step": -1, "roots": tuple(map(clone_tuple, roots)),
@@ -165,7 +163,7 @@ class Shampoo(Optimizer):
         pending = self.work.refresh(t, state.stats, ps, pending, background=self.async_roots)
         if not self.slots:
             roots, failures, pending = self.work.install(t, roots, failures, pending)
-        d = list(self._graft_inplace(t, g, state.graft))
+        d = grafting.directions_inplace(self.graft, self.graft_beta2, t, g, state.graft)
         if t > self.start_step:
             pre = [(i, blocks.from_blocks(blocks.precondition(blocks.to_blocks(g[i], self.layout(p)),
                                                                list(roots[i])), self.layout(p)))
@@ -189,32 +187,6 @@ class Shampoo(Optimizer):
         torch._foreach_add_(params, step, alpha=-lr)
         return ShampooState(t, state.stats, roots, failures, state.graft, state.momentum, pending)
 
-    def _graft_inplace(self, t, g, graft_state) -> list:
-        """The grafted directions, accumulators updated in place (:meth:`_graft_direction`'s
-        formulas)."""
-        kind = self.graft
-        if kind in ("none", "sgd"):
-            return list(g)
-        b2 = self.graft_beta2
-        v = [acc[-1] for acc in graft_state]
-        if kind == "adagrad":
-            torch._foreach_addcmul_(v, g, g)
-        else:
-            torch._foreach_mul_(v, b2)
-            torch._foreach_addcmul_(v, g, g, value=1 - b2)
-        denom = torch._foreach_sqrt(v)
-        if kind == "adam":
-            b1 = ADAM_GRAFT_BETA1
-            m = [acc[0] for acc in graft_state]
-            torch._foreach_lerp_(m, g, 1 - b1)
-            torch._foreach_div_(denom, (1 - b2**t) ** 0.5)
-            torch._foreach_add_(denom, GRAFT_EPS)
-            out = torch._foreach_div(m, denom)
-            torch._foreach_div_(out, 1 - b1**t)
-            return out
-        torch._foreach_add_(denom, GRAFT_EPS)
-        return torch._foreach_div(g, denom)
-
     def _decayed(self, grads, params):
         if self.decoupled or is_zero(self.wd):
             return tuple(grads)
@@ -231,7 +203,7 @@ class Shampoo(Optimizer):
         new_graft, out = [], []
         precondition = t > self.start_step
         for gi, acc, rts, p in zip(g, graft_state, roots, params):
-            acc, d = self._graft_direction(t, gi, acc)
+            acc, d = grafting.direction(self.graft, self.graft_beta2, t, gi, acc)
             new_graft.append(acc)
             if rts and precondition:
                 lay = self.layout(p)
@@ -241,22 +213,6 @@ class Shampoo(Optimizer):
                 d = pre
             out.append(d)
         return tuple(new_graft), tuple(out)
-
-    def _graft_direction(self, t, g, acc):
-        kind = self.graft
-        if kind in ("none", "sgd"):
-            return acc, g
-        if kind == "adagrad":
-            v = acc[0] + g * g
-            return (v,), g / (torch.sqrt(v) + GRAFT_EPS)
-        b2 = self.graft_beta2
-        v = b2 * acc[-1] + (1 - b2) * g * g
-        if kind == "rmsprop":
-            return (v,), g / (torch.sqrt(v) + GRAFT_EPS)
-        b1 = ADAM_GRAFT_BETA1
-        m = b1 * acc[0] + (1 - b1) * g
-        mhat, vhat = m / (1 - b1**t), v / (1 - b2**t)
-        return (m, v), mhat / (torch.sqrt(vhat) + GRAFT_EPS)
 
     def _momentum(self, direction, buffers, params):
         lr, mu = self.lr, self.mu
@@ -300,8 +256,8 @@ class Shampoo(Optimizer):
         c = (1 + self.mu if self.nesterov else 1.0) if not is_zero(self.mu) else 1.0
         out = []
         for gi, acc, rts, p in zip(g, state.graft, roots, params):
-            acc, d = self._graft_direction(t, gi, acc)
-            graft_diag = self._graft_diag(t, acc)
+            acc, d = grafting.direction(self.graft, self.graft_beta2, t, gi, acc)
+            graft_diag = grafting.diagonal(self.graft, self.graft_beta2, t, acc)
             if rts and t > self.start_step:
                 lay = self.layout(p)
                 kd = blocks.from_blocks(blocks.kron_diagonal(list(rts)), lay)
@@ -312,17 +268,6 @@ class Shampoo(Optimizer):
             else:
                 out.append(self.lr * c * graft_diag)
         return tuple(out)
-
-    def _graft_diag(self, t, acc):
-        """∂D/∂g with the accumulator held constant (a number or a tensor)."""
-        kind = self.graft
-        if kind in ("none", "sgd"):
-            return 1.0
-        if kind in ("adagrad", "rmsprop"):
-            return 1.0 / (torch.sqrt(acc[0]) + GRAFT_EPS)
-        b1, b2 = ADAM_GRAFT_BETA1, self.graft_beta2
-        return (1 - b1) / (1 - b1**t) / (torch.sqrt(acc[1] / (1 - b2**t)) + GRAFT_EPS)
-
 
 def _norm(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x)
