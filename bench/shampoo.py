@@ -7,23 +7,23 @@ Two full-batch problems, float32, one thread:
 - ``mlp``: 64 → 128 → 10 tanh MLP on 2000 examples of a fixed random teacher network,
   inputs scaled as above.
 
-Measured, each the median of ``--runs`` repetitions:
+Measured: step times, the optimizers interleaved run by run, ``--runs`` runs of 100 steps
+each, every phase of the 10-step root cycle by its median (:func:`amortised`), for the
+optimizer step alone and for the whole training step (forward, backward, step):
 
-1. optimizer step time (the optimizer's step alone, forward/backward excluded; the mean
-   over a 100-step run, so the root refreshes are amortised): mloc ``adam``; mloc ``shampoo`` (AdaGrad grafting,
-   roots every 10 steps); mloc ``shampoo`` with pytorch-optimizer's settings (no grafting,
-   no momentum, roots every 10 steps; coupled Newton, and ``root_method="eigh"``) and
-   ``pytorch_optimizer.Shampoo`` with the same
-   (``momentum=0, preconditioning_compute_steps=10``);
-2. steps to reach Adam's 500-step loss: each optimizer's learning rate is the best of a
-   3-point grid (``LRS``) for its 500-step loss; the number of steps mloc's Shampoo needs
-   to reach Adam's best 500-step loss, with the default exponent −1/4 per side and with
-   ``exponent_override=2`` (−1/2 per side), both AdaGrad-grafted, roots every 10 steps,
-   preconditioning from step 11;
-3. wall time per training step (forward, backward, step) with roots every 10 steps and
-   staleness 1, synchronous against ``async_roots``.
+- mloc ``adam``;
+- mloc ``shampoo`` (AdaGrad grafting, Nesterov momentum 0.9, roots every 10 steps,
+  preconditioning from step 11; ``root_method="auto"``, eigh on the CPU), synchronous;
+- the same with ``async_roots`` and ``staleness=10`` (the roots computed on a background
+  thread during the next cycle);
+- mloc ``shampoo`` with ``pytorch_optimizer.Shampoo``'s settings (no grafting, no momentum,
+  roots every 10 steps), with ``auto`` roots and with coupled Newton, and
+  ``pytorch_optimizer.Shampoo(momentum=0, preconditioning_compute_steps=10)`` (4.1.0).
 
-    python bench/shampoo.py [--runs 3] [--steps 500] [--threads 1]
+Steps to Adam's 500-step loss are ``bench/shampoo_tuning.py``'s (same problems, a common
+learning-rate grid widened until no best rate is at an edge).
+
+    python bench/shampoo.py [--runs 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from mloc.runtime.optim import adam, shampoo
 
 EVERY = 10
 """Steps between root refreshes in every Shampoo configuration here (the issue's setting)."""
-LRS = {"adam": (3e-2, 1e-1, 3e-1), "shampoo": (1e-1, 3e-1, 1.0), "shampoo_p2": (1e-1, 3e-1, 1.0)}
 
 
 def scaled_inputs(gen, n, d):
@@ -151,27 +150,13 @@ def step_times(problem, runs, steps=100, time_step=False):
     return {name: amortised(r) for name, r in times.items()}
 
 
-def steps_to_target(problem, steps):
-    best = {}
-    for name in ("adam", "shampoo", "shampoo_p2"):
-        runs = {lr: train(problem, name, lr, steps)[0] for lr in LRS[name]}
-        final = {lr: l[-1] for lr, l in runs.items() if l[-1] == l[-1]}     # NaN runs dropped
-        lr = min(final, key=final.get)
-        best[name] = (lr, runs[lr])
-    target = best["adam"][1][-1]
-    hits = {n: next((i for i, v in enumerate(best[n][1]) if v <= target), None)
-            for n in ("shampoo", "shampoo_p2")}
-    return best, target, hits
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), median of {args.runs} runs\n")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.runs} runs of 100 steps\n")
     names = {"adam": "Adam", "shampoo": "Shampoo", "shampoo_async": "Shampoo, async roots",
              "shampoo_matched": "matched (eigh)", "shampoo_matched_newton": "matched (Newton)",
              "po_shampoo": "pytorch-optimizer Shampoo"}
@@ -184,15 +169,6 @@ def main():
             t = step_times(problem, args.runs, time_step=time_step)
             print(f"| {problem} | " + " | ".join(f"{t[n]*1e3:.3f} ({t[n]/t['adam']:.2f})" for n in TIMED) + " |")
         print()
-    print(f"\n| problem | adam: best lr, loss at {args.steps} | shampoo (-1/4): best lr, loss, steps to "
-          f"adam's | shampoo (-1/2): best lr, loss, steps to adam's |")
-    print("|---|---|---|---|")
-    for problem in PROBLEMS:
-        best, target, hits = steps_to_target(problem, args.steps)
-        cells = [f"{best[n][0]:g}, {best[n][1][-1]:.4f}, "
-                 f"{hits[n] if hits[n] is not None else '>' + str(args.steps)}" for n in ("shampoo", "shampoo_p2")]
-        print(f"| {problem} | {best['adam'][0]:g}, {target:.4f} | {cells[0]} | {cells[1]} |")
-
 
 if __name__ == "__main__":
     main()
