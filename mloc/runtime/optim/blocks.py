@@ -121,8 +121,6 @@ def from_blocks(x: Tensor, lay: Layout) -> Tensor:
 def mode_stats(x: Tensor) -> list[Tensor]:
     """Per mode ``i`` of the blocks ``x`` (``(B, b₁, …, b_k)``), ``X₍ᵢ₎X₍ᵢ₎ᵀ`` (``(B, bᵢ, bᵢ)``),
     ``X₍ᵢ₎`` the mode-``i`` unfolding."""
-    if x.dim() == 3:                    # matrix blocks: X Xᵀ and Xᵀ X, no transposed copy
-        return [x @ x.transpose(-2, -1), x.transpose(-2, -1) @ x]
     out = []
     for _ in range(x.dim() - 1):
         u = x.reshape(x.shape[0], x.shape[1], -1)
@@ -133,9 +131,10 @@ def mode_stats(x: Tensor) -> list[Tensor]:
 
 def accumulate(stats, x: Tensor, beta: float, inplace: bool = False) -> tuple[Tensor, ...]:
     """Per mode, ``β·S + w·X₍ᵢ₎X₍ᵢ₎ᵀ`` (``w = 1`` for ``β = 1``, a running sum, else ``1−β``)
-    for the statistics ``stats`` of the blocks ``x``: one fused ``baddbmm`` per mode for
-    matrix blocks, the same kernel in place (``inplace``: ``stats`` are overwritten and
-    returned) or not, so the two agree bit for bit."""
+    for the statistics ``stats`` of the blocks ``x`` (:func:`mode_stats`' products). Matrix
+    blocks take one fused ``baddbmm`` per mode (``X Xᵀ`` and ``Xᵀ X``, no transposed copy),
+    the same kernel in place (``inplace``: ``stats`` are overwritten and returned) or not,
+    so the two agree bit for bit."""
     w = 1.0 if beta == 1 else 1 - beta
     if x.dim() == 3:
         xt = x.transpose(-2, -1)

@@ -213,7 +213,7 @@ def merge(roots, failures, new_roots, status):
     counts restart at zero."""
     flat = [s.reshape(-1) for ss in status for s in ss]
     if flat and bool(torch.cat(flat).eq(1).all()):
-        return (tuple(tuple(ns) for ns in new_roots),
+        return (tuple(map(tuple, new_roots)),      # tuples whatever a checkpoint restored
                 tuple(tuple(torch.zeros_like(f) for f in fs) for fs in failures))
     out_r, out_f = [], []
     for rs, fs, ns, ss in zip(roots, failures, new_roots, status):

@@ -137,11 +137,7 @@ class Shampoo(Optimizer):
         t = state.count + 1
         g = self._decayed(grads, params)
         stats = self._statistics(g, state.stats, params)
-        ps = tuple(self.layout(p).p for p in params)
-        roots, failures, pending = self.work.install(t, state.roots, state.failures, state.pending)
-        pending = self.work.refresh(t, stats, ps, pending, background=self.async_roots)
-        if not self.slots:          # staleness 0: this step's roots are used by this step
-            roots, failures, pending = self.work.install(t, roots, failures, pending)
+        roots, failures, pending = self._roots(t, stats, state, params)
         graft_state, direction = self._directions(t, g, state.graft, roots, params)
         mom, upd = self._momentum(direction, state.momentum, params)
         return upd, ShampooState(t, stats, roots, failures, graft_state, mom, pending)
@@ -158,16 +154,10 @@ class Shampoo(Optimizer):
         params = list(params)
         g = list(self._decayed(grads, params))
         self._statistics(g, state.stats, params, inplace=True)
-        ps = tuple(self.layout(p).p for p in params)
-        roots, failures, pending = self.work.install(t, state.roots, state.failures, state.pending)
-        pending = self.work.refresh(t, state.stats, ps, pending, background=self.async_roots)
-        if not self.slots:
-            roots, failures, pending = self.work.install(t, roots, failures, pending)
+        roots, failures, pending = self._roots(t, state.stats, state, params)
         d = grafting.directions_inplace(self.graft, self.graft_beta2, t, g, state.graft)
         if t > self.start_step:
-            pre = [(i, blocks.from_blocks(blocks.precondition(blocks.to_blocks(g[i], self.layout(p)),
-                                                               list(roots[i])), self.layout(p)))
-                   for i, p in enumerate(params) if roots[i]]
+            pre = [(i, self._precondition(g[i], p, roots[i])) for i, p in enumerate(params) if roots[i]]
             if pre and self.graft != "none":
                 p_norms = torch._foreach_add(torch._foreach_norm([x for _, x in pre]), 1e-16)
                 scale = torch._foreach_div(torch._foreach_norm([d[i] for i, _ in pre]), p_norms)
@@ -192,6 +182,24 @@ class Shampoo(Optimizer):
             return tuple(grads)
         return tuple(g + self.wd * p for g, p in zip(grads, params))
 
+    def _orders(self, params) -> tuple:
+        """Each parameter's root order ``p`` (0 for the diagonal policy)."""
+        return tuple(self.layout(p).p for p in params)
+
+    def _roots(self, t, stats, state, params):
+        """``(roots, failures, pending)`` for step ``t``: the slots due installed, this step's
+        refresh started (or computed), and with staleness 0 its roots installed at once."""
+        roots, failures, pending = self.work.install(t, state.roots, state.failures, state.pending)
+        pending = self.work.refresh(t, stats, self._orders(params), pending, background=self.async_roots)
+        if not self.slots:          # staleness 0: this step's roots are used by this step
+            roots, failures, pending = self.work.install(t, roots, failures, pending)
+        return roots, failures, pending
+
+    def _precondition(self, g, p, roots) -> Tensor:
+        """``G ×₁ Q₁ ⋯ ×ₖ Qₖ`` blockwise, in ``p``'s shape."""
+        lay = self.layout(p)
+        return blocks.from_blocks(blocks.precondition(blocks.to_blocks(g, lay), list(roots)), lay)
+
     def _statistics(self, g, stats, params, inplace=False):
         """The statistics after ``g`` (detached: the roots are constants to autograd);
         ``inplace`` overwrites ``stats``."""
@@ -206,8 +214,7 @@ class Shampoo(Optimizer):
             acc, d = grafting.direction(self.graft, self.graft_beta2, t, gi, acc)
             new_graft.append(acc)
             if rts and precondition:
-                lay = self.layout(p)
-                pre = blocks.from_blocks(blocks.precondition(blocks.to_blocks(gi, lay), list(rts)), lay)
+                pre = self._precondition(gi, p, rts)
                 if self.graft != "none":
                     pre = pre * (_norm(d) / (_norm(pre) + 1e-16))
                 d = pre
@@ -250,23 +257,19 @@ class Shampoo(Optimizer):
         pending = state.pending
         if not self.slots:              # staleness 0: the next step computes its own roots
             stats = self._statistics(g, state.stats, params)
-            ps = tuple(self.layout(p).p for p in params)
-            pending = self.work.refresh(t, stats, ps, pending, background=False)
+            pending = self.work.refresh(t, stats, self._orders(params), pending, background=False)
         roots, _, _ = merge_due(t, state.roots, state.failures, pending)
         c = (1 + self.mu if self.nesterov else 1.0) if not is_zero(self.mu) else 1.0
         out = []
         for gi, acc, rts, p in zip(g, state.graft, roots, params):
             acc, d = grafting.direction(self.graft, self.graft_beta2, t, gi, acc)
-            graft_diag = grafting.diagonal(self.graft, self.graft_beta2, t, acc)
             if rts and t > self.start_step:
-                lay = self.layout(p)
-                kd = blocks.from_blocks(blocks.kron_diagonal(list(rts)), lay)
+                kd = blocks.from_blocks(blocks.kron_diagonal(list(rts)), self.layout(p))
                 if self.graft != "none":
-                    pre = blocks.from_blocks(blocks.precondition(blocks.to_blocks(gi, lay), list(rts)), lay)
-                    kd = kd * (_norm(d) / (_norm(pre) + 1e-16))
+                    kd = kd * (_norm(d) / (_norm(self._precondition(gi, p, rts)) + 1e-16))
                 out.append(self.lr * c * kd)
             else:
-                out.append(self.lr * c * graft_diag)
+                out.append(self.lr * c * grafting.diagonal(self.graft, self.graft_beta2, t, acc))
         return tuple(out)
 
 def _norm(x: Tensor) -> Tensor:
