@@ -113,6 +113,32 @@ def test_ridge_is_relative_and_applied_to_a_copy():
     assert torch.equal(s, before) and ((lam_pi - lam).abs() / lam).max() <= 1e-5
 
 
+def test_eigh_clamps_rounding_negative_eigenvalues_of_a_singular_statistic():
+    """A singular statistic kept in float32 drifts to slightly negative eigenvalues (here
+    −3e-6·λmax, below the ridge ε·λmax = 1e-6·λmax; bench/shampoo.py's logistic
+    regression's statistics, summed in float32 from one repeated gradient, fall below
+    −1e-6·λmax after 700 (input side) and 1,400 (output side) steps, measured). Unclamped, the ridged matrix is indefinite
+    and every root would be rejected; eigh clamps the eigenvalues at 0 (the statistic is PSD
+    by construction) and returns the root of ``S₊ + ε·λmax·I``, ``S₊`` the clamped matrix,
+    to float32 accuracy (1e-4). The fast path (every root accepted) and the per-matrix path
+    agree: a poisoned second matrix sends the batch through the latter."""
+    gen = torch.Generator().manual_seed(4)
+    q, _ = torch.linalg.qr(torch.randn(2, 10, 10, generator=gen, dtype=F64))
+    lam = torch.logspace(0, -2, 10, dtype=F64)
+    lam[-1] = -3e-6                            # λmax = 1: below −ε·λmax
+    s = ((q * lam) @ q.transpose(-2, -1)).float()
+    eps = 1e-6
+    want = eig_root((q * (lam.clamp_min(0) + eps)) @ q.transpose(-2, -1), 4)
+    r = inverse_root(s, 4, epsilon=eps, method="eigh")
+    assert r.ok.tolist() == [True, True] and r.all_ok
+    assert rel_err(r.root, want) <= 1e-4
+    poisoned = s.clone()
+    poisoned[1, 0, 0] = float("nan")
+    slow = inverse_root(poisoned, 4, epsilon=eps, method="eigh")
+    assert slow.ok.tolist() == [True, False] and not slow.all_ok
+    assert torch.equal(slow.root[0], r.root[0])
+
+
 @pytest.mark.parametrize("method", ["newton", "eigh"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_input_is_rejected_not_propagated(method, bad):

@@ -151,8 +151,8 @@ def accumulate(stats, x: Tensor, beta: float, inplace: bool = False) -> tuple[Te
 def precondition(x: Tensor, roots: list[Tensor]) -> Tensor:
     """``x ×₁ Q₁ ×₂ Q₂ … ×_k Q_k`` blockwise (``Qᵢ`` symmetric, ``(B, bᵢ, bᵢ)``); for a
     matrix block ``Q₁ X Q₂``."""
-    if x.dim() == 3 and len(roots) == 2:
-        return roots[0] @ x @ roots[1]
+    if x.dim() == 3 and len(roots) == 2:        # bmm: matmul's broadcasting views cost more here
+        return torch.bmm(torch.bmm(roots[0], x), roots[1])
     for q in roots:
         shape = x.shape
         x = (q @ x.reshape(shape[0], shape[1], -1)).reshape(shape).movedim(1, -1)

@@ -25,9 +25,14 @@ there with a rejected root. Before that, only a non-finite iterate stops it; a c
 matrix's root does not depend on what it is batched with.
 
 The eigendecomposition alternative (``method="eigh"``) computes ``S = V diag(λ) Vᵀ`` once
-and the root as ``V diag((λ + ε·λmax)^{-1/p}) Vᵀ`` with ``λmax`` its largest eigenvalue (the
-ridge shifts every eigenvalue by the same amount, so no power iteration is needed and the
-ridge is exact). ``method="auto"`` (:func:`resolve`) is ``eigh`` on the CPU and ``newton``
+and the root as ``V diag((max(λ, 0) + ε·λmax)^{-1/p}) Vᵀ`` with ``λmax`` its largest
+eigenvalue (the ridge shifts every eigenvalue by the same amount, so no power iteration is
+needed and the ridge is exact). The clamp at 0: a statistic is PSD by construction, so a
+negative eigenvalue is rounding. It matters for singular statistics (a softmax layer's
+output-side statistic is: its gradient's columns sum to zero), whose float32 running sums
+drift to negative eigenvalues (below ``−1e-6·λmax`` after 700–1,400 steps of one repeated
+gradient on ``bench/shampoo.py``'s logistic regression); unclamped, one below ``−ε·λmax``
+would reject every later root. ``method="auto"`` (:func:`resolve`) is ``eigh`` on the CPU and ``newton``
 elsewhere: on a CPU LAPACK's eigendecomposition of a 128×128 matrix costs about eight
 matrix products (~1.4 ms in float64 on one core), the ~20 Newton iterations about eighty;
 on an accelerator the matrix products are cheap and batched ``eigh`` is not.
@@ -60,12 +65,14 @@ GUARD_ARMED_BELOW = 0.1
 class Roots:
     """A batch of inverse roots: ``root`` (``(..., n, n)``, the input's dtype), ``ok``
     (``(...)`` bool: accepted), ``error`` (``(...)``: the final ``max|M − I|``, 0 for
-    ``eigh``) and ``iters`` (Newton iterations the slowest matrix took; 0 for ``eigh``)."""
+    ``eigh``), ``iters`` (Newton iterations the slowest matrix took; 0 for ``eigh``) and
+    ``all_ok`` (known without reading ``ok``: every root accepted; ``False`` means unknown)."""
 
     root: Tensor
     ok: Tensor
     error: Tensor
     iters: int
+    all_ok: bool = False
 
 
 def _start_vector(n: int, dtype, device) -> Tensor:
@@ -142,13 +149,38 @@ def _eigh(a: Tensor, p: int, epsilon: float) -> tuple[Tensor, Tensor]:
     """``(S + ε·λmax·I)^{-1/p}`` of the symmetric ``a`` from one eigendecomposition, and
     whether every shifted eigenvalue is positive (all rejected when LAPACK fails)."""
     try:
-        lam, v = torch.linalg.eigh(a)
+        root, shifted = _eigh_raw(a, p, epsilon)
     except torch.linalg.LinAlgError:     # LAPACK did not converge: reject the whole batch
         return torch.zeros_like(a), torch.zeros(a.shape[:-2], dtype=torch.bool, device=a.device)
-    shifted = torch.add(lam, lam[..., -1:].clamp_min(0), alpha=epsilon) if epsilon else lam
-    ok = shifted[..., 0] > 0            # eigenvalues ascend: the smallest decides
+    return root, shifted[..., 0] > 0    # eigenvalues ascend: the smallest decides
+
+
+def _eigh_raw(a: Tensor, p: int, epsilon: float):
+    """``(V diag(s^{-1/p}) Vᵀ, s)`` with ``s = max(λ, 0) + ε·max(λmax, 0)`` the ridged
+    eigenvalues of ``a`` (ascending; clamped to the smallest positive normal number before
+    the power). Raises ``LinAlgError`` when LAPACK does not converge."""
+    lam, v = torch.linalg.eigh(a)
+    lam = lam.clamp_min(0)              # rounding's negative eigenvalues (module docstring)
+    shifted = torch.add(lam, lam[..., -1:], alpha=epsilon) if epsilon else lam
     scale = shifted.clamp_min(torch.finfo(a.dtype).tiny).pow(-1.0 / p)
-    return (v * scale.unsqueeze(-2)) @ v.transpose(-2, -1), ok
+    return torch.matmul(v * scale.unsqueeze(-2), v.transpose(-2, -1)), shifted
+
+
+def _eigh_accepted(stats: Tensor, p: int, epsilon: float, compute_dtype) -> Roots | None:
+    """The ``eigh`` roots of ``stats`` when every one is accepted, from one check (one host
+    read); ``None`` when LAPACK fails or any input, ridged eigenvalue or root is not
+    finite or positive: :func:`inverse_root` then takes its per-matrix path, whose roots
+    for the accepted matrices are the same operations on the same input, bit for bit."""
+    try:
+        root, shifted = _eigh_raw(stats.to(compute_dtype, copy=False), p, epsilon)
+    except torch.linalg.LinAlgError:
+        return None
+    root = root.to(stats.dtype)
+    if not bool(_finite(root.sum() + stats.sum()) & (shifted[..., 0].amin() > 0)):
+        return None
+    shape = stats.shape[:-2]
+    return Roots(root, torch.ones(shape, dtype=torch.bool, device=stats.device),
+                 torch.zeros(shape, dtype=compute_dtype, device=stats.device), 0, all_ok=True)
 
 
 def resolve(method: str, device: torch.device) -> str:
@@ -169,6 +201,8 @@ def inverse_root(stats: Tensor, p: int, *, epsilon: float = 1e-6, method: str = 
     :func:`default_tol` of ``compute_dtype``."""
     tol = default_tol(compute_dtype) if tol is None else tol
     method = resolve(method, stats.device)
+    if method == "eigh" and (fast := _eigh_accepted(stats, p, epsilon, compute_dtype)) is not None:
+        return fast
     # a matrix with a NaN or Inf has a non-finite sum (one that overflows is rejected too)
     finite_in = _finite(stats.sum((-2, -1)))
     clean = stats if bool(finite_in.all()) else torch.where(

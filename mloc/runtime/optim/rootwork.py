@@ -74,15 +74,20 @@ class RootWork:
         due = [i for i, s in enumerate(pending) if s["step"] == t]
         if not due:
             return roots, failures, pending
+        clean = True
         for i in due:
             if i in self._jobs:
                 self._jobs.pop(i).result()
             slot = pending[i]
-            roots, failures = merge(roots, failures, slot["roots"], slot["status"])
+            roots, failures, accepted = merge(roots, failures, slot["roots"], slot["status"])
+            clean = clean and accepted
             pending = pending[:i] + ({**slot, "step": -1},) + pending[i + 1:]
         if not self.slots:
             pending = ()
-        self._report(failures)
+        if clean:                   # every failure count restarted at zero
+            self._warned_at = 0
+        else:
+            self._report(failures)
         return roots, failures, pending
 
     @torch.no_grad()
@@ -99,10 +104,12 @@ class RootWork:
         for (_, p), items in groups.items():
             parts = [stats[i][j].detach() for i, j in items]
             batch = parts[0] if len(parts) == 1 else torch.cat(parts)
-            root, ok = self._batched_root(batch, p)
-            # a PSD matrix is zero iff its trace is: no gradient has reached it yet
-            empty = batch.diagonal(0, -2, -1).sum(-1) == 0
-            code = torch.where(empty, -1, ok.to(torch.int8)).to(torch.int8)
+            root, ok, all_ok = self._batched_root(batch, p)
+            if all_ok:                  # an accepted root's statistic is not zero
+                code = torch.ones(batch.shape[0], dtype=torch.int8, device=batch.device)
+            else:   # a PSD matrix is zero iff its trace is: no gradient has reached it yet
+                empty = batch.diagonal(0, -2, -1).sum(-1) == 0
+                code = torch.where(empty, -1, ok.to(torch.int8)).to(torch.int8)
             if len(items) == 1:
                 (i, j), = items
                 roots[i][j], status[i][j] = root, code
@@ -112,8 +119,9 @@ class RootWork:
                 roots[i][j], status[i][j] = r, c
         return {"roots": tuple(map(tuple, roots)), "status": tuple(map(tuple, status))}
 
-    def _batched_root(self, batch: Tensor, p: int) -> tuple[Tensor, Tensor]:
-        """``(roots, ok)`` of a batch of ``n`` matrices, computed in chunks of
+    def _batched_root(self, batch: Tensor, p: int) -> tuple[Tensor, Tensor, bool]:
+        """``(roots, ok, all_ok)`` of a batch of ``n`` matrices (``all_ok``: every root is
+        known accepted without a host read, :attr:`.roots.Roots.all_ok`), computed in chunks of
         ``min(ROOT_CHUNK, n)`` (the last padded with identities): every root is computed in a
         batch of the same shape whatever the process layout (CPU batched matmuls round
         differently for different batch sizes). Under data parallelism rank ``r`` computes
@@ -124,19 +132,19 @@ class RootWork:
         count = -(-n // chunk)
         rank, world = self.shard or (0, 1)
         if count == 1 and world == 1:
-            return self._root(batch, p)
+            r = self._root(batch, p)
+            return r.root, r.ok, r.all_ok
         eye = torch.eye(size, dtype=batch.dtype, device=batch.device)
         padded = torch.cat([batch, eye.expand(count * chunk - n, -1, -1)]).view(count, chunk, size, size)
         mine = [self._root(padded[c], p) for c in range(rank, count, world)]
         if world == 1:
-            roots, oks = [r for r, _ in mine], [k for _, k in mine]
+            roots, oks = [r.root for r in mine], [r.ok for r in mine]
         else:
-            roots, oks = self._gather(mine, count, world, padded)
-        return torch.cat(roots)[:n], torch.cat(oks)[:n]
+            roots, oks = self._gather([(r.root, r.ok) for r in mine], count, world, padded)
+        return torch.cat(roots)[:n], torch.cat(oks)[:n], world == 1 and all(r.all_ok for r in mine)
 
-    def _root(self, chunk: Tensor, p: int) -> tuple[Tensor, Tensor]:
-        r = inverse_root(chunk, p, epsilon=self.epsilon, method=self.method)
-        return r.root, r.ok
+    def _root(self, chunk: Tensor, p: int):
+        return inverse_root(chunk, p, epsilon=self.epsilon, method=self.method)
 
     def _gather(self, mine, count, world, padded):
         """All-gather the ranks' chunks (each rank sends ``⌈count/W⌉``, identity-padded) and
@@ -208,23 +216,23 @@ def clone_tuple(ts):
 
 
 def merge(roots, failures, new_roots, status):
-    """Install ``new_roots`` where the status is 1; count a failure where it is 0. When
-    every root was accepted (one host read) they are installed as they are and the failure
-    counts restart at zero."""
+    """``(roots, failures, all accepted)``: ``new_roots`` installed where the status is 1, a
+    failure counted where it is 0. When every root was accepted (one host read) they are
+    installed as they are and the failure counts restart at zero."""
     flat = [s.reshape(-1) for ss in status for s in ss]
     if flat and bool(torch.cat(flat).eq(1).all()):
         return (tuple(map(tuple, new_roots)),      # tuples whatever a checkpoint restored
-                tuple(tuple(torch.zeros_like(f) for f in fs) for fs in failures))
+                tuple(tuple(torch.zeros_like(f) for f in fs) for fs in failures), True)
     out_r, out_f = [], []
     for rs, fs, ns, ss in zip(roots, failures, new_roots, status):
         out_r.append(tuple(torch.where((s == 1)[:, None, None], n, r) for r, n, s in zip(rs, ns, ss)))
         out_f.append(tuple(torch.where(s == 1, 0, torch.where(s == 0, f + 1, f))
                            for f, s in zip(fs, ss)))
-    return tuple(out_r), tuple(out_f)
+    return tuple(out_r), tuple(out_f), False
 
 
 def merge_due(t, roots, failures, pending):
     for slot in pending:
         if slot["step"] == t:
-            roots, failures = merge(roots, failures, slot["roots"], slot["status"])
+            roots, failures, _ = merge(roots, failures, slot["roots"], slot["status"])
     return roots, failures, pending

@@ -158,24 +158,33 @@ class Shampoo(Optimizer):
         d = grafting.directions_inplace(self.graft, self.graft_beta2, t, g, state.graft)
         if t > self.start_step:
             pre = [(i, self._precondition(g[i], p, roots[i])) for i, p in enumerate(params) if roots[i]]
-            if pre and self.graft != "none":
-                p_norms = torch._foreach_add(torch._foreach_norm([x for _, x in pre]), 1e-16)
-                scale = torch._foreach_div(torch._foreach_norm([d[i] for i, _ in pre]), p_norms)
-                torch._foreach_mul_([x for _, x in pre], scale)
+            if pre and self.graft != "none":    # one norm call: ‖P‖ of each, then ‖D‖ of each
+                norms = torch._foreach_norm([x for _, x in pre] + [d[i] for i, _ in pre])
+                p_norms = torch._foreach_add(norms[:len(pre)], 1e-16)
+                torch._foreach_mul_([x for _, x in pre], torch._foreach_div(norms[len(pre):], p_norms))
             for i, x in pre:
                 d[i] = x
+        if self.decoupled and not is_zero(self.wd):
+            torch._foreach_mul_(params, 1 - self.lr * self.wd)
+        momentum = self._momentum_inplace(d, state.momentum, params)
+        return ShampooState(t, state.stats, roots, failures, state.graft, momentum, pending)
+
+    def _momentum_inplace(self, d, buffers, params) -> tuple:
+        """``θ ← θ − η·step`` for :meth:`commit`, the new momentum buffers returned: with
+        ``b' = μb + d`` (new tensors: ``d`` may be the caller's gradient), heavy ball steps
+        along ``b'``, and Nesterov's ``d + μb'`` is taken as ``(1+μ)b' − μb`` (the same
+        number, one pass over the tensors fewer)."""
         lr, mu = self.lr, self.mu
         if is_zero(mu):
-            step = d
+            torch._foreach_add_(params, d, alpha=-lr)
+            return buffers
+        new = torch._foreach_add(d, list(buffers), alpha=mu)
+        if self.nesterov:
+            torch._foreach_add_(params, new, alpha=-lr * (1 + mu))
+            torch._foreach_add_(params, list(buffers), alpha=lr * mu)
         else:
-            bufs = list(state.momentum)
-            torch._foreach_mul_(bufs, mu)
-            torch._foreach_add_(bufs, d)
-            step = torch._foreach_add(d, bufs, alpha=mu) if self.nesterov else bufs
-        if self.decoupled and not is_zero(self.wd):
-            torch._foreach_mul_(params, 1 - lr * self.wd)
-        torch._foreach_add_(params, step, alpha=-lr)
-        return ShampooState(t, state.stats, roots, failures, state.graft, state.momentum, pending)
+            torch._foreach_add_(params, new, alpha=-lr)
+        return tuple(new)
 
     def _decayed(self, grads, params):
         if self.decoupled or is_zero(self.wd):
