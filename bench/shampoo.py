@@ -18,7 +18,10 @@ optimizer step alone and for the whole training step (forward, backward, step):
   thread during the next cycle);
 - mloc ``shampoo`` with ``pytorch_optimizer.Shampoo``'s settings (no grafting, no momentum,
   roots every 10 steps), with ``auto`` roots and with coupled Newton, and
-  ``pytorch_optimizer.Shampoo(momentum=0, preconditioning_compute_steps=10)`` (4.1.0).
+  ``pytorch_optimizer.Shampoo(momentum=0, preconditioning_compute_steps=10)`` (4.1.0);
+- a floor (:class:`Products`): Shampoo's four matrix products per weight and step alone,
+  which any implementation computes every step (two for the statistics, two to
+  precondition), timed in the same loop.
 
 Steps to Adam's 500-step loss are ``bench/shampoo_tuning.py``'s (same problems, a common
 learning-rate grid widened until no best rate is at an edge).
@@ -73,7 +76,37 @@ def mlp():
 PROBLEMS = {"logreg": logreg, "mlp": mlp}
 
 
+class Products:
+    """A floor for any Shampoo on these problems: the four matrix products per weight matrix
+    and step alone (the statistics' ``G Gᵀ`` and ``Gᵀ G`` accumulated, and ``Q₁ G Q₂`` with
+    fixed roots), as mloc computes them (one fused ``baddbmm_`` per statistic, two ``bmm``);
+    no grafting, momentum, roots or update. Every weight here is one block (≤ 128)."""
+
+    def start(self):
+        pass
+
+    def close(self):
+        pass
+
+    def init(self, params):
+        def eye(n):
+            return torch.eye(n).unsqueeze(0)
+        return [(torch.zeros(1, *p.shape[:1] * 2), torch.zeros(1, *p.shape[1:] * 2), eye(p.shape[0]),
+                 eye(p.shape[1])) for p in params if p.dim() == 2]
+
+    def commit(self, grads, state, params):
+        for g, (left, right, q1, q2) in zip([g for g in grads if g.dim() == 2], state):
+            x = g.unsqueeze(0)
+            xt = x.transpose(-2, -1)
+            left.baddbmm_(x, xt)
+            right.baddbmm_(xt, x)
+            torch.bmm(torch.bmm(q1, x), q2)
+        return state
+
+
 def make(name, lr):
+    if name == "products":
+        return Products()
     if name == "adam":
         return adam(lr)
     if name == "shampoo":
@@ -127,7 +160,8 @@ def train(problem, opt_name, lr, steps, time_step=False, **kw):
         return losses + [loss_fn(params).item()], times
 
 
-TIMED = ("adam", "shampoo", "shampoo_async", "shampoo_matched", "shampoo_matched_newton", "po_shampoo")
+TIMED = ("adam", "shampoo", "shampoo_async", "shampoo_matched", "shampoo_matched_newton", "po_shampoo",
+         "products")
 
 
 def amortised(runs, every=EVERY, skip=2 * EVERY):
@@ -159,7 +193,7 @@ def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.runs} runs of 100 steps\n")
     names = {"adam": "Adam", "shampoo": "Shampoo", "shampoo_async": "Shampoo, async roots",
              "shampoo_matched": "matched (eigh)", "shampoo_matched_newton": "matched (Newton)",
-             "po_shampoo": "pytorch-optimizer Shampoo"}
+             "po_shampoo": "pytorch-optimizer Shampoo", "products": "the four products alone"}
     for what, time_step in (("optimizer step alone", False), ("whole training step (forward, backward, "
                                                                 "optimizer)", True)):
         print(f"{what}, ms, amortised over the 10-step root cycle (x Adam):\n")

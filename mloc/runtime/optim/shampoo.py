@@ -107,6 +107,7 @@ class Shampoo(Optimizer):
         self.work = RootWork(epsilon, root_method, update_every, staleness)
         self.slots = self.work.slots
         self._layouts: dict[tuple, blocks.Layout] = {}
+        self._layout_lists: dict[tuple, tuple] = {}
 
     # --- layout and state ---------------------------------------------------------------
     def layout(self, p: Tensor) -> blocks.Layout:
@@ -114,6 +115,13 @@ class Shampoo(Optimizer):
         if key not in self._layouts:
             self._layouts[key] = blocks.layout(key, self.block_size, self.max_dim, self.p_override)
         return self._layouts[key]
+
+    def layouts(self, params) -> tuple:
+        """Every parameter's :meth:`layout`, looked up once per list of shapes."""
+        key = tuple(p.shape for p in params)
+        if key not in self._layout_lists:
+            self._layout_lists[key] = tuple(self.layout(p) for p in params)
+        return self._layout_lists[key]
 
     def init(self, params):
         stats, roots, fails = [], [], []
@@ -152,12 +160,15 @@ class Shampoo(Optimizer):
             return super().commit(grads, state, params)
         t = state.count + 1
         params = list(params)
+        lays = self.layouts(params)
         g = list(self._decayed(grads, params))
-        self._statistics(g, state.stats, params, inplace=True)
+        for gi, s, lay in zip(g, state.stats, lays):    # no detach: called without autograd
+            if s:
+                blocks.accumulate(s, blocks.to_blocks(gi, lay), self.beta2, inplace=True)
         roots, failures, pending = self._roots(t, state.stats, state, params)
         d = grafting.directions_inplace(self.graft, self.graft_beta2, t, g, state.graft)
         if t > self.start_step:
-            pre = [(i, self._precondition(g[i], p, roots[i])) for i, p in enumerate(params) if roots[i]]
+            pre = [(i, self._precondition(g[i], lays[i], roots[i])) for i in range(len(params)) if roots[i]]
             if pre and self.graft != "none":    # one norm call: ‖P‖ of each, then ‖D‖ of each
                 norms = torch._foreach_norm([x for _, x in pre] + [d[i] for i, _ in pre])
                 p_norms = torch._foreach_add(norms[:len(pre)], 1e-16)
@@ -193,7 +204,7 @@ class Shampoo(Optimizer):
 
     def _orders(self, params) -> tuple:
         """Each parameter's root order ``p`` (0 for the diagonal policy)."""
-        return tuple(self.layout(p).p for p in params)
+        return tuple(lay.p for lay in self.layouts(params))
 
     def _roots(self, t, stats, state, params):
         """``(roots, failures, pending)`` for step ``t``: the slots due installed, this step's
@@ -204,10 +215,9 @@ class Shampoo(Optimizer):
             roots, failures, pending = self.work.install(t, roots, failures, pending)
         return roots, failures, pending
 
-    def _precondition(self, g, p, roots) -> Tensor:
-        """``G ×₁ Q₁ ⋯ ×ₖ Qₖ`` blockwise, in ``p``'s shape."""
-        lay = self.layout(p)
-        return blocks.from_blocks(blocks.precondition(blocks.to_blocks(g, lay), list(roots)), lay)
+    def _precondition(self, g, lay, roots) -> Tensor:
+        """``G ×₁ Q₁ ⋯ ×ₖ Qₖ`` blockwise, ``g`` laid out by ``lay``, in its shape."""
+        return blocks.from_blocks(blocks.precondition(blocks.to_blocks(g, lay), roots), lay)
 
     def _statistics(self, g, stats, params, inplace=False):
         """The statistics after ``g`` (detached: the roots are constants to autograd);
@@ -223,7 +233,7 @@ class Shampoo(Optimizer):
             acc, d = grafting.direction(self.graft, self.graft_beta2, t, gi, acc)
             new_graft.append(acc)
             if rts and precondition:
-                pre = self._precondition(gi, p, rts)
+                pre = self._precondition(gi, self.layout(p), rts)
                 if self.graft != "none":
                     pre = pre * (_norm(d) / (_norm(pre) + 1e-16))
                 d = pre
@@ -275,7 +285,7 @@ class Shampoo(Optimizer):
             if rts and t > self.start_step:
                 kd = blocks.from_blocks(blocks.kron_diagonal(list(rts)), self.layout(p))
                 if self.graft != "none":
-                    kd = kd * (_norm(d) / (_norm(self._precondition(gi, p, rts)) + 1e-16))
+                    kd = kd * (_norm(d) / (_norm(self._precondition(gi, self.layout(p), rts)) + 1e-16))
                 out.append(self.lr * c * kd)
             else:
                 out.append(self.lr * c * grafting.diagonal(self.graft, self.graft_beta2, t, acc))
