@@ -39,7 +39,8 @@ on an accelerator the matrix products are cheap and batched ``eigh`` is not.
 
 Acceptance: a root is **rejected** (``ok`` false for that matrix) when the input, the ridge
 or the root is not finite, or its final error ``max|M − I|`` exceeds ``error_tolerance``
-(for ``eigh``: when an eigenvalue of the ridged matrix is not positive). The caller keeps
+(for ``eigh``: when a clamped, ridged eigenvalue is not positive, i.e. a zero statistic,
+or a singular one with ``ε = 0``). The caller keeps
 its previous root for a rejected matrix (:func:`keep_previous`) and counts consecutive
 failures; a NaN or Inf never leaves this module inside an accepted root.
 

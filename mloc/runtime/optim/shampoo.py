@@ -177,25 +177,8 @@ class Shampoo(Optimizer):
                 d[i] = x
         if self.decoupled and not is_zero(self.wd):
             torch._foreach_mul_(params, 1 - self.lr * self.wd)
-        momentum = self._momentum_inplace(d, state.momentum, params)
+        momentum = _momentum_inplace(params, d, state.momentum, self.lr, self.mu, self.nesterov)
         return ShampooState(t, state.stats, roots, failures, state.graft, momentum, pending)
-
-    def _momentum_inplace(self, d, buffers, params) -> tuple:
-        """``θ ← θ − η·step`` for :meth:`commit`, the new momentum buffers returned: with
-        ``b' = μb + d`` (new tensors: ``d`` may be the caller's gradient), heavy ball steps
-        along ``b'``, and Nesterov's ``d + μb'`` is taken as ``(1+μ)b' − μb`` (the same
-        number, one pass over the tensors fewer)."""
-        lr, mu = self.lr, self.mu
-        if is_zero(mu):
-            torch._foreach_add_(params, d, alpha=-lr)
-            return buffers
-        new = torch._foreach_add(d, list(buffers), alpha=mu)
-        if self.nesterov:
-            torch._foreach_add_(params, new, alpha=-lr * (1 + mu))
-            torch._foreach_add_(params, list(buffers), alpha=lr * mu)
-        else:
-            torch._foreach_add_(params, new, alpha=-lr)
-        return tuple(new)
 
     def _decayed(self, grads, params):
         if self.decoupled or is_zero(self.wd):
@@ -290,6 +273,23 @@ class Shampoo(Optimizer):
             else:
                 out.append(self.lr * c * grafting.diagonal(self.graft, self.graft_beta2, t, acc))
         return tuple(out)
+
+def _momentum_inplace(params, d, buffers, lr, mu, nesterov) -> tuple:
+    """``θ ← θ − η·step`` for :meth:`Shampoo.commit`, the new momentum buffers returned:
+    with ``b' = μb + d`` (new tensors: ``d`` may be the caller's gradient), heavy ball steps
+    along ``b'``, and Nesterov's ``d + μb'`` is taken as ``(1+μ)b' − μb`` (the same number,
+    one pass over the tensors fewer)."""
+    if is_zero(mu):
+        torch._foreach_add_(params, d, alpha=-lr)
+        return buffers
+    new = torch._foreach_add(d, list(buffers), alpha=mu)
+    if nesterov:
+        torch._foreach_add_(params, new, alpha=-lr * (1 + mu))
+        torch._foreach_add_(params, list(buffers), alpha=lr * mu)
+    else:
+        torch._foreach_add_(params, new, alpha=-lr)
+    return tuple(new)
+
 
 def _norm(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x)
