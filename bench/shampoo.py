@@ -19,9 +19,10 @@ optimizer step alone and for the whole training step (forward, backward, step):
 - mloc ``shampoo`` with ``pytorch_optimizer.Shampoo``'s settings (no grafting, no momentum,
   roots every 10 steps), with ``auto`` roots and with coupled Newton, and
   ``pytorch_optimizer.Shampoo(momentum=0, preconditioning_compute_steps=10)`` (4.1.0);
-- a floor (:class:`Products`): Shampoo's four matrix products per weight and step alone,
-  which any implementation computes every step (two for the statistics, two to
-  precondition), timed in the same loop.
+- two floors (:class:`Products`): Shampoo's four matrix products per weight and step
+  alone, which any implementation computes every step (two for the statistics, two to
+  precondition); and the same with the roots every 10 steps (synchronous float64
+  eigendecompositions, as ``auto`` on the CPU), timed in the same loop.
 
 Steps to Adam's 500-step loss are ``bench/shampoo_tuning.py``'s (same problems, a common
 learning-rate grid widened until no best rate is at an edge).
@@ -38,6 +39,7 @@ import time
 import torch
 
 from mloc.runtime.optim import adam, shampoo
+from mloc.runtime.optim.rootwork import RootWork
 
 EVERY = 10
 """Steps between root refreshes in every Shampoo configuration here (the issue's setting)."""
@@ -80,7 +82,14 @@ class Products:
     """A floor for any Shampoo on these problems: the four matrix products per weight matrix
     and step alone (the statistics' ``G Gᵀ`` and ``Gᵀ G`` accumulated, and ``Q₁ G Q₂`` with
     fixed roots), as mloc computes them (one fused ``baddbmm_`` per statistic, two ``bmm``);
-    no grafting, momentum, roots or update. Every weight here is one block (≤ 128)."""
+    no grafting, momentum or update. Every weight here is one block (≤ 128). With
+    ``roots``, also the inverse 4th roots of the statistics every ``EVERY`` steps, computed
+    synchronously as mloc's ``auto`` does on the CPU (one float64 eigendecomposition each,
+    batched by size: ``RootWork.compute``), and not used."""
+
+    def __init__(self, roots=False):
+        self.work = RootWork(1e-6, "auto", EVERY, 0) if roots else None
+        self.t = 0
 
     def start(self):
         pass
@@ -101,12 +110,15 @@ class Products:
             left.baddbmm_(x, xt)
             right.baddbmm_(xt, x)
             torch.bmm(torch.bmm(q1, x), q2)
+        self.t += 1
+        if self.work is not None and self.t % EVERY == 0:
+            self.work.compute(tuple((left, right) for left, right, _, _ in state), (4,) * len(state))
         return state
 
 
 def make(name, lr):
-    if name == "products":
-        return Products()
+    if name in ("products", "products_roots"):
+        return Products(roots=name == "products_roots")
     if name == "adam":
         return adam(lr)
     if name == "shampoo":
@@ -161,7 +173,7 @@ def train(problem, opt_name, lr, steps, time_step=False, **kw):
 
 
 TIMED = ("adam", "shampoo", "shampoo_async", "shampoo_matched", "shampoo_matched_newton", "po_shampoo",
-         "products")
+         "products", "products_roots")
 
 
 def amortised(runs, every=EVERY, skip=2 * EVERY):
@@ -193,7 +205,8 @@ def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.runs} runs of 100 steps\n")
     names = {"adam": "Adam", "shampoo": "Shampoo", "shampoo_async": "Shampoo, async roots",
              "shampoo_matched": "matched (eigh)", "shampoo_matched_newton": "matched (Newton)",
-             "po_shampoo": "pytorch-optimizer Shampoo", "products": "the four products alone"}
+             "po_shampoo": "pytorch-optimizer Shampoo", "products": "floor: the four products",
+             "products_roots": "floor: products and roots"}
     for what, time_step in (("optimizer step alone", False), ("whole training step (forward, backward, "
                                                                 "optimizer)", True)):
         print(f"{what}, ms, amortised over the 10-step root cycle (x Adam):\n")
