@@ -103,6 +103,7 @@ _ALL = (
     Code("W103", "cannot-run-yet", "a construct that checks but cannot run yet (`mloc run` stops with E704)"),
     Code("W104", "data-not-batches", "a `data` value whose items are single examples or rows, not batches (a `Dataset`, a tensor)"),
     Code("W105", "schedule-outlasts-run", "a run (`--steps N`) that ends before a problem's learning-rate schedule does"),
+    Code("W106", "identity-roots", "Shampoo steps preconditioned before its first roots arrive (by the initial identities)"),
     Code("E900", "internal-error", "a bug in mloc"),
 )
 

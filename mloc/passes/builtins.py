@@ -161,6 +161,26 @@ def _lint(sig: Signature, bound: dict, args: tuple[ast.Arg, ...], span, diags: D
         arg = next((a for a in args if a.keyword and a.keyword.name == "nesterov"), None)
         diags.warn("W102", f"`nesterov=true` has no effect without momentum in `{sig.name}`",
                    arg.span if arg else span, help="set `momentum`, e.g. momentum=0.9, or drop `nesterov`")
+    _lint_identity_roots(sig, bound, args, span, diags)
+
+
+def _lint_identity_roots(sig: Signature, bound: dict, args: tuple[ast.Arg, ...], span,
+                         diags: Diagnostics) -> None:
+    """W106: Shampoo preconditions from step ``start + 1``, its first roots are computed at
+    step ``update_every`` and used from step ``update_every + staleness``; the roots start
+    as identities, so the steps in between move along the raw gradient at the graft's norm
+    (neither the grafted optimizer's direction nor a preconditioned one)."""
+    start, every, stale = (bound.get(n) for n in ("start_preconditioning_step", "update_every", "staleness"))
+    if not all(isinstance(v, int) for v in (start, every, stale)) or start + 1 >= every + stale:
+        return
+    first = every + stale
+    arg = next((a for a in args if a.keyword and a.keyword.name == "start_preconditioning_step"), None)
+    steps = f"step {start + 1}" if start + 1 == first - 1 else f"steps {start + 1}–{first - 1}"
+    diags.warn("W106", f"`{sig.name}` preconditions from step {start + 1} but its first roots are used "
+               f"from step {first}: {steps} move along the raw gradient at the graft's norm "
+               "(the roots start as identities)", arg.span if arg else span,
+               help=f"set `start_preconditioning_step={first - 1}` (the first roots are computed at step "
+                    "`update_every` and used `staleness` steps later), or refresh the roots sooner")
 
 
 def _bind_args(sig: Signature, args: tuple[ast.Arg, ...], span, diags: Diagnostics) -> dict | None:
