@@ -139,6 +139,27 @@ def test_eigh_clamps_rounding_negative_eigenvalues_of_a_singular_statistic():
     assert torch.equal(slow.root[0], r.root[0])
 
 
+def test_root_work_falls_back_to_eigh_where_newton_rejects_a_drifted_statistic():
+    """The same drifted float32 statistic: coupled Newton rejects it (its ridged matrix is
+    indefinite), and the optimizer's root work then takes the clamped eigh root; a NaN
+    statistic beside it stays rejected (status 0), a clean one keeps Newton's root."""
+    from mloc.runtime.optim.rootwork import RootWork
+    gen = torch.Generator().manual_seed(4)
+    q, _ = torch.linalg.qr(torch.randn(3, 10, 10, generator=gen, dtype=F64))
+    lam = torch.logspace(0, -2, 10, dtype=F64).repeat(3, 1)
+    lam[0, -1] = -3e-6
+    s = ((q * lam.unsqueeze(-2)) @ q.transpose(-2, -1)).float()
+    s[1, 0, 0] = float("nan")
+    newton = inverse_root(s, 4, epsilon=1e-6, method="newton")
+    assert newton.ok.tolist() == [False, False, True]
+    done = RootWork(1e-6, "newton", 1, 0).compute(((s,),), (4,))
+    root, status = done["roots"][0][0], done["status"][0][0]
+    assert status.tolist() == [1, 0, 1]
+    eigh = inverse_root(s[[0]], 4, epsilon=1e-6, method="eigh")
+    assert torch.equal(root[0], eigh.root[0]) and torch.equal(root[2], newton.root[2])
+    assert bool(torch.isfinite(root).all())
+
+
 @pytest.mark.parametrize("method", ["newton", "eigh"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_input_is_rejected_not_propagated(method, bad):

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from torch import Tensor
 
-from mloc.runtime.optim.roots import inverse_root
+from mloc.runtime.optim.roots import Roots, inverse_root, resolve
 
 ROOT_CHUNK = 16
 """Roots are computed in batches of at most this many matrices (``RootWork._batched_root``)."""
@@ -143,8 +143,17 @@ class RootWork:
             roots, oks = self._gather([(r.root, r.ok) for r in mine], count, world, padded)
         return torch.cat(roots)[:n], torch.cat(oks)[:n], world == 1 and all(r.all_ok for r in mine)
 
-    def _root(self, chunk: Tensor, p: int):
-        return inverse_root(chunk, p, epsilon=self.epsilon, method=self.method)
+    def _root(self, chunk: Tensor, p: int) -> Roots:
+        """The roots of one chunk. Where coupled Newton rejects a matrix, its eigh root is
+        taken if eigh accepts it: eigh clamps the negative eigenvalues that rounding gives a
+        singular float32 statistic (:mod:`.roots`), on which Newton's ridged matrix is
+        indefinite and the iteration cannot converge; a non-finite input stays rejected."""
+        r = inverse_root(chunk, p, epsilon=self.epsilon, method=self.method)
+        if r.all_ok or resolve(self.method, chunk.device) != "newton" or bool(r.ok.all()):
+            return r
+        e = inverse_root(chunk, p, epsilon=self.epsilon, method="eigh")
+        use = e.ok & ~r.ok
+        return Roots(torch.where(use[..., None, None], e.root, r.root), r.ok | e.ok, r.error, r.iters)
 
     def _gather(self, mine, count, world, padded):
         """All-gather the ranks' chunks (each rank sends ``⌈count/W⌉``, identity-padded) and
