@@ -1,6 +1,7 @@
 """Shampoo's root work: when roots are refreshed, where pending stale roots wait, the
 background thread that computes them, the chunked batches and their split across
-data-parallel ranks, and how rejected roots are counted and reported.
+data-parallel ranks, the eigh fallback where coupled Newton rejects a matrix
+(:meth:`RootWork._root`), and how rejected roots are counted and reported.
 
 :class:`RootWork` is held by :class:`~mloc.runtime.optim.shampoo.Shampoo` (one per
 optimizer). A refresh at step ``t`` (a multiple of ``update_every``) produces, for every
