@@ -274,6 +274,7 @@ class Shampoo(Optimizer):
                 out.append(self.lr * c * grafting.diagonal(self.graft, self.graft_beta2, t, acc))
         return tuple(out)
 
+
 def _momentum_inplace(params, d, buffers, lr, mu, nesterov) -> tuple:
     """``θ ← θ − η·step`` for :meth:`Shampoo.commit`, the new momentum buffers returned:
     with ``b' = μb + d`` (new tensors: ``d`` may be the caller's gradient), heavy ball steps
