@@ -146,17 +146,7 @@ def _newton(a: Tensor, p: int, tol: float, max_iters: int) -> tuple[Tensor, Tens
     return x, err, it
 
 
-def _eigh(a: Tensor, p: int, epsilon: float) -> tuple[Tensor, Tensor]:
-    """``(S + ε·λmax·I)^{-1/p}`` of the symmetric ``a`` from one eigendecomposition, and
-    whether every shifted eigenvalue is positive (all rejected when LAPACK fails)."""
-    try:
-        root, shifted = _eigh_raw(a, p, epsilon)
-    except torch.linalg.LinAlgError:     # LAPACK did not converge: reject the whole batch
-        return torch.zeros_like(a), torch.zeros(a.shape[:-2], dtype=torch.bool, device=a.device)
-    return root, shifted[..., 0] > 0    # eigenvalues ascend: the smallest decides
-
-
-def _eigh_raw(a: Tensor, p: int, epsilon: float):
+def _eigh_raw(a: Tensor, p: int, epsilon: float) -> tuple[Tensor, Tensor]:
     """``(V diag(s^{-1/p}) Vᵀ, s)`` with ``s = max(λ, 0) + ε·max(λmax, 0)`` the ridged
     eigenvalues of ``a`` (ascending; clamped to the smallest positive normal number before
     the power). Raises ``LinAlgError`` when LAPACK does not converge."""
@@ -167,21 +157,50 @@ def _eigh_raw(a: Tensor, p: int, epsilon: float):
     return torch.matmul(v * scale.unsqueeze(-2), v.transpose(-2, -1)), shifted
 
 
-def _eigh_accepted(stats: Tensor, p: int, epsilon: float, compute_dtype) -> Roots | None:
-    """The ``eigh`` roots of ``stats`` when every one is accepted, from one check (one host
-    read); ``None`` when LAPACK fails or any input, ridged eigenvalue or root is not
-    finite or positive: :func:`inverse_root` then takes its per-matrix path, whose roots
-    for the accepted matrices are the same operations on the same input, bit for bit."""
-    try:
-        root, shifted = _eigh_raw(stats.to(compute_dtype, copy=False), p, epsilon)
-    except torch.linalg.LinAlgError:
-        return None
-    root = root.to(stats.dtype)
-    if not bool(_finite(root.sum() + stats.sum()) & (shifted[..., 0].amin() > 0)):
-        return None
+def _eigh_roots(stats: Tensor, p: int, epsilon: float, compute_dtype) -> Roots:
+    """:func:`inverse_root` by one eigendecomposition (LAPACK reads the lower triangle: no
+    symmetrizing). The common case costs one check (one host read): every input, root and
+    ridged eigenvalue finite and positive, all accepted. Otherwise per matrix: a non-finite
+    input is zeroed and the decomposition redone without it (LAPACK fails on a NaN), a
+    non-positive ridged eigenvalue rejects its matrix, a LAPACK failure the whole batch."""
     shape = stats.shape[:-2]
-    return Roots(root, torch.ones(shape, dtype=torch.bool, device=stats.device),
-                 torch.zeros(shape, dtype=compute_dtype, device=stats.device), 0, all_ok=True)
+    err = torch.zeros(shape, dtype=compute_dtype, device=stats.device)
+    try:
+        x, shifted = _eigh_raw(stats.to(compute_dtype, copy=False), p, epsilon)
+    except torch.linalg.LinAlgError:
+        x = shifted = None
+    if x is not None:
+        root = x.to(stats.dtype)
+        if bool(_finite(root.sum() + stats.sum()) & (shifted[..., 0].amin() > 0)):
+            return Roots(root, torch.ones(shape, dtype=torch.bool, device=stats.device), err, 0, all_ok=True)
+    finite_in, clean = _cleaned(stats)
+    if x is None or clean is not stats:
+        try:
+            x, shifted = _eigh_raw(clean.to(compute_dtype, copy=False), p, epsilon)
+        except torch.linalg.LinAlgError:     # LAPACK did not converge: reject the whole batch
+            return _accepted(torch.zeros_like(stats), torch.zeros(shape, dtype=torch.bool,
+                                                                  device=stats.device), err, 0)
+    return _accepted(x.to(stats.dtype), finite_in & (shifted[..., 0] > 0), err, 0)
+
+
+def _cleaned(stats: Tensor) -> tuple[Tensor, Tensor]:
+    """``(finite, clean)``: which matrices are finite (a NaN or Inf makes the sum non-finite;
+    one whose sum overflows counts as non-finite too), and ``stats`` itself when all are,
+    else a copy with the others zeroed."""
+    finite_in = _finite(stats.sum((-2, -1)))
+    if bool(finite_in.all()):
+        return finite_in, stats
+    return finite_in, torch.where(finite_in[..., None, None], stats,
+                                  torch.zeros((), dtype=stats.dtype, device=stats.device))
+
+
+def _accepted(root: Tensor, ok: Tensor, error: Tensor, iters: int) -> Roots:
+    """``Roots`` with ``ok`` narrowed to finite roots, and a rejected root zeros, never NaN
+    or Inf."""
+    ok = ok & _finite(root.sum((-2, -1)))
+    if not bool(ok.all()):
+        root = torch.where(ok[..., None, None], root, torch.zeros((), dtype=root.dtype, device=root.device))
+    return Roots(root, ok, error, iters)
 
 
 def resolve(method: str, device: torch.device) -> str:
@@ -202,25 +221,13 @@ def inverse_root(stats: Tensor, p: int, *, epsilon: float = 1e-6, method: str = 
     :func:`default_tol` of ``compute_dtype``."""
     tol = default_tol(compute_dtype) if tol is None else tol
     method = resolve(method, stats.device)
-    if method == "eigh" and (fast := _eigh_accepted(stats, p, epsilon, compute_dtype)) is not None:
-        return fast
-    # a matrix with a NaN or Inf has a non-finite sum (one that overflows is rejected too)
-    finite_in = _finite(stats.sum((-2, -1)))
-    clean = stats if bool(finite_in.all()) else torch.where(
-        finite_in[..., None, None], stats, torch.zeros((), dtype=stats.dtype, device=stats.device))
-    if method == "eigh":                # LAPACK reads the lower triangle: no symmetrizing
-        (x, ok), err, iters = _eigh(clean.to(compute_dtype, copy=False), p, epsilon), \
-            torch.zeros(stats.shape[:-2], dtype=compute_dtype, device=stats.device), 0
-    else:
-        a = ridged(clean, epsilon, compute_dtype)[0] if epsilon else 0.5 * (
-            clean.to(compute_dtype) + clean.to(compute_dtype).transpose(-2, -1))
-        x, err, iters = _newton(a, p, tol, max_iters)
-        ok = err <= error_tolerance
-    root = x.to(stats.dtype)
-    ok = ok & finite_in & _finite(root.sum((-2, -1)))
-    if not bool(ok.all()):              # a rejected root is zeros, never NaN or Inf
-        root = torch.where(ok[..., None, None], root, torch.zeros((), dtype=root.dtype, device=root.device))
-    return Roots(root, ok, err, iters)
+    if method == "eigh":
+        return _eigh_roots(stats, p, epsilon, compute_dtype)
+    finite_in, clean = _cleaned(stats)
+    a = ridged(clean, epsilon, compute_dtype)[0] if epsilon else 0.5 * (
+        clean.to(compute_dtype) + clean.to(compute_dtype).transpose(-2, -1))
+    x, err, iters = _newton(a, p, tol, max_iters)
+    return _accepted(x.to(stats.dtype), (err <= error_tolerance) & finite_in, err, iters)
 
 
 def _finite(x: Tensor) -> Tensor:
