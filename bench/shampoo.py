@@ -38,7 +38,7 @@ import time
 
 import torch
 
-from mloc.runtime.optim import adam, shampoo
+from mloc.runtime.optim import adam, blocks, shampoo
 from mloc.runtime.optim.rootwork import RootWork
 
 EVERY = 10
@@ -81,7 +81,7 @@ PROBLEMS = {"logreg": logreg, "mlp": mlp}
 class Products:
     """A floor for any Shampoo on these problems: the four matrix products per weight matrix
     and step alone (the statistics' ``G Gᵀ`` and ``Gᵀ G`` accumulated, and ``Q₁ G Q₂`` with
-    fixed roots), as mloc computes them (one fused ``baddbmm_`` per statistic, two ``bmm``);
+    fixed roots), by mloc's own ``blocks.accumulate`` and ``blocks.precondition``;
     no grafting, momentum or update. Every weight here is one block (≤ 128). With
     ``roots``, also the inverse 4th roots of the statistics every ``EVERY`` steps, computed
     synchronously as mloc's ``auto`` does on the CPU (one float64 eigendecomposition each,
@@ -105,11 +105,9 @@ class Products:
 
     def commit(self, grads, state, params):
         for g, (left, right, q1, q2) in zip([g for g in grads if g.dim() == 2], state):
-            x = g.unsqueeze(0)
-            xt = x.transpose(-2, -1)
-            left.baddbmm_(x, xt)
-            right.baddbmm_(xt, x)
-            torch.bmm(torch.bmm(q1, x), q2)
+            x = g.unsqueeze(0)                  # one block: blocks.to_blocks' view
+            blocks.accumulate((left, right), x, 1.0, inplace=True)
+            blocks.precondition(x, [q1, q2])
         self.t += 1
         if self.work is not None and self.t % EVERY == 0:
             self.work.compute(tuple((left, right) for left, right, _, _ in state), (4,) * len(state))

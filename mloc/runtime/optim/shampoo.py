@@ -144,8 +144,9 @@ class Shampoo(Optimizer):
     def update(self, grads, state, params):
         t = state.count + 1
         g = self._decayed(grads, params)
-        stats = self._statistics(g, state.stats, params)
-        roots, failures, pending = self._roots(t, stats, state, params)
+        lays = self.layouts(params)
+        stats = self._statistics(g, state.stats, lays)
+        roots, failures, pending = self._roots(t, stats, state, lays)
         graft_state, direction = self._directions(t, g, state.graft, roots, params)
         mom, upd = self._momentum(direction, state.momentum, params)
         return upd, ShampooState(t, stats, roots, failures, graft_state, mom, pending)
@@ -162,10 +163,8 @@ class Shampoo(Optimizer):
         params = list(params)
         lays = self.layouts(params)
         g = list(self._decayed(grads, params))
-        for gi, s, lay in zip(g, state.stats, lays):    # no detach: called without autograd
-            if s:
-                blocks.accumulate(s, blocks.to_blocks(gi, lay), self.beta2, inplace=True)
-        roots, failures, pending = self._roots(t, state.stats, state, params)
+        self._statistics(g, state.stats, lays, inplace=True)
+        roots, failures, pending = self._roots(t, state.stats, state, lays)
         d = grafting.directions_inplace(self.graft, self.graft_beta2, t, g, state.graft)
         if t > self.start_step:
             pre = [(i, self._precondition(g[i], lays[i], roots[i])) for i in range(len(params)) if roots[i]]
@@ -185,15 +184,11 @@ class Shampoo(Optimizer):
             return tuple(grads)
         return tuple(g + self.wd * p for g, p in zip(grads, params))
 
-    def _orders(self, params) -> tuple:
-        """Each parameter's root order ``p`` (0 for the diagonal policy)."""
-        return tuple(lay.p for lay in self.layouts(params))
-
-    def _roots(self, t, stats, state, params):
+    def _roots(self, t, stats, state, lays):
         """``(roots, failures, pending)`` for step ``t``: the slots due installed, this step's
         refresh started (or computed), and with staleness 0 its roots installed at once."""
         roots, failures, pending = self.work.install(t, state.roots, state.failures, state.pending)
-        pending = self.work.refresh(t, stats, self._orders(params), pending, background=self.async_roots)
+        pending = self.work.refresh(t, stats, _orders(lays), pending, background=self.async_roots)
         if not self.slots:          # staleness 0: this step's roots are used by this step
             roots, failures, pending = self.work.install(t, roots, failures, pending)
         return roots, failures, pending
@@ -202,11 +197,12 @@ class Shampoo(Optimizer):
         """``G ×₁ Q₁ ⋯ ×ₖ Qₖ`` blockwise, ``g`` laid out by ``lay``, in its shape."""
         return blocks.from_blocks(blocks.precondition(blocks.to_blocks(g, lay), roots), lay)
 
-    def _statistics(self, g, stats, params, inplace=False):
-        """The statistics after ``g`` (detached: the roots are constants to autograd);
-        ``inplace`` overwrites ``stats``."""
-        return tuple(blocks.accumulate(s, blocks.to_blocks(gi.detach(), self.layout(p)), self.beta2, inplace)
-                     if s else () for gi, s, p in zip(g, stats, params))
+    def _statistics(self, g, stats, lays, inplace=False):
+        """The statistics after ``g`` laid out by ``lays`` (detached where ``g`` needs grad:
+        the roots are constants to autograd); ``inplace`` overwrites ``stats``."""
+        return tuple(blocks.accumulate(s, blocks.to_blocks(gi.detach() if gi.requires_grad else gi, lay),
+                                       self.beta2, inplace)
+                     if s else () for gi, s, lay in zip(g, stats, lays))
 
     def _directions(self, t, g, graft_state, roots, params):
         """``(graft accumulators, direction)`` per tensor (before momentum)."""
@@ -258,8 +254,9 @@ class Shampoo(Optimizer):
         g = self._decayed(grads, params)
         pending = state.pending
         if not self.slots:              # staleness 0: the next step computes its own roots
-            stats = self._statistics(g, state.stats, params)
-            pending = self.work.refresh(t, stats, self._orders(params), pending, background=False)
+            lays = self.layouts(params)
+            stats = self._statistics(g, state.stats, lays)
+            pending = self.work.refresh(t, stats, _orders(lays), pending, background=False)
         roots, _, _ = merge_due(t, state.roots, state.failures, pending)
         c = (1 + self.mu if self.nesterov else 1.0) if not is_zero(self.mu) else 1.0
         out = []
@@ -273,6 +270,11 @@ class Shampoo(Optimizer):
             else:
                 out.append(self.lr * c * grafting.diagonal(self.graft, self.graft_beta2, t, acc))
         return tuple(out)
+
+
+def _orders(lays) -> tuple:
+    """Each parameter's root order ``p`` (0 for the diagonal policy)."""
+    return tuple(lay.p for lay in lays)
 
 
 def _momentum_inplace(params, d, buffers, lr, mu, nesterov) -> tuple:
