@@ -82,6 +82,10 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     except RuntimeError as e:
         raise DeviceError(f"{name!r} is not a device torch knows ({str(e).splitlines()[0]})",
                           "use cpu, cuda, cuda:N, mps or auto") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise DeviceError(f"device {name} cannot train: mloc runs on cpu, cuda and mps"
+                          + (" (a meta tensor holds no data)" if device.type == "meta" else ""),
+                          "use cpu, cuda, cuda:N, mps or auto")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise DeviceError("device mps is not available: this torch has no Metal (MPS) support here",
                           "use --device cpu (or auto)")

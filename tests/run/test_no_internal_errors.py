@@ -19,7 +19,9 @@ PROBLEMS = {"data_reweighting": ["classifier", "weight_net"], "maml": ["meta", "
             "hpo": ["model", "decay"], "trilevel": ["classifier", "weight_net", "strength"]}
 METHODS = ["first_order", "neumann(iters=2, alpha=0.1)", "cg(iters=3)", "finite_diff(eps=0.01)",
            "sama(eps=0.01)", "itd(steps=2)", "auto"]
-OPTIMIZERS = ["sgd(lr=0.01)", "sgd(lr=0.01, momentum=0.9)", "adam(lr=1e-3)", "adamw(lr=1e-3)"]
+OPTIMIZERS = ["sgd(lr=0.01)", "sgd(lr=0.01, momentum=0.9)", "adam(lr=1e-3)", "adamw(lr=1e-3)",
+              "shampoo(lr=1e-3, update_every=1, start_preconditioning_step=0)",
+              "shampoo(lr=1e-3, update_every=2, staleness=1, async_roots=true, graft=\"adam\")"]
 DEVICES = [None, "cpu", "auto", "cuda", "cuda:1"]   # mps: test_a_device_type_this_torch_lacks
 PRECISIONS = [None, "fp32", "bf16", "fp16"]
 
@@ -67,3 +69,14 @@ def test_a_device_type_this_torch_lacks_is_a_usage_error(tmp_path, capsys):
     rc = main(["run", str(PROGRAMS / "hpo.mlo"), "--steps", "1", "--quiet", "--device", "mps",
                "--out", str(tmp_path)])
     assert rc == 2 and "E900" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu:0x", "xla"])
+def test_a_device_that_cannot_train_is_a_usage_error(device, tmp_path, capsys):
+    """A device torch parses but mloc cannot train on (meta tensors hold no data; a type
+    mloc does not run on) or cannot parse: exit 2 before any work, not an internal error
+    at the first host read."""
+    rc = main(["run", str(PROGRAMS / "hpo.mlo"), "--steps", "1", "--quiet", "--device", device,
+               "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "E900" not in err and device in err
