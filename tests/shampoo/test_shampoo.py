@@ -372,6 +372,25 @@ def test_update_is_differentiable_in_grads_and_lr_with_roots_constant():
 
 # --- checkpoints -------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("graft", ["adagrad", "rmsprop", "adam"])
+def test_grafting_derivative_is_finite_where_a_gradient_entry_is_zero(graft):
+    """A gradient entry that has been exactly 0 (a dead unit) leaves ``v = 0``, where ``√v``'s
+    derivative is infinite and ``∞·0`` made ``itd``'s hypergradient NaN (MAML on Shampoo,
+    found by tests/run/test_no_internal_errors.py). The direction's Jacobian is finite: on
+    the zero entry, at the first step, ``∂D/∂g = 1/δ``, the derivative of ``g/(√v + δ)`` as
+    written (Adam's ``m̂`` is ``g`` at step 1); the values are unchanged (the same numbers as
+    the in-place training step)."""
+    from mloc.runtime.optim import graft as grafting
+    g = torch.tensor([0.0, 0.5, -2.0], dtype=F64, requires_grad=True)
+    acc = tuple(torch.zeros(3, dtype=F64) for _ in range(grafting.ACCUMULATORS[graft]))
+    _, d = grafting.direction(graft, 0.999, 1, g, acc)
+    inplace = grafting.directions_inplace(graft, 0.999, 1, [g.detach()], [tuple(a.clone() for a in acc)])[0]
+    assert torch.equal(d.detach(), inplace)
+    jac = torch.autograd.functional.jacobian(lambda x: grafting.direction(graft, 0.999, 1, x, acc)[1], g.detach())
+    assert bool(torch.isfinite(jac).all())
+    assert jac[0, 0].item() == pytest.approx(1 / grafting.EPS, rel=1e-12)
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(staleness=3, update_every=2, async_roots=True),
                                 dict(graft="adam", beta2=0.99, block_size=3)])
 def test_checkpoint_and_resume_reproduce_the_run(kw):

@@ -32,14 +32,23 @@ def direction(kind, b2, t, g, acc):
         return acc, g
     if kind == "adagrad":
         v = acc[0] + g * g
-        return (v,), g / (torch.sqrt(v) + EPS)
+        return (v,), g / (_sqrt(v) + EPS)
     v = b2 * acc[-1] + (1 - b2) * g * g
     if kind == "rmsprop":
-        return (v,), g / (torch.sqrt(v) + EPS)
+        return (v,), g / (_sqrt(v) + EPS)
     b1 = ADAM_BETA1
     m = b1 * acc[0] + (1 - b1) * g
     mhat, vhat = m / (1 - b1**t), v / (1 - b2**t)
-    return (m, v), mhat / (torch.sqrt(vhat) + EPS)
+    return (m, v), mhat / (_sqrt(vhat) + EPS)
+
+
+def _sqrt(v):
+    """``√v``, the same numbers, with derivative 0 instead of ``∞`` where ``v`` is 0 (an entry
+    whose gradient has been exactly 0 so far, e.g. a dead unit's: ``∞·0`` made the
+    hypergradient NaN under ``itd``, MAML's inner loop on Shampoo with AdaGrad grafting).
+    The derivative of ``g/(√v + δ)`` there is then ``1/δ``, that of the function as written."""
+    positive = v > 0
+    return torch.where(positive, torch.where(positive, v, torch.ones_like(v)).sqrt(), torch.zeros_like(v))
 
 
 def directions_inplace(kind, b2, t, g, accs) -> list:
