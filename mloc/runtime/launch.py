@@ -203,14 +203,20 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
             "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def _user_error(err: Exception, when: str) -> int:
-    """Report an exception raised by the program's code (exit 1); re-raise mloc's own."""
+def _user_error(err: Exception, when: str, dtype: str | None = None) -> int:
+    """Report an exception raised by the program's code (exit 1); re-raise mloc's own. In a
+    ``--dtype`` run a dtype mismatch gets a note: mloc casts what it feeds the code, not what
+    the code loads itself."""
     frames = getattr(err, "frames", None) or _user_frames(err)   # EvaluationError: located
     if not frames:
         raise err
     print(f"error[E702]: the program's code raised {type(err).__name__} during {when}: {err}", file=sys.stderr)
     for line in frames[-4:]:
         print(f"  --> {line}", file=sys.stderr)
+    if dtype and any(s in str(err) for s in ("same dtype", "scalar type", "Float and Double", "Double and Float")):
+        print(f"  = note: `--dtype {dtype}` casts the modules and the batches mloc passes to the code; "
+              "a tensor the code makes or loads itself (an evaluation's data, say) keeps its dtype: "
+              "cast it to the module's there, or run without `--dtype`", file=sys.stderr)
     print("  = help: fix the code at the last location above; the checkpoint on disk (if any) is the "
           "last good state", file=sys.stderr)
     return 1
@@ -294,5 +300,5 @@ def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir:
     except Exception as err:  # noqa: BLE001 - the program's own code raising during training
         if program.dist.world > 1 and is_peer_failure(err):
             return EXIT_PEER
-        return _user_error(err, where.text + _rank(program))
+        return _user_error(err, where.text + _rank(program), config.dtype)
     return 0
