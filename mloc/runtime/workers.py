@@ -121,7 +121,10 @@ def _tee(pipe, path: Path) -> None:
 
 def _watch(procs: list[subprocess.Popen]) -> tuple[int, int]:
     """Wait until all exit 0, or one fails; then (its code, its rank), the others stopped.
-    A rank that failed first-hand wins over one whose collective broke (EXIT_PEER)."""
+    A rank that failed first-hand wins over one whose collective broke (EXIT_PEER). A
+    failure of another rank than 0 also waits up to ``GRACE_S`` for rank 0: a failure every
+    rank sees at once (a NaN in all-reduced gradients) makes rank 0 print its own diagnostic,
+    and stopping it mid-exit would show a second one (rank 0's, then the first rank's)."""
     first: tuple[int, int] | None = None
     deadline = None
     while True:
@@ -129,7 +132,7 @@ def _watch(procs: list[subprocess.Popen]) -> tuple[int, int]:
         for rank, code in enumerate(codes):
             if code not in (None, 0) and (first is None or (first[0] == EXIT_PEER and code != EXIT_PEER)):
                 first = (code, rank)
-                deadline = time.monotonic() + (GRACE_S if code == EXIT_PEER else 0.0)
+                deadline = time.monotonic() + (GRACE_S if code == EXIT_PEER or rank != 0 else 0.0)
         if first is None and all(c == 0 for c in codes):
             return 0, 0
         if first is not None and (time.monotonic() >= deadline or all(c is not None for c in codes)):
