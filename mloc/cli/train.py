@@ -216,8 +216,8 @@ def add_commands(command) -> None:
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto; default: the train block's")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="autocast precision; default: the train block's")
     p.add_argument("--dtype", choices=("float32", "float64"),
-                   help="cast the modules and every floating batch to this dtype (float64 for exact "
-                        "comparisons); default: as the program builds them")
+                   help="cast the modules, every floating batch and the evaluations' data arguments to this "
+                        "dtype (float64 for exact comparisons); default: as the program builds them")
     p.add_argument("--set", action="append", metavar="PATH=VALUE",
                    help="change a field for this run, checked like the file: PROBLEM.FIELD, UPPER->LOWER.FIELD, "
                         "train.FIELD or a setting, or one argument of a call (PROBLEM.optimizer.lr); repeatable")

@@ -197,11 +197,10 @@ class Emitter:
 
     def evaluations(self) -> None:
         evals = self.g.info.train.evals
-        for i, e in enumerate(evals):
-            self.emit(f"def eval_{i}(p):")
-            for name in e.call.read_names():
-                self.emit(f"    {name} = p.module({name!r})")
-            self.emit(f"    return {render_value(e.call.call)}  {self.at(e.call.span)}")
+        problems = {p.name for p in self.g.problems()}
+        imports = {imp.bound.split(".")[0] for imp in self.g.info.imports}
+        for function in _evaluation_functions(evals, problems, imports, self.at):
+            self.lines += function
             self.block()
         self.lines += _evaluations_table(evals, self.at) + _selection(self.g.info.train, self.at)
         self.block()
@@ -298,6 +297,52 @@ def _warmup(actions) -> list[str]:
     for a in actions:
         out += [f"        for _ in range({a.count}):  # {a.note}", f"            p.lower_step({a.problem!r})"]
     return out
+
+
+def _evaluation_functions(evals, problems: set[str], imports: set[str], at) -> list[list[str]]:
+    """`eval_N(p)` per evaluation: its call, each data argument (one that is not a problem
+    or a literal) passed through `p.data`, which casts it in a `--dtype` run. The program's
+    parameter is `p`, unless a problem or an import is called so: then `program` (a
+    keyword, so it names neither)."""
+    me = "program" if "p" in problems | imports else "p"
+    out, explained = [], False
+    for i, e in enumerate(evals):
+        lines = []
+        if not explained and any(_is_data(a.value, problems) for a in e.call.call.args):
+            lines.append(f"# {me}.data(x): x in the --dtype of the run (floating tensors cast as the batches are; "
+                         "an iterable's, batch by batch)")
+            explained = True
+        lines.append(f"def eval_{i}({me}):")
+        lines += [f"    {name} = {me}.module({name!r})" for name in e.call.read_names()]
+        lines.append(f"    return {_evaluation_call(e.call.call, problems, me)}  {at(e.call.span)}")
+        out.append(lines)
+    return out
+
+
+def _evaluation_call(call: ast.Call, problems: set[str], me: str = "p") -> str:
+    """An evaluation's call, its data arguments wrapped in `p.data(...)` (`--dtype` casts
+    them as it casts the batches: :meth:`mloc.runtime.engine.Program.data`); `me` is the
+    name of the program's parameter."""
+    args = []
+    for a in call.args:
+        value = render_value(a.value)
+        if _is_data(a.value, problems):
+            value = f"{me}.data({value})"
+        args.append((f"{a.keyword.name}=" if a.keyword else "") + value)
+    return f"{call.func.dotted}({', '.join(args)})"
+
+
+def _is_data(value: ast.Value, problems: set[str]) -> bool:
+    """Whether an argument is data the program's code makes or holds: a call, a name other
+    than a problem's or `None` (`lib.TEST_SET`), or a list or tuple holding one."""
+    match value:
+        case ast.Call():
+            return True
+        case ast.Name():
+            return value.dotted not in problems and value.dotted != "None"
+        case ast.ListValue() | ast.TupleValue():
+            return any(_is_data(v, problems) for v in value.items)
+    return False
 
 
 def _evaluations_table(evals, at) -> list[str]:

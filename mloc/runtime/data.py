@@ -54,6 +54,7 @@ from itertools import islice
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset,
                               RandomSampler, SequentialSampler)
 
@@ -172,8 +173,62 @@ class DataStream:
 
 
 def cast_floating(batch: Any, dtype: torch.dtype) -> Any:
-    """``batch`` with every floating-point tensor cast to ``dtype`` (a ``dtype`` run)."""
+    """``batch`` with every floating-point tensor cast to ``dtype`` (a ``dtype`` run),
+    through tuples (named too), lists and dicts; other tensors (integer labels, masks) and
+    anything else as they are."""
     return map_tensors(batch, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def cast_data(value: Any, dtype: torch.dtype) -> Any:
+    """``value``, data that the program's code made and mloc passes on to it (an
+    evaluation's data argument), with its floating-point tensors cast to ``dtype`` as a
+    ``dtype`` run casts the batches it draws (:func:`cast_floating`):
+
+    - a tensor, or a tuple, list or dict of them (nested; a batch): cast now;
+    - an iterator (a generator): a generator yielding its items, each cast when drawn;
+    - a DataLoader, an IterableDataset, or any other object that is iterated but not
+      indexed (``__iter__`` without ``__getitem__``: a stream of tasks): a
+      :class:`CastBatches` over it, iterable again and again, each batch cast when drawn,
+      nothing materialized;
+    - anything else (a module, a number, a string, a numpy array, a map-style dataset)
+      as it is.
+    """
+    if isinstance(value, (torch.Tensor, tuple, list, dict)):
+        return cast_floating(value, dtype)
+    if isinstance(value, (nn.Module, str, bytes)):
+        return value
+    if isinstance(value, Iterator):
+        return (cast_floating(batch, dtype) for batch in value)
+    if isinstance(value, (DataLoader, IterableDataset)) or (hasattr(value, "__iter__")
+                                                            and not hasattr(value, "__getitem__")):
+        return CastBatches(value, dtype)
+    return value
+
+
+class CastBatches:
+    """An iterable of batches (a DataLoader, say) whose batches are cast to ``dtype`` as
+    they are drawn (:func:`cast_floating`). ``len()`` and attributes (``.dataset``,
+    ``.batch_size``) are the wrapped object's, so what is read through them is not cast;
+    ``isinstance(x, DataLoader)`` is False."""
+
+    def __init__(self, data: Iterable, dtype: torch.dtype):
+        self._data, self._dtype = data, dtype
+
+    def __iter__(self) -> Iterator:
+        dtype = self._dtype
+        return (cast_floating(batch, dtype) for batch in self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __getattr__(self, name: str) -> Any:     # a name the wrapper lacks: the wrapped object's
+        data = self.__dict__.get("_data")
+        if data is None:
+            raise AttributeError(name)
+        return getattr(data, name)
+
+    def __repr__(self) -> str:
+        return f"CastBatches({self._data!r}, {self._dtype})"
 
 
 def to_device(batch: Any, device: torch.device | None) -> Any:

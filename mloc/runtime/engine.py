@@ -34,7 +34,7 @@ from mloc.runtime.buffers import buffers_of, frozen, guard_step, inference
 from mloc.runtime.build import Live, ProblemSpec, RunConfig, build, resolve_device
 from mloc.runtime.commit import Pipeline, build_pipeline
 from mloc.runtime.compose import Edge
-from mloc.runtime.data import cast_floating
+from mloc.runtime.data import cast_data, cast_floating
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.evaluations import metrics
 from mloc.runtime.interlock import Interlock
@@ -76,9 +76,7 @@ class Program:
     def draw(self, name: str) -> None:
         """Draw the next batch of `name` (its loss uses it until the next draw)."""
         batch = self.streams[name].next()
-        if self._cast is not None:
-            batch = cast_floating(batch, self._cast)
-        self.live[name].batch = batch
+        self.live[name].batch = batch if self._cast is None else cast_floating(batch, self._cast)
 
     def lower_step(self, name: str, draw: bool = True) -> None:
         """One gradient step of `name` on its own loss (the lowest problems)."""
@@ -171,6 +169,10 @@ class Program:
             for s, b, d in zip(lv.slots, base.problem.params, lv.problem.params):
                 named[s].copy_(b + d)
         return lv.module
+
+    def data(self, value):
+        """An evaluation's data argument, cast in a ``dtype`` run (:func:`~mloc.runtime.data.cast_data`)."""
+        return value if self._cast is None else cast_data(value, self._cast)
 
     def losses(self) -> dict[str, float]:
         """Each problem's loss on its current batch (for logging), with the modules in

@@ -98,7 +98,8 @@ def parser(defaults: RunConfig) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help=f"random seed (default {defaults.seed})")
     p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto (default {defaults.device})")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help=f"default {defaults.precision}")
-    p.add_argument("--dtype", choices=("float32", "float64"), default=None, help="parameter dtype")
+    p.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                   help="cast the modules, the batches and the evaluations' data arguments to this dtype")
     p.add_argument("--out", type=Path, help="folder for metrics.jsonl and checkpoint.pt (default: a fresh runs/NAME/N)")
     p.add_argument("--resume", type=Path, metavar="DIR",
                    help="continue from DIR/checkpoint.pt, in DIR unless --out names another (empty) folder")
@@ -205,8 +206,9 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
 
 def _user_error(err: Exception, when: str, dtype: str | None = None) -> int:
     """Report an exception raised by the program's code (exit 1); re-raise mloc's own. In a
-    ``--dtype`` run a dtype mismatch gets a note: mloc casts what it feeds the code, not what
-    the code loads itself."""
+    ``--dtype`` run a dtype mismatch gets a note: mloc casts what it passes to the code (the
+    modules, the batches, an evaluation's data arguments), not what a function makes or loads
+    in its own body."""
     frames = getattr(err, "frames", None) or _user_frames(err)   # EvaluationError: located
     if not frames:
         raise err
@@ -214,9 +216,9 @@ def _user_error(err: Exception, when: str, dtype: str | None = None) -> int:
     for line in frames[-4:]:
         print(f"  --> {line}", file=sys.stderr)
     if dtype and any(s in str(err) for s in ("same dtype", "scalar type", "Float and Double", "Double and Float")):
-        print(f"  = note: `--dtype {dtype}` casts the modules and the batches mloc passes to the code; "
-              "a tensor the code makes or loads itself (an evaluation's data, say) keeps its dtype: "
-              "cast it to the module's there, or run without `--dtype`", file=sys.stderr)
+        print(f"  = note: `--dtype {dtype}` casts the modules, the batches and an evaluation's data arguments "
+              "that mloc passes to the code; a tensor a function makes or loads in its own body keeps its "
+              "dtype: cast it to the module's there, or run without `--dtype`", file=sys.stderr)
     print("  = help: fix the code at the last location above; the checkpoint on disk (if any) is the "
           "last good state", file=sys.stderr)
     return 1

@@ -74,9 +74,10 @@ def outer_step(p):
     p.upper_step('weight_net')  # hypergradient through classifier
 
 
+# p.data(x): x in the --dtype of the run (floating tensors cast as the batches are; an iterable's, batch by batch)
 def eval_0(p):
     classifier = p.module('classifier')
-    return lib.accuracy(classifier, lib.test_digits())  # data_reweighting.mlo:28
+    return lib.accuracy(classifier, p.data(lib.test_digits()))  # data_reweighting.mlo:28
 
 
 # (every, name, function, named: a dict's keys become NAME.KEY)

@@ -81,14 +81,3 @@ def test_a_device_that_cannot_train_is_a_usage_error(device, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "E900" not in err and device in err
 
-
-def test_a_dtype_mismatch_in_an_evaluation_says_what_dtype_casts(tmp_path, capsys):
-    """`--dtype float64` casts the modules and the batches mloc draws; the example's
-    evaluation loads its own float32 test set, and the float64 classifier refuses it. That
-    is exit 1 (the program's code), with a note on what `--dtype` casts and what it does
-    not, never an internal error."""
-    rc = main(["run", str(PROGRAMS / "data_reweighting.mlo"), "--steps", "1", "--quiet", "--dtype", "float64",
-               "--out", str(tmp_path)])
-    err = capsys.readouterr().err
-    assert rc == 1 and "E702" in err and "E900" not in err
-    assert "note: `--dtype float64` casts the modules and the batches" in err

@@ -1,0 +1,126 @@
+"""`--dtype` and an evaluation's data: the data arguments mloc passes to an evaluation
+(`lib.accuracy(classifier, lib.test_digits())`'s `lib.test_digits()`) are cast as the
+batches are (floating tensors only, an iterable lazily, batch by batch), in `mloc run` and
+in the compiled `train.py`; data a function makes in its own body is not, and the error
+says so. The evaluations of tests/run/dtypes.mlo report the dtypes they were given."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from mloc.cli import main
+from mloc.runtime.data import CastBatches, cast_data
+
+HERE = Path(__file__).parent
+SEEN = ("tuple", "loader", "stream")       # tests/run/dtypes.py: 1.0 = x float64 and y int64
+
+
+def final(run_dir: Path) -> dict:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]["final"]
+
+
+def test_mloc_run_casts_an_evaluations_data_arguments(tmp_path, capsys):
+    rc = main(["run", str(HERE / "dtypes.mlo"), "--quiet", "--dtype", "float64", "--out", str(tmp_path)])
+    assert rc == 0, capsys.readouterr().err
+    got = final(tmp_path)
+    assert {k: got[k] for k in SEEN} == dict.fromkeys(SEEN, 1.0)
+    assert got["loader_len"] == 4.0 and got["literal"] == 1.0    # len() of the loader; a literal as written
+
+
+def test_without_dtype_the_data_is_as_the_code_made_it(tmp_path, capsys):
+    rc = main(["run", str(HERE / "dtypes.mlo"), "--quiet", "--out", str(tmp_path)])
+    assert rc == 0, capsys.readouterr().err
+    assert {k: final(tmp_path)[k] for k in SEEN} == dict.fromkeys(SEEN, 0.0)   # float32 x, as made
+
+
+def test_the_compiled_train_py_casts_them_too(tmp_path, capsys):
+    assert main(["compile", str(HERE / "dtypes.mlo"), "-o", str(tmp_path / "build")]) == 0, capsys.readouterr().err
+    source = (tmp_path / "build" / "train.py").read_text()
+    assert "p.data(seen.loader(batch_size=8))" in source and "[0.5, 1.5])" in source   # a literal is not wrapped
+    proc = subprocess.run([sys.executable, str(tmp_path / "build" / "train.py"), "--dtype", "float64", "--quiet",
+                           "--threads", "1", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert {k: final(tmp_path / "run")[k] for k in SEEN} == dict.fromkeys(SEEN, 1.0)
+
+
+def test_a_problem_named_p_does_not_hide_the_program(tmp_path, capsys):
+    """The generated evaluations take the program as `p`; a problem called `p` makes it
+    `program` (a keyword, so no problem or import has that name)."""
+    for name in ("small.py", "dtypes.py"):
+        (tmp_path / name).write_text((HERE / name).read_text())
+    text = (HERE / "dtypes.mlo").read_text().replace("program dtypes", "program named_p")
+    (tmp_path / "p.mlo").write_text(re.sub(r"\bnet\b", "p", text))
+    rc = main(["run", str(tmp_path / "p.mlo"), "--quiet", "--dtype", "float64", "--out", str(tmp_path / "run")])
+    assert rc == 0, capsys.readouterr().err
+    assert "def eval_0(program):\n    p = program.module('p')" in (tmp_path / "run" / "train.py").read_text()
+    assert {k: final(tmp_path / "run")[k] for k in SEEN} == dict.fromkeys(SEEN, 1.0)
+
+
+def test_data_a_function_makes_itself_is_not_cast_and_the_error_says_so(tmp_path, capsys):
+    """exit 1 (the program's code), with a note on what `--dtype` casts and what it does
+    not, never an internal error."""
+    rc = main(["run", str(HERE / "dtypes_own.mlo"), "--quiet", "--dtype", "float64", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "E702" in err and "E900" not in err and "own_data" in err
+    assert "note: `--dtype float64` casts the modules, the batches and an evaluation's data arguments" in err
+    assert "a tensor a function makes or loads in its own body keeps its dtype" in err
+
+
+# --- cast_data ------------------------------------------------------------------------------
+
+F64 = torch.float64
+
+
+def test_tensors_and_containers_cast_floating_only():
+    x, y = torch.randn(3, 2), torch.tensor([0, 1, 2])
+    out = cast_data({"batch": (x, y), "mask": torch.ones(3, dtype=torch.bool), "n": 3, "name": "a"}, F64)
+    assert out["batch"][0].dtype == F64 and torch.equal(out["batch"][0], x.double())
+    assert out["batch"][1] is y and out["mask"].dtype == torch.bool and (out["n"], out["name"]) == (3, "a")
+    assert cast_data(x, F64).dtype == F64 and cast_data([x], F64)[0].dtype == F64
+
+
+def test_an_iterable_of_batches_is_cast_lazily_and_can_be_iterated_again():
+    drawn = []
+
+    class Stream:                                   # iterated, not indexed: batches on demand
+        def __iter__(self):
+            for i in range(3):
+                drawn.append(i)
+                yield torch.zeros(2), torch.zeros(2, dtype=torch.int64)
+
+    data = cast_data(Stream(), F64)
+    assert isinstance(data, CastBatches) and drawn == []            # nothing drawn yet
+    x, y = next(iter(data))
+    assert (x.dtype, y.dtype) == (F64, torch.int64) and drawn == [0]    # one batch, when asked
+    assert len(list(data)) == 3 and len(list(data)) == 3
+
+
+def test_a_data_loader_keeps_its_length_and_attributes():
+    ds = TensorDataset(torch.randn(10, 2), torch.arange(10))
+    data = cast_data(DataLoader(ds, batch_size=4), F64)
+    assert len(data) == 3 and data.batch_size == 4 and data.dataset is ds
+    assert [(x.dtype, y.dtype) for x, y in data] == [(F64, torch.int64)] * 3
+
+
+def test_a_generator_stays_a_one_shot_iterator():
+    gen = (torch.zeros(1) for _ in range(2))
+    data = cast_data(gen, F64)
+    assert next(data).dtype == F64 and len(list(data)) == 1
+
+
+@pytest.mark.parametrize("value", [nn.Linear(2, 2), "text", 1.5, None, TensorDataset(torch.randn(2, 2))])
+def test_anything_else_is_passed_as_it_is(value):
+    assert cast_data(value, F64) is value
+    if isinstance(value, nn.Module):
+        assert value.weight.dtype == torch.float32
