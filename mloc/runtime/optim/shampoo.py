@@ -163,17 +163,14 @@ class Shampoo(Optimizer):
         params = list(params)
         lays = self.layouts(params)
         g = list(self._decayed(grads, params))
-        self._statistics(g, state.stats, lays, inplace=True)
+        x = [blocks.to_blocks(gi, lay) if s else None for gi, s, lay in zip(g, state.stats, lays)]
+        for xi, s in zip(x, state.stats):       # the blocks are laid out once, used twice
+            if s:
+                blocks.accumulate(s, xi, self.beta2, inplace=True)
         roots, failures, pending = self._roots(t, state.stats, state, lays)
         d = grafting.directions_inplace(self.graft, self.graft_beta2, t, g, state.graft)
         if t > self.start_step:
-            pre = [(i, self._precondition(g[i], lays[i], roots[i])) for i in range(len(params)) if roots[i]]
-            if pre and self.graft != "none":    # one norm call: ‖P‖ of each, then ‖D‖ of each
-                norms = torch._foreach_norm([x for _, x in pre] + [d[i] for i, _ in pre])
-                p_norms = torch._foreach_add(norms[:len(pre)], 1e-16)
-                torch._foreach_mul_([x for _, x in pre], torch._foreach_div(norms[len(pre):], p_norms))
-            for i, x in pre:
-                d[i] = x
+            _graft_preconditioned(d, x, roots, lays, self.graft)
         if self.decoupled and not is_zero(self.wd):
             torch._foreach_mul_(params, 1 - self.lr * self.wd)
         momentum = _momentum_inplace(params, d, state.momentum, self.lr, self.mu, self.nesterov)
@@ -197,11 +194,12 @@ class Shampoo(Optimizer):
         """``G ×₁ Q₁ ⋯ ×ₖ Qₖ`` blockwise, ``g`` laid out by ``lay``, in its shape."""
         return blocks.from_blocks(blocks.precondition(blocks.to_blocks(g, lay), roots), lay)
 
-    def _statistics(self, g, stats, lays, inplace=False):
-        """The statistics after ``g`` laid out by ``lays`` (detached where ``g`` needs grad:
-        the roots are constants to autograd); ``inplace`` overwrites ``stats``."""
+    def _statistics(self, g, stats, lays):
+        """The statistics after ``g`` laid out by ``lays``, new tensors (detached where ``g``
+        needs grad: the roots are constants to autograd). :meth:`commit` accumulates in
+        place with the same kernel (:func:`.blocks.accumulate`), so the two agree bit for bit."""
         return tuple(blocks.accumulate(s, blocks.to_blocks(gi.detach() if gi.requires_grad else gi, lay),
-                                       self.beta2, inplace)
+                                       self.beta2)
                      if s else () for gi, s, lay in zip(g, stats, lays))
 
     def _directions(self, t, g, graft_state, roots, params):
@@ -275,6 +273,20 @@ class Shampoo(Optimizer):
 def _orders(lays) -> tuple:
     """Each parameter's root order ``p`` (0 for the diagonal policy)."""
     return tuple(lay.p for lay in lays)
+
+
+def _graft_preconditioned(d, x, roots, lays, graft) -> None:
+    """For :meth:`Shampoo.commit`: replace the grafted direction ``d[i]`` of every
+    preconditioned tensor by its blocks ``x[i]`` preconditioned and (unless ``graft`` is
+    ``none``) rescaled to ``‖d[i]‖``, with one norm call for all."""
+    idx = [i for i, r in enumerate(roots) if r]
+    pre = [blocks.from_blocks(blocks.precondition(x[i], roots[i]), lays[i]) for i in idx]
+    if pre and graft != "none":         # ‖P‖ of each, then ‖D‖ of each
+        norms = torch._foreach_norm(pre + [d[i] for i in idx])
+        p_norms = torch._foreach_add(norms[:len(pre)], 1e-16)
+        torch._foreach_mul_(pre, torch._foreach_div(norms[len(pre):], p_norms))
+    for i, p in zip(idx, pre):
+        d[i] = p
 
 
 def _momentum_inplace(params, d, buffers, lr, mu, nesterov) -> tuple:
