@@ -3,7 +3,8 @@
 Each logger receives every record :class:`~mloc.runtime.metrics.MetricsWriter` writes
 (the schema is in :mod:`mloc.runtime.metrics`) and turns it into scalars named
 
-    PROBLEM/loss, PROBLEM/lr, PROBLEM/grad_norm, PROBLEM/hypergrad_norm   (kind "train")
+    PROBLEM/loss, PROBLEM/lr, PROBLEM/grad_norm, PROBLEM/hypergrad_norm   (kind "train"),
+    and what the optimizer reports (Shampoo: PROBLEM/roots_rejected, PROBLEM/root_failures)
     eval/METRIC                                                             (kind "eval")
     speed/steps_per_s                                                       (kind "speed")
 
@@ -72,13 +73,17 @@ def check_available(names: Iterable[str]) -> None:
                                   f"pip install 'mloc[{extra}]' (or pip install {module})")
 
 
+NOT_CURVES = frozenset({"kind", "problem", "step", "time", "loss_steps"})
+"""The fields of a ``train`` record that are not curves; every other number is one."""
+
+
 def scalars(record: dict) -> dict[str, float]:
     """The record's curves as ``{name: value}`` (None values, NaN/Inf as written, left out)."""
     kind = record.get("kind")
     if kind == "train":
         problem = record.get("problem", "?")
         return {f"{problem}/{k}": float(v) for k, v in record.items()
-                if k in ("loss", "lr", "grad_norm", "hypergrad_norm") and isinstance(v, (int, float))}
+                if k not in NOT_CURVES and isinstance(v, (int, float)) and not isinstance(v, bool)}
     if kind == "eval" and isinstance(record.get("value"), (int, float)):
         return {f"eval/{record['eval']}": float(record["value"])}
     if kind == "speed" and isinstance(record.get("steps_per_s"), (int, float)):

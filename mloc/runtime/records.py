@@ -42,9 +42,20 @@ def log_train(metrics: MetricsWriter, program: Any, step: int, rate: float) -> d
         for what in ("grad_norm", "hypergrad_norm"):
             if (name, what) in norms:
                 values[what] = norms[(name, what)]
+        values.update(optimizer_report(lv))
         metrics.write(step, name, "train", **values)
     metrics.write(step, "*", "speed", steps_per_s=rate)
     return losses
+
+
+def optimizer_report(lv: Any) -> dict[str, float]:
+    """What a problem's optimizer reports about itself (:meth:`~mloc.runtime.optim.base.Optimizer.report`:
+    Shampoo's rejected roots); nothing for a problem without an optimizer or state yet."""
+    problem = lv.problem
+    optimizer = getattr(problem, "optimizer", None)
+    if optimizer is None or getattr(problem, "state", None) is None:
+        return {}
+    return optimizer.report(problem.state)
 
 
 def learning_rate(lv: Any) -> float | None:

@@ -73,3 +73,19 @@ def test_mloc_run_resume_in_a_subprocess(tmp_path):
     proc = run("run", PROGRAM, "--steps", "16", "--out", part, "--resume", part, "--quiet", "--threads", "1")
     assert proc.returncode == 0, proc.stderr
     assert same_state(full, part)
+
+
+def test_train_records_and_loggers_carry_the_rejected_roots(tmp_path):
+    """`mloc run --logger csv`: the Shampoo problem's train records hold Shampoo's report
+    (no root rejected in this healthy run), written as curves by the loggers too; the Adam
+    problem's records hold no such field."""
+    from mloc.cli import main
+    from mloc.runtime.records import read_metrics
+    assert main(["run", str(PROGRAM), "--steps", "12", "--out", str(tmp_path), "--threads", "1",
+                 "--logger", "csv"]) == 0
+    train = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    classifier = [r for r in train if r["problem"] == "classifier"]
+    assert classifier and all(r["roots_rejected"] == 0 and r["root_failures"] == 0 for r in classifier)
+    assert all("roots_rejected" not in r for r in train if r["problem"] == "weight_net")
+    csv_names = (tmp_path / "metrics.csv").read_text()
+    assert "classifier/roots_rejected" in csv_names and "classifier/root_failures" in csv_names

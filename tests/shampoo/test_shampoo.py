@@ -278,6 +278,16 @@ def test_a_non_finite_statistic_never_reaches_the_parameters_through_a_root(how)
             assert int(state.failures[0][0].max()) == fails
             assert bool(torch.isnan(state.stats[0][0]).any())
     assert len(reports) == 1 and "rejected" in str(reports[0].message)
+    # what a run's train records hold (Shampoo.report): the NaN gradient reaches both
+    # statistics (G Gᵀ and Gᵀ G), the written NaN the left one only; 9 refreshes since
+    assert opt.report(state) == {"roots_rejected": 2 if how == "gradient" else 1, "root_failures": 9}
+    assert opt.report(opt.init((w,))) == {"roots_rejected": 0, "root_failures": 0}
+
+
+def test_report_without_a_preconditioned_tensor_is_empty():
+    """A bias alone (the diagonal policy) has no roots to report on."""
+    opt = shampoo(lr=0.01)
+    assert opt.report(opt.init((torch.zeros(7),))) == {}
 
 
 def test_an_inf_gradient_under_an_ema():

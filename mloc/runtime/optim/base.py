@@ -74,6 +74,12 @@ class Optimizer(ABC):
             p.add_(u)
         return state
 
+    def report(self, state: Any) -> dict[str, float]:
+        """Numbers about the optimizer's own health, read at a log boundary (a host read at
+        most) and written into its problem's ``train`` record beside the loss (Shampoo's
+        rejected roots); none by default."""
+        return {}
+
     def start(self) -> None:
         """Training begins (start background workers)."""
 

@@ -175,13 +175,12 @@ class RootWork:
     def _report(self, failures) -> None:
         """Warn when a root was rejected: the first time, then every 10 more consecutive
         failures of the worst matrix (one host read per install)."""
-        flat = [f for fs in failures for f in fs]
-        if not flat:
+        counts = failure_counts(failures)
+        if counts is None:
             return
-        worst = int(torch.cat([f.reshape(-1) for f in flat]).max())
+        bad, worst = counts
         if worst and (self._warned_at == 0 or worst >= self._warned_at + 10):
             self._warned_at = worst
-            bad = sum(int((f > 0).sum()) for f in flat)
             warnings.warn(f"shampoo: {bad} inverse root(s) rejected (non-finite or inaccurate); "
                           f"the previous roots are kept (worst: {worst} consecutive failures). "
                           "Check the gradients for NaN/Inf, raise `epsilon`, or refresh the "
@@ -219,6 +218,18 @@ class RootWork:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+
+
+def failure_counts(failures) -> tuple[int, int] | None:
+    """``(rejected, worst)`` with one host read: how many matrices' last refresh was
+    rejected (their previous root is in use), and the most consecutive rejections of one
+    matrix; None without a preconditioned tensor."""
+    flat = [f.reshape(-1) for fs in failures for f in fs]
+    if not flat:
+        return None
+    f = torch.cat(flat)
+    rejected, worst = torch.stack([(f > 0).sum(), f.max()]).tolist()
+    return rejected, worst
 
 
 def clone_tuple(ts):

@@ -64,7 +64,7 @@ from torch import Tensor
 from mloc.runtime.optim import blocks, graft as grafting
 from mloc.runtime.optim.graft import GRAFTS
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers
-from mloc.runtime.optim.rootwork import RootWork, clone_tuple, merge_due
+from mloc.runtime.optim.rootwork import RootWork, clone_tuple, failure_counts, merge_due
 
 
 
@@ -228,6 +228,13 @@ class Shampoo(Optimizer):
         if self.decoupled and not is_zero(self.wd):
             upd = [u - lr * self.wd * p for u, p in zip(upd, params)]
         return mom, tuple(upd)
+
+    def report(self, state) -> dict[str, float]:
+        """``roots_rejected``: matrices whose last root refresh was rejected (the previous
+        root is in use); ``root_failures``: the most consecutive rejections of one matrix.
+        Both 0 in a healthy run; nothing without a preconditioned tensor."""
+        counts = failure_counts(state.failures)
+        return {} if counts is None else dict(zip(("roots_rejected", "root_failures"), counts))
 
     # --- lifecycle (the root work's thread) ------------------------------------------------
     def start(self) -> None:
