@@ -38,6 +38,10 @@ configuration:
 - ``--select tail``, a steadier reading of the same runs: the best rate and Adam's target
   are by the worst loss of the last 50 steps (``TAIL``), and ``met`` counts the step from
   which the loss stays at or below the target.
+- ``--wall R``: what the steps cost in time. Adam and each configuration are rerun ``R``
+  times at their best rates, interleaved, with ``bench/shampoo.py``'s whole-step timing
+  (forward, backward, optimizer step), and the table gives the median wall time of the
+  steps up to the first one at or below the target, against Adam's to its own first.
 - ``--adam-beta1 B``, outside the protocol: the reference Adam with ``β₁ = B``. Stage 4's
   winners use Nesterov momentum 0.98 and Adam's default β₁ is 0.9, so this tells how much
   of their gain is momentum's. Measured at eae0cbe (``p2_b99_start10_m098``, logreg /
@@ -83,6 +87,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import subprocess
 import sys
 import time
@@ -255,6 +260,34 @@ def fmt(n):
     return str(n) if n is not None else f">{STEPS}"
 
 
+def wall_to_target(problem, entries, target, reps):
+    """``--wall``: per ``(config, lr)`` of ``entries`` (Adam's first), the first step with
+    ``L(θ_k) ≤ target`` and the wall time of the training steps up to it (forward, backward
+    and optimizer step: ``bench/shampoo.py``'s whole-step timing), the median over ``reps``
+    runs, the entries interleaved run by run. The losses of a configuration are the same in
+    every run (one thread, fixed data and initialization); only the times vary."""
+    times = {e: [] for e in entries}
+    steps = {}
+    for _ in range(reps):
+        for config, lr in entries:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                losses, step_s = problems.train(problem, config, lr, STEPS, time_step=True, opt=make(config, lr))
+            k = first_hit([v if math.isfinite(v) else math.inf for v in losses], target)
+            steps[(config, lr)] = k
+            times[(config, lr)].append((sum(step_s[:k]) if k is not None else math.inf, statistics.median(step_s)))
+    adam_ms = statistics.median(t for t, _ in times[entries[0]]) * 1e3
+    print(f"wall time to the target, whole training steps, median of {reps} interleaved runs:\n")
+    print("| optimizer | lr | first step ≤ target | ms per step | ms to the target | × Adam's |")
+    print("|---|---|---|---|---|---|")
+    for config, lr in entries:
+        total = statistics.median(t for t, _ in times[(config, lr)]) * 1e3
+        per = statistics.median(p for _, p in times[(config, lr)]) * 1e3
+        print(f"| {config} | {lr:.3g} | {fmt(steps[(config, lr)])} | {per:.3f} | {total:.1f} | "
+              f"{total / adam_ms:.2f} |")
+    print()
+
+
 def revision():
     root = Path(__file__).resolve().parent.parent
     try:
@@ -285,6 +318,10 @@ def main():
                     help=f"the reference Adam's beta1 (default {ADAM_BETA1}, the protocol's): a check "
                          "that a Shampoo configuration's high momentum is not all of its gain")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--wall", type=int, default=0, metavar="R",
+                    help="also time R runs of Adam and of each configuration at its best rate, "
+                         "interleaved: the wall time of the training steps until the loss first reaches "
+                         "the target (the median over the R runs)")
     args = ap.parse_args()
     PER_DECADE, ADAM_BETA1 = args.per_decade, args.adam_beta1
     torch.set_num_threads(args.threads)
@@ -310,6 +347,7 @@ def main():
               f"| rises | first ≤ target | stays ≤ target from | fewest 'first' over the grid (lr) "
               f"| ≤ {TARGET_STEPS} |")
         print("|---|---|---|---|---|---|---|---|---|---|---|")
+        timed = [("adam_ref", lr_of(best))]
         for config in configs:
             runs, best = search(problem, config, sel)
             losses = runs[best][0]
@@ -327,7 +365,10 @@ def main():
                   f"| {lr_of(best):.3g}{edge} | {losses[-1]:.4g} | {max(losses[-TAIL - 1:]):.4g} "
                   f"| {rises(losses)} | {fmt(first)} | {fmt(stay)} | {fewest} "
                   f"| {met}{f'; {warned} root warnings' if warned else ''} |", flush=True)
+            timed.append((config, lr_of(best)))
         print()
+        if args.wall:
+            wall_to_target(problem, timed, target, args.wall)
     print(f"total {time.perf_counter() - t_start:.0f} s")
 
 
