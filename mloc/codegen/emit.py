@@ -301,16 +301,16 @@ def _warmup(actions) -> list[str]:
 
 def _evaluation_functions(evals, problems: set[str], imports: set[str], at) -> list[list[str]]:
     """`eval_N(p)` per evaluation: its call, each data argument (one that is not a problem
-    or a literal) passed through `p.data`, which casts it in a `--dtype` run. The program's
-    parameter is `p`, unless a problem or an import is called so: then `program` (a
-    keyword, so it names neither)."""
+    or a literal) passed through `p.data`, which puts it on the run's device and, in a
+    `--dtype` run, casts it, as the batches are. The program's parameter is `p`, unless a
+    problem or an import is called so: then `program` (a keyword, so it names neither)."""
     me = "program" if "p" in problems | imports else "p"
     out, explained = [], False
     for i, e in enumerate(evals):
         lines = []
         if not explained and any(_is_data(a.value, problems) for a in e.call.call.args):
-            lines.append(f"# {me}.data(x): x in the --dtype of the run (floating tensors cast as the batches are; "
-                         "an iterable's, batch by batch)")
+            lines.append(f"# {me}.data(x): x as the batches are: on the run's device, floating tensors in its "
+                         "--dtype (an iterable's batch by batch)")
             explained = True
         lines.append(f"def eval_{i}({me}):")
         lines += [f"    {name} = {me}.module({name!r})" for name in e.call.read_names()]
@@ -320,9 +320,9 @@ def _evaluation_functions(evals, problems: set[str], imports: set[str], at) -> l
 
 
 def _evaluation_call(call: ast.Call, problems: set[str], me: str = "p") -> str:
-    """An evaluation's call, its data arguments wrapped in `p.data(...)` (`--dtype` casts
-    them as it casts the batches: :meth:`mloc.runtime.engine.Program.data`); `me` is the
-    name of the program's parameter."""
+    """An evaluation's call, its data arguments wrapped in `p.data(...)` (moved to the run's
+    device and, under `--dtype`, cast, as the batches are:
+    :meth:`mloc.runtime.engine.Program.data`); `me` is the name of the program's parameter."""
     args = []
     for a in call.args:
         value = render_value(a.value)

@@ -179,44 +179,54 @@ def cast_floating(batch: Any, dtype: torch.dtype) -> Any:
     return map_tensors(batch, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
-def cast_data(value: Any, dtype: torch.dtype) -> Any:
+def cast_data(value: Any, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Any:
     """``value``, data that the program's code made and mloc passes on to it (an
-    evaluation's data argument), with its floating-point tensors cast to ``dtype`` as a
-    ``dtype`` run casts the batches it draws (:func:`cast_floating`):
+    evaluation's data argument), put where the run's batches are and as they are: every
+    tensor moved to ``device`` (:func:`to_device`), then every floating-point one cast to
+    ``dtype`` (:func:`cast_floating`); ``None`` leaves that side as it is:
 
-    - a tensor, or a tuple, list or dict of them (nested; a batch): cast now;
-    - an iterator (a generator): a generator yielding its items, each cast when drawn;
+    - a tensor, or a tuple, list or dict of them (nested; a batch): now;
+    - an iterator (a generator): a generator yielding its items, each when drawn;
     - a DataLoader, an IterableDataset, or any other object that is iterated but not
       indexed (``__iter__`` without ``__getitem__``: a stream of tasks): a
-      :class:`CastBatches` over it, iterable again and again, each batch cast when drawn,
-      nothing materialized;
+      :class:`CastBatches` over it, iterable again and again, each batch moved and cast
+      when drawn, nothing materialized;
     - anything else (a module, a number, a string, a numpy array, a map-style dataset)
       as it is.
     """
     if isinstance(value, (torch.Tensor, tuple, list, dict)):
-        return cast_floating(value, dtype)
+        return _cast_batch(value, dtype, device)
     if isinstance(value, (nn.Module, str, bytes)):
         return value
     if isinstance(value, Iterator):
-        return (cast_floating(batch, dtype) for batch in value)
+        return (_cast_batch(batch, dtype, device) for batch in value)
     if isinstance(value, (DataLoader, IterableDataset)) or (hasattr(value, "__iter__")
                                                             and not hasattr(value, "__getitem__")):
-        return CastBatches(value, dtype)
+        return CastBatches(value, dtype, device)
     return value
 
 
-class CastBatches:
-    """An iterable of batches (a DataLoader, say) whose batches are cast to ``dtype`` as
-    they are drawn (:func:`cast_floating`). ``len()`` and attributes (``.dataset``,
-    ``.batch_size``) are the wrapped object's, so what is read through them is not cast;
-    ``isinstance(x, DataLoader)`` is False."""
+def _cast_batch(batch: Any, dtype: torch.dtype | None, device: torch.device | None) -> Any:
+    """One batch of :func:`cast_data`: moved, then cast (on the device: the copy is the
+    smaller, float32 one)."""
+    if device is not None:
+        batch = to_device(batch, device)
+    return batch if dtype is None else cast_floating(batch, dtype)
 
-    def __init__(self, data: Iterable, dtype: torch.dtype):
-        self._data, self._dtype = data, dtype
+
+class CastBatches:
+    """An iterable of batches (a DataLoader, say) whose batches are moved to ``device`` and
+    cast to ``dtype`` as they are drawn (:func:`cast_data`; ``None``: that side as it is).
+    ``len()`` and attributes (``.dataset``, ``.batch_size``) are the wrapped object's, so
+    what is read through them is neither moved nor cast; ``isinstance(x, DataLoader)`` is
+    False."""
+
+    def __init__(self, data: Iterable, dtype: torch.dtype | None = None, device: torch.device | None = None):
+        self._data, self._dtype, self._device = data, dtype, device
 
     def __iter__(self) -> Iterator:
-        dtype = self._dtype
-        return (cast_floating(batch, dtype) for batch in self._data)
+        dtype, device = self._dtype, self._device
+        return (_cast_batch(batch, dtype, device) for batch in self._data)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -228,7 +238,7 @@ class CastBatches:
         return getattr(data, name)
 
     def __repr__(self) -> str:
-        return f"CastBatches({self._data!r}, {self._dtype})"
+        return f"CastBatches({self._data!r}, dtype={self._dtype}, device={self._device})"
 
 
 def to_device(batch: Any, device: torch.device | None) -> Any:

@@ -171,8 +171,8 @@ class Program:
         return lv.module
 
     def data(self, value):
-        """An evaluation's data argument, cast in a ``dtype`` run (:func:`~mloc.runtime.data.cast_data`)."""
-        return value if self._cast is None else cast_data(value, self._cast)
+        """An evaluation's data argument where the batches are (:func:`_as_batches`)."""
+        return _as_batches(value, self._cast, self.device)
 
     def losses(self) -> dict[str, float]:
         """Each problem's loss on its current batch (for logging), with the modules in
@@ -245,6 +245,15 @@ class Program:
                 lv.problem.optimizer.close()
         finally:
             self.dist.close()
+
+
+def _as_batches(value, dtype: torch.dtype | None, device: torch.device):
+    """``value``, an evaluation's data argument, as the run's batches are: on ``device`` and,
+    in a ``dtype`` run, cast (:func:`~mloc.runtime.data.cast_data`: a tensor or container
+    now, an iterable batch by batch). On the CPU without ``dtype``, ``value`` itself: no
+    wrapper, no work per batch."""
+    device = None if device.type == "cpu" else device
+    return value if dtype is None and device is None else cast_data(value, dtype, device)
 
 
 def _start_of(lv: Live):

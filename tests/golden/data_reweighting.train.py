@@ -74,7 +74,7 @@ def outer_step(p):
     p.upper_step('weight_net')  # hypergradient through classifier
 
 
-# p.data(x): x in the --dtype of the run (floating tensors cast as the batches are; an iterable's, batch by batch)
+# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an iterable's batch by batch)
 def eval_0(p):
     classifier = p.module('classifier')
     return lib.accuracy(classifier, p.data(lib.test_digits()))  # data_reweighting.mlo:28

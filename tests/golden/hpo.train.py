@@ -74,7 +74,7 @@ def outer_step(p):
     p.upper_step('decay')  # hypergradient through model
 
 
-# p.data(x): x in the --dtype of the run (floating tensors cast as the batches are; an iterable's, batch by batch)
+# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an iterable's batch by batch)
 def eval_0(p):
     model = p.module('model')
     return hp.test_loss(model, p.data(hp.sparse_logistic(split='test', n=1000, batch_size=1000)))  # hpo.mlo:28

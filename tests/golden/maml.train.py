@@ -74,7 +74,7 @@ def outer_step(p):
     p.upper_step('meta')  # hypergradient through adapt
 
 
-# p.data(x): x in the --dtype of the run (floating tensors cast as the batches are; an iterable's, batch by batch)
+# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an iterable's batch by batch)
 def eval_0(p):
     meta = p.module('meta')
     return tasks.zero_shot_error(meta, p.data(tasks.sine_tasks(split='query', seed=99)))  # maml.mlo:28

@@ -1,8 +1,10 @@
-"""`--dtype` and an evaluation's data: the data arguments mloc passes to an evaluation
-(`lib.accuracy(classifier, lib.test_digits())`'s `lib.test_digits()`) are cast as the
-batches are (floating tensors only, an iterable lazily, batch by batch), in `mloc run` and
-in the compiled `train.py`; data a function makes in its own body is not, and the error
-says so. The evaluations of tests/run/dtypes.mlo report the dtypes they were given."""
+"""`--dtype`, `--device` and an evaluation's data: the data arguments mloc passes to an
+evaluation (`lib.accuracy(classifier, lib.test_digits())`'s `lib.test_digits()`) are moved
+to the run's device and cast as the batches are (floating tensors only, an iterable lazily,
+batch by batch), in `mloc run` and in the compiled `train.py`; data a function makes in its
+own body is not, and the error says so. The evaluations of tests/run/dtypes.mlo report the
+dtypes they were given. There is no CUDA here: the move is checked on the meta device
+(which `cast_data` accepts; a run refuses it) and by recording `to_device`'s calls."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import mloc
 from mloc.cli import main
+from mloc.runtime import data as data_module
 from mloc.runtime.data import CastBatches, cast_data
 
 HERE = Path(__file__).parent
@@ -124,3 +129,84 @@ def test_anything_else_is_passed_as_it_is(value):
     assert cast_data(value, F64) is value
     if isinstance(value, nn.Module):
         assert value.weight.dtype == torch.float32
+
+
+# --- the run's device -----------------------------------------------------------------------
+
+META = torch.device("meta")       # not the CPU, and here without CUDA
+
+
+def test_tensors_and_containers_are_moved_now_and_cast_after():
+    x, y = torch.randn(3, 2), torch.tensor([0, 1, 2])
+    out = cast_data({"batch": (x, y), "n": 3}, None, META)
+    assert [(t.device.type, t.dtype) for t in out["batch"]] == [("meta", torch.float32), ("meta", torch.int64)]
+    assert out["n"] == 3
+    both = cast_data([x, y], F64, META)
+    assert [(t.device.type, t.dtype) for t in both] == [("meta", F64), ("meta", torch.int64)]
+    assert x.device.type == "cpu" and x.dtype == torch.float32          # the caller's own tensors as they were
+
+
+def test_an_iterable_is_moved_lazily_batch_by_batch_and_can_be_iterated_again():
+    drawn = []
+
+    class Stream:
+        def __iter__(self):
+            for i in range(3):
+                drawn.append(i)
+                yield torch.zeros(2), torch.zeros(2, dtype=torch.int64)
+
+    data = cast_data(Stream(), F64, META)
+    assert isinstance(data, CastBatches) and drawn == []
+    x, y = next(iter(data))
+    assert (x.device, x.dtype, y.device, y.dtype) == (META, F64, META, torch.int64) and drawn == [0]
+    assert [x.device for x, _ in data] == [META] * 3 and [x.device for x, _ in data] == [META] * 3
+
+
+def test_a_data_loader_on_the_device_keeps_its_length_and_attributes():
+    ds = TensorDataset(torch.randn(10, 2), torch.arange(10))
+    data = cast_data(DataLoader(ds, batch_size=4), None, META)
+    assert len(data) == 3 and data.batch_size == 4 and data.dataset is ds
+    assert [(x.device, x.dtype, y.device) for x, y in data] == [(META, torch.float32, META)] * 3
+
+
+def test_a_generator_on_the_device_stays_a_generator():
+    drawn = []
+
+    def gen():
+        for i in range(2):
+            drawn.append(i)
+            yield torch.zeros(1)
+
+    data = cast_data(gen(), None, META)
+    assert isinstance(data, types.GeneratorType) and drawn == []
+    assert next(data).device == META and drawn == [0] and len(list(data)) == 1
+
+
+@pytest.mark.parametrize("value", [nn.Linear(2, 2), "text", 1.5, None, TensorDataset(torch.randn(2, 2))])
+def test_anything_else_stays_where_it_is(value):
+    assert cast_data(value, None, META) is value and cast_data(value, F64, META) is value
+    if isinstance(value, nn.Module):
+        assert value.weight.device.type == "cpu"
+
+
+def test_on_the_cpu_without_dtype_p_data_is_the_value_itself():
+    program = mloc.load(HERE / "dtypes.mlo", device="cpu").program
+    loader, x = DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2), torch.randn(2)
+    assert program.data(loader) is loader and program.data(x) is x        # no wrapper, no per-batch work
+    assert isinstance(mloc.load(HERE / "dtypes.mlo", device="cpu", dtype="float64").program.data(loader),
+                      CastBatches)
+
+
+@pytest.mark.parametrize("dtype", [None, "float64"])
+def test_on_another_device_every_data_argument_is_moved_batch_by_batch(dtype, monkeypatch):
+    """The compiled evaluation of tests/run/dtypes.mlo, its program's device made cuda:0
+    (no CUDA here: `to_device` records the device it is asked for and leaves the batch on
+    the CPU, where the net is): the tuple once, each of the 4 batches of the loader and of
+    the generator as drawn; the literal list never."""
+    program = mloc.load(HERE / "dtypes.mlo", device="cpu", dtype=dtype).program
+    asked = []
+    monkeypatch.setattr(data_module, "to_device", lambda batch, device: asked.append(device) or batch)
+    program.device = torch.device("cuda:0")
+    got = program.evaluate()
+    assert asked == [torch.device("cuda:0")] * 9
+    assert {k: got[k] for k in SEEN} == dict.fromkeys(SEEN, 1.0 if dtype else 0.0) and got["loader_len"] == 4.0
