@@ -17,7 +17,10 @@ BOUNDARY = {"metrics.py", "checkpoint.py", "selection.py"}   # selection: after 
 # floats (one read per step of such a problem, free on the CPU; the engine keeps the rate in
 # a device tensor).
 ALLOWED = {("torch_optim.py", "_host_lr"),
-           ("pipeline.py", "recv")}   # the shape header of a message between pipeline workers (CPU, gloo)
+           ("pipeline.py", "recv"),   # the shape header of a message between pipeline workers (CPU, gloo)
+           # Shampoo's rejected-root counts: read at log boundaries (Optimizer.report) and
+           # when a refresh was rejected (the warning), never on a healthy step
+           ("rootwork.py", "failure_counts")}
 
 
 def test_runtime_never_reads_tensors_back_to_the_host():
