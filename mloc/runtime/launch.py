@@ -204,11 +204,11 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
             "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def _user_error(err: Exception, when: str, dtype: str | None = None) -> int:
+def _user_error(err: Exception, when: str, dtype: str | None = None, device=None) -> int:
     """Report an exception raised by the program's code (exit 1); re-raise mloc's own. In a
-    ``--dtype`` run a dtype mismatch gets a note: mloc casts what it passes to the code (the
-    modules, the batches, an evaluation's data arguments), not what a function makes or loads
-    in its own body."""
+    ``--dtype`` run a dtype mismatch gets a note, and on a device other than the CPU a device
+    mismatch: mloc casts and moves what it passes to the code (the modules, the batches, an
+    evaluation's data arguments), not what a function makes or loads in its own body."""
     frames = getattr(err, "frames", None) or _user_frames(err)   # EvaluationError: located
     if not frames:
         raise err
@@ -219,6 +219,11 @@ def _user_error(err: Exception, when: str, dtype: str | None = None) -> int:
         print(f"  = note: `--dtype {dtype}` casts the modules, the batches and an evaluation's data arguments "
               "that mloc passes to the code; a tensor a function makes or loads in its own body keeps its "
               "dtype: cast it to the module's there, or run without `--dtype`", file=sys.stderr)
+    if device is not None and str(device) != "cpu" and "same device" in str(err):
+        print(f"  = note: mloc moves the modules, the batches and an evaluation's data arguments it passes "
+              f"to the code to {device}; a tensor a function makes or loads in its own body stays where it "
+              "was made: move it there (`x.to(next(model.parameters()).device)`), or run with "
+              "`--device cpu`", file=sys.stderr)
     print("  = help: fix the code at the last location above; the checkpoint on disk (if any) is the "
           "last good state", file=sys.stderr)
     return 1
@@ -302,5 +307,5 @@ def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir:
     except Exception as err:  # noqa: BLE001 - the program's own code raising during training
         if program.dist.world > 1 and is_peer_failure(err):
             return EXIT_PEER
-        return _user_error(err, where.text + _rank(program), config.dtype)
+        return _user_error(err, where.text + _rank(program), config.dtype, program.device)
     return 0

@@ -210,3 +210,39 @@ def test_on_another_device_every_data_argument_is_moved_batch_by_batch(dtype, mo
     got = program.evaluate()
     assert asked == [torch.device("cuda:0")] * 9
     assert {k: got[k] for k in SEEN} == dict.fromkeys(SEEN, 1.0 if dtype else 0.0) and got["loader_len"] == 4.0
+
+
+def _raised_by_user_code(tmp_path, message):
+    """A RuntimeError raised from a function in a file of the program's own (not mloc's)."""
+    source = tmp_path / "userlib_device.py"
+    source.write_text(f"def evaluate():\n    raise RuntimeError({message!r})\n")
+    namespace: dict = {}
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    try:
+        namespace["evaluate"]()
+    except RuntimeError as err:
+        return err
+    raise AssertionError("not raised")
+
+
+MISMATCH = ("Expected all tensors to be on the same device, but found at least two devices, "
+            "cuda:0 and cpu!")
+
+
+def test_a_device_mismatch_in_the_programs_code_gets_a_note_off_the_cpu(tmp_path, capsys):
+    """On a device other than the CPU, a device mismatch raised by the program's code (a
+    tensor an evaluation loads in its own body) is the program's error (exit 1) with a note
+    saying what mloc moves and how to move the rest; on the CPU, or for another error, no
+    such note (and no --dtype note without --dtype)."""
+    from mloc.runtime.launch import _user_error
+    err = _raised_by_user_code(tmp_path, MISMATCH)
+    assert _user_error(err, "evaluation acc at step 500", None, torch.device("cuda", 0)) == 1
+    text = capsys.readouterr().err
+    assert "error[E702]" in text and "userlib_device.py:2 in evaluate" in text
+    assert "moves the modules, the batches and an evaluation's data arguments" in text and "to cuda:0" in text
+    assert "--dtype" not in text
+    assert _user_error(err, "step 3", None, torch.device("cpu")) == 1
+    assert "= note" not in capsys.readouterr().err
+    other = _raised_by_user_code(tmp_path, "mat1 and mat2 shapes cannot be multiplied (4x3 and 5x2)")
+    assert _user_error(other, "step 3", None, torch.device("cuda", 0)) == 1
+    assert "= note" not in capsys.readouterr().err
