@@ -1,5 +1,5 @@
 """`mloc run` over the example programs with random valid `--set` overrides and random
-`--device`/`--precision` choices never ends in exit 101 (issue 10, case 6): a device or
+`--device`/`--precision`/`--dtype` choices never ends in exit 101 (issue 10, case 6): a device or
 precision this torch lacks is exit 2, a method that does not fit the program is exit 1 or
 2 with a diagnostic, everything else trains. A few draws in the default tier, more in the
 slow one; each run is 2 steps in this process."""
@@ -24,6 +24,7 @@ OPTIMIZERS = ["sgd(lr=0.01)", "sgd(lr=0.01, momentum=0.9)", "adam(lr=1e-3)", "ad
               "shampoo(lr=1e-3, update_every=2, staleness=1, async_roots=true, graft=\"adam\")"]
 DEVICES = [None, "cpu", "auto", "cuda", "cuda:1"]   # mps: test_a_device_type_this_torch_lacks
 PRECISIONS = [None, "fp32", "bf16", "fp16"]
+DTYPES = [None, None, "float32", "float64"]
 
 
 def draw(rng: random.Random) -> list[str]:
@@ -37,7 +38,7 @@ def draw(rng: random.Random) -> list[str]:
     for problem in PROBLEMS[program]:
         if rng.random() < 0.3:
             argv += ["--set", f"{problem}.optimizer={rng.choice(OPTIMIZERS)}"]
-    for flag, choices in (("--device", DEVICES), ("--precision", PRECISIONS)):
+    for flag, choices in (("--device", DEVICES), ("--precision", PRECISIONS), ("--dtype", DTYPES)):
         choice = rng.choice(choices)
         argv += [flag, choice] if choice else []
     return argv
