@@ -176,23 +176,25 @@ TIMED = ("adam", "shampoo", "shampoo_async", "shampoo_matched", "shampoo_matched
          "products", "products_roots")
 
 
+def phase_medians(runs, every=EVERY, skip=2 * EVERY):
+    """Per phase ``k`` of the ``every``-step root cycle (steps ``t ≡ k+1 mod every``; the
+    last phase is the refresh step), the median step time over all ``runs`` (lists of step
+    times), each after its first ``skip`` steps: robust to a busy machine's outliers."""
+    return [statistics.median(t for times in runs for i, t in enumerate(times) if i >= skip and i % every == k)
+            for k in range(every)]
+
+
 def amortised(runs, every=EVERY, skip=2 * EVERY):
-    """The mean time per step over a cycle of ``every`` steps, each phase of the cycle
-    (steps ``t ≡ k mod every``) by its median over all ``runs`` (lists of step times),
-    each after its first ``skip`` steps: robust to a busy machine's outliers, and the root
-    refresh (one phase) still counts once per cycle."""
-    phases = [[t for times in runs for i, t in enumerate(times) if i >= skip and i % every == k]
-              for k in range(every)]
-    return statistics.fmean(statistics.median(ph) for ph in phases)
+    """The mean time per step over a cycle of ``every`` steps, each phase by its median
+    (:func:`phase_medians`): the root refresh (one phase) counts once per cycle."""
+    return statistics.fmean(phase_medians(runs, every, skip))
 
 
 def between_refreshes(runs, every=EVERY, skip=2 * EVERY):
-    """The median step time of the phases without a root refresh (steps ``t`` not a
-    multiple of ``every``, each phase by its median as in :func:`amortised`): what a step
-    costs when the roots cost nothing on it, the floor of asynchronous roots."""
-    phases = [[t for times in runs for i, t in enumerate(times) if i >= skip and i % every == k]
-              for k in range(every - 1)]          # phase every-1 is step t = every·n: the refresh
-    return statistics.median(statistics.median(ph) for ph in phases)
+    """The median of the phases without a root refresh (:func:`phase_medians` but the
+    last): what a step costs when the roots cost nothing on it, the floor of asynchronous
+    roots."""
+    return statistics.median(phase_medians(runs, every, skip)[:-1])
 
 
 def step_times(problem, runs, steps=100, time_step=False):

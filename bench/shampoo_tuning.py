@@ -215,7 +215,12 @@ def run(problem, config, lr):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         losses, _ = problems.train(problem, config, lr, STEPS, opt=make(config, lr))
-    return [v if math.isfinite(v) else math.inf for v in losses], len(caught)
+    return finite_or_inf(losses), len(caught)
+
+
+def finite_or_inf(losses):
+    """The losses with a non-finite one (a diverged run) as +∞."""
+    return [v if math.isfinite(v) else math.inf for v in losses]
 
 
 def score(losses, select):
@@ -273,7 +278,7 @@ def wall_to_target(problem, entries, target, reps):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 losses, step_s = problems.train(problem, config, lr, STEPS, time_step=True, opt=make(config, lr))
-            k = first_hit([v if math.isfinite(v) else math.inf for v in losses], target)
+            k = first_hit(finite_or_inf(losses), target)
             steps[(config, lr)] = k
             times[(config, lr)].append((sum(step_s[:k]) if k is not None else math.inf, statistics.median(step_s)))
     adam_ms = statistics.median(t for t, _ in times[entries[0]]) * 1e3

@@ -215,18 +215,27 @@ def _user_error(err: Exception, when: str, dtype: str | None = None, device=None
     print(f"error[E702]: the program's code raised {type(err).__name__} during {when}: {err}", file=sys.stderr)
     for line in frames[-4:]:
         print(f"  --> {line}", file=sys.stderr)
-    if dtype and any(s in str(err) for s in ("same dtype", "scalar type", "Float and Double", "Double and Float")):
-        print(f"  = note: `--dtype {dtype}` casts the modules, the batches and an evaluation's data arguments "
-              "that mloc passes to the code; a tensor a function makes or loads in its own body keeps its "
-              "dtype: cast it to the module's there, or run without `--dtype`", file=sys.stderr)
-    if device is not None and str(device) != "cpu" and "same device" in str(err):
-        print(f"  = note: mloc moves the modules, the batches and an evaluation's data arguments it passes "
-              f"to the code to {device}; a tensor a function makes or loads in its own body stays where it "
-              "was made: move it there (`x.to(next(model.parameters()).device)`), or run with "
-              "`--device cpu`", file=sys.stderr)
+    for note in _mismatch_notes(str(err), dtype, device):
+        print(f"  = note: {note}", file=sys.stderr)
     print("  = help: fix the code at the last location above; the checkpoint on disk (if any) is the "
           "last good state", file=sys.stderr)
     return 1
+
+
+def _mismatch_notes(message: str, dtype: str | None, device) -> list[str]:
+    """What mloc casts and moves for the code, when ``message`` is a dtype mismatch in a
+    ``--dtype`` run or a device mismatch off the CPU: not what a function makes or loads in
+    its own body."""
+    notes = []
+    if dtype and any(s in message for s in ("same dtype", "scalar type", "Float and Double", "Double and Float")):
+        notes.append(f"`--dtype {dtype}` casts the modules, the batches and an evaluation's data arguments "
+                     "that mloc passes to the code; a tensor a function makes or loads in its own body keeps "
+                     "its dtype: cast it to the module's there, or run without `--dtype`")
+    if device is not None and str(device) != "cpu" and "same device" in message:
+        notes.append(f"mloc moves the modules, the batches and an evaluation's data arguments it passes to the "
+                     f"code to {device}; a tensor a function makes or loads in its own body stays where it was "
+                     "made: move it there (`x.to(next(model.parameters()).device)`), or run with `--device cpu`")
+    return notes
 
 
 def _user_frames(err: BaseException) -> list[str]:

@@ -221,3 +221,31 @@ def test_divergence_guard_is_armed_after_the_non_monotone_start():
     assert (m1 - eye).abs().max() > 1.2 * (m0 - eye).abs().max()
     r = inverse_root(a[None], 4, epsilon=0.0)
     assert bool(r.ok.all()) and rel_err(r.root, eig_root(a[None], 4)) <= 1e-10
+
+
+def test_eigh_lapack_failure_rejects_the_batch_once_and_a_nan_is_decomposed_without(monkeypatch):
+    """LAPACK not converging on a finite batch rejects every matrix (zeros, never NaN) after
+    one decomposition; a batch holding a NaN (on which LAPACK fails) is decomposed again
+    without it, and the finite matrices keep their roots."""
+    from mloc.runtime.optim import roots as roots_module
+    real, calls = torch.linalg.eigh, []
+
+    def eigh(a):
+        calls.append(a)
+        if len(calls) == 1 or not bool(torch.isfinite(a).all()):
+            raise torch.linalg.LinAlgError("did not converge")
+        return real(a)
+    monkeypatch.setattr(torch.linalg, "eigh", eigh)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(3, 5, 8, generator=g, dtype=torch.float64)
+    stats = a @ a.transpose(-2, -1)
+    r = roots_module.inverse_root(stats, 4, method="eigh")
+    assert len(calls) == 1 and not bool(r.ok.any()) and bool((r.root == 0).all())
+    calls.clear()
+    bad = stats.clone()
+    bad[1, 0, 0] = float("nan")
+    calls.append(None)                   # the next call is not the first: decomposes when finite
+    r = roots_module.inverse_root(bad, 4, method="eigh")
+    assert r.ok.tolist() == [True, False, True] and bool(torch.isfinite(r.root).all())
+    want = roots_module.inverse_root(stats[[0, 2]], 4, method="eigh").root
+    assert torch.allclose(r.root[[0, 2]], want, rtol=1e-12, atol=0)

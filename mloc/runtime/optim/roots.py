@@ -167,20 +167,22 @@ def _eigh_roots(stats: Tensor, p: int, epsilon: float, compute_dtype) -> Roots:
     err = torch.zeros(shape, dtype=compute_dtype, device=stats.device)
     try:
         x, shifted = _eigh_raw(stats.to(compute_dtype, copy=False), p, epsilon)
-    except torch.linalg.LinAlgError:
-        x = shifted = None
-    if x is not None:
         root = x.to(stats.dtype)
-        if bool(_finite(root.sum() + stats.sum()) & (shifted[..., 0].amin() > 0)):
-            return Roots(root, torch.ones(shape, dtype=torch.bool, device=stats.device), err, 0, all_ok=True)
+    except torch.linalg.LinAlgError:
+        root = shifted = None
+    if root is not None and bool(_finite(root.sum() + stats.sum()) & (shifted[..., 0].amin() > 0)):
+        return Roots(root, torch.ones(shape, dtype=torch.bool, device=stats.device), err, 0, all_ok=True)
     finite_in, clean = _cleaned(stats)
-    if x is None or clean is not stats:
+    if clean is not stats:                   # redone without the non-finite matrices
         try:
             x, shifted = _eigh_raw(clean.to(compute_dtype, copy=False), p, epsilon)
-        except torch.linalg.LinAlgError:     # LAPACK did not converge: reject the whole batch
-            return _accepted(torch.zeros_like(stats), torch.zeros(shape, dtype=torch.bool,
-                                                                  device=stats.device), err, 0)
-    return _accepted(x.to(stats.dtype), finite_in & (shifted[..., 0] > 0), err, 0)
+            root = x.to(stats.dtype)
+        except torch.linalg.LinAlgError:
+            root = None
+    if root is None:                         # LAPACK did not converge: reject the whole batch
+        return _accepted(torch.zeros_like(stats), torch.zeros(shape, dtype=torch.bool, device=stats.device),
+                         err, 0)
+    return _accepted(root, finite_in & (shifted[..., 0] > 0), err, 0)
 
 
 def _cleaned(stats: Tensor) -> tuple[Tensor, Tensor]:
