@@ -19,6 +19,7 @@ from mloc.diagnostics import Diagnostics, did_you_mean
 from mloc.frontend import ast
 from mloc.ir.payloads import Builtin
 from mloc.builtins import REQUIRED, Descriptor, Signature
+from mloc.builtins.optimizers import shampoo_roots_due
 from mloc.lang.types import INVALID, Options, PyRef
 from mloc.passes.names import Scope
 from mloc.passes.pymodules import find_module
@@ -166,14 +167,17 @@ def _lint(sig: Signature, bound: dict, args: tuple[ast.Arg, ...], span, diags: D
 
 def _lint_identity_roots(sig: Signature, bound: dict, args: tuple[ast.Arg, ...], span,
                          diags: Diagnostics) -> None:
-    """W106: Shampoo preconditions from step ``start + 1``, its first roots are computed at
-    step ``update_every`` and used from step ``update_every + staleness``; the roots start
+    """W106: Shampoo preconditions from step ``start + 1``, its first roots are used from
+    the step :func:`~mloc.builtins.optimizers.shampoo_roots_due` gives for the first refresh
+    (``update_every + staleness``, the runtime's schedule); the roots start
     as identities, so the steps in between move along the raw gradient at the graft's norm
     (neither the grafted optimizer's direction nor a preconditioned one)."""
     start, every, stale = (bound.get(n) for n in ("start_preconditioning_step", "update_every", "staleness"))
-    if not all(isinstance(v, int) for v in (start, every, stale)) or start + 1 >= every + stale:
+    if not all(isinstance(v, int) for v in (start, every, stale)):
         return
-    first = every + stale
+    first = shampoo_roots_due(every, every, stale)
+    if start + 1 >= first:
+        return
     arg = next((a for a in args if a.keyword and a.keyword.name == "start_preconditioning_step"), None)
     steps = f"step {start + 1}" if start + 1 == first - 1 else f"steps {start + 1}–{first - 1}"
     diags.warn("W106", f"`{sig.name}` preconditions from step {start + 1} but its first roots are used "

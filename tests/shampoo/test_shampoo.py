@@ -434,3 +434,21 @@ def test_checkpoint_and_resume_reproduce_the_run(kw):
     second.close()
     assert all(torch.equal(a, b) for a, b in zip(full, part))
     assert all(torch.equal(a, b) for a, b in zip(tree.tensors(final), tree.tensors(state)))
+
+
+@pytest.mark.parametrize("every,s", [(1, 0), (3, 0), (2, 1), (3, 2), (4, 7)])
+def test_first_roots_are_used_when_the_shared_schedule_says(every, s):
+    """The step from which the first roots change the update is the one
+    ``shampoo_roots_due`` gives, the function the checker's W106 reads too: before it the
+    roots are identities (with ``graft="none"`` and no momentum the update is ``−η·g``)."""
+    from mloc.builtins.optimizers import shampoo_roots_due
+    seq = grads_seq([(4, 3)], every + s + 2, seed=9)
+    opt = shampoo(lr=0.1, momentum=0.0, graft="none", start_preconditioning_step=0,
+                  update_every=every, staleness=s)
+    w = torch.zeros(4, 3, dtype=F64)
+    state, first = opt.init((w,)), None
+    for t, g in enumerate(seq, 1):
+        upd, state = opt.update(g, state, (w,))
+        if first is None and not torch.equal(upd[0], -0.1 * g[0]):
+            first = t
+    assert first == shampoo_roots_due(every, every, s) == every + s

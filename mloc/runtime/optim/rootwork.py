@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from torch import Tensor
 
+from mloc.builtins.optimizers import shampoo_roots_due
 from mloc.runtime.optim.roots import Roots, inverse_root, resolve
 
 ROOT_CHUNK = 16
@@ -38,17 +39,19 @@ class RootWork:
         self._warned_at = 0
 
     def refresh(self, t, stats, ps, pending, background):
-        """At a refresh step (``t`` a multiple of ``update_every``), the new roots: in a
-        one-off slot due now (staleness 0), or in their staleness slot due at ``t+s``,
-        computed now or by a background job that writes into the slot's tensors."""
-        if t % self.every or not any(stats):
+        """At a refresh step (:func:`~mloc.builtins.optimizers.shampoo_roots_due`: ``t`` a
+        multiple of ``update_every``), the new roots, due at ``t + staleness``: in a
+        one-off slot (staleness 0), or in their staleness slot, computed now or by a
+        background job that writes into the slot's tensors."""
+        due = shampoo_roots_due(t, self.every, self.staleness)
+        if due is None or not any(stats):
             return pending
         if not self.slots:
-            return ({"step": t, **self.compute(stats, ps)},)
+            return ({"step": due, **self.compute(stats, ps)},)
         slot = (t // self.every) % self.slots
         if slot in self._jobs:                 # installed already; its job is done
             self._jobs.pop(slot).result()
-        fresh = {"step": t + self.staleness,
+        fresh = {"step": due,
                  "roots": tuple(tuple(torch.empty_like(s) for s in ss) for ss in stats),
                  "status": tuple(tuple(torch.zeros(s.shape[0], dtype=torch.int8, device=s.device)
                                        for s in ss) for ss in stats)}
