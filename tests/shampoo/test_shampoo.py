@@ -452,3 +452,26 @@ def test_first_roots_are_used_when_the_shared_schedule_says(every, s):
         if first is None and not torch.equal(upd[0], -0.1 * g[0]):
             first = t
     assert first == shampoo_roots_due(every, every, s) == every + s
+
+
+def test_the_benchmarks_minimal_step_is_shampoos_step():
+    """bench/shampoo.py's ``Minimal`` (a floor: the step hand-written on one flat buffer) is
+    the same computation as mloc's default Shampoo with its roots still identities
+    (AdaGrad grafting, Nesterov 0.9, preconditioned from step 1): 20 float64 steps on a
+    matrix and a vector agree to rounding, so the floor it reports times the same work."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "bench" / "shampoo.py"
+    spec = importlib.util.spec_from_file_location("bench_shampoo", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    seq = grads_seq([(6, 4), (6,)], 20, seed=13)
+    init = grads_seq([(6, 4), (6,)], 1, seed=14)[0]
+    ours, minimal = tuple(p.clone() for p in init), [p.clone() for p in init]
+    run(shampoo(lr=1e-2, update_every=10**9, start_preconditioning_step=0), ours, seq)
+    m = bench.Minimal()
+    state = m.init(minimal)
+    for g in seq:
+        state = m.commit(g, state, minimal, lr=1e-2)
+    assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-15) for a, b in zip(ours, minimal))
+    assert not torch.allclose(ours[0], init[0])
