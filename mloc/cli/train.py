@@ -139,6 +139,9 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
                          dtype=args.dtype, resume=Path(args.resume) if args.resume else None, quiet=args.quiet,
                          threads=args.threads, logger=args.logger)
     config = options.config(ns["DEFAULTS"])
+    if args.nproc > 1:                  # a device for every process, before any folder or worker
+        from mloc.runtime.build import resolve_device
+        resolve_device(config.device, 0, args.nproc)
     if options.resume is not None:
         check_resume(options.resume, ns["NAME"], config.steps)
     program = {"file": str(Path(args.file).resolve()), "sha256": _sha256(Path(args.file)), "set": list(ns.get("OVERRIDES", ()))}

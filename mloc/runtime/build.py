@@ -72,9 +72,17 @@ class RunConfig:
     dtype: str | None = None          # e.g. "float64" for exact checks
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0, world: int = 1) -> torch.device:
+    """The device of process ``local_rank`` of ``world`` for ``--device name``. Under data
+    parallelism on CUDA each process has its own device, ``cuda:local_rank`` (nccl cannot
+    put two ranks on one GPU): ``auto`` is CUDA only when there is a device for every
+    process (else the CPU, with gloo), and ``cuda`` with fewer devices than processes, or
+    one ``cuda:N`` for all of them, is a :class:`DeviceError` that says what to pass."""
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+        name = "cuda" if cuda_count >= world and cuda_count else "cpu"
+    if world > 1 and name.startswith("cuda"):
+        _check_one_device_per_process(name, world, cuda_count)
     if name == "cuda":
         name = f"cuda:{local_rank}"
     try:
@@ -96,6 +104,19 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
             raise DeviceError(f"device {name} is not available: this machine has {have}",
                               "use --device cpu (or auto), or a cuda:N with N below the device count")
     return device
+
+
+def _check_one_device_per_process(name: str, world: int, cuda_count: int) -> None:
+    if name != "cuda":
+        raise DeviceError(f"--device {name} names one GPU for all {world} processes; data "
+                          f"parallelism on CUDA trains process r on cuda:r (nccl needs a GPU each)",
+                          f"use --device cuda (cuda:0 … cuda:{world - 1}), or --device cpu (gloo)")
+    if cuda_count < world:
+        have = f"{cuda_count} CUDA device{'s' * (cuda_count != 1)}" if cuda_count else "no CUDA device"
+        raise DeviceError(f"--nproc {world} on CUDA needs {world} devices, one per process; this "
+                          f"machine has {have}",
+                          f"use --nproc {cuda_count}{' or fewer' * (cuda_count > 1)}, or --device cpu (gloo)" if cuda_count
+                          else "use --device cpu (gloo)")
 
 
 @dataclass(eq=False)

@@ -48,32 +48,36 @@ class DistContext:
         return self.rank == 0
 
     @classmethod
-    def from_env(cls, timeout_s: float = 600.0) -> DistContext:
+    def from_env(cls, timeout_s: float = 600.0, device: torch.device | None = None) -> DistContext:
         """The context torchrun describes in ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
         ``MASTER_ADDR`` and ``MASTER_PORT``; a single-process context when ``WORLD_SIZE``
-        is unset or 1. This module is the runtime's only reader of ``os.environ``."""
+        is unset or 1. ``device``: where this process trains (:meth:`connect`). This
+        module is the runtime's only reader of ``os.environ``."""
         env = os.environ
         world = int(env.get("WORLD_SIZE", "1") or 1)
         if world <= 1:
-            device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+            if device is None:
+                device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
             return cls(device=device)
         missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in env]
         if missing:
             raise RuntimeError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set; "
                                "launch with torchrun")
         return cls.connect(int(env["RANK"]), world, env["MASTER_ADDR"], int(env["MASTER_PORT"]),
-                           local_rank=int(env.get("LOCAL_RANK", env["RANK"])), timeout_s=timeout_s)
+                           local_rank=int(env.get("LOCAL_RANK", env["RANK"])), timeout_s=timeout_s,
+                           device=device)
 
     @classmethod
     def connect(cls, rank: int, world: int, addr: str, port: int, *, local_rank: int = 0,
-                timeout_s: float = 600.0) -> DistContext:
-        """Join the process group at ``tcp://addr:port``: nccl on this process's CUDA device
-        (``cuda:local_rank``) when CUDA is available, gloo on the CPU otherwise."""
-        if torch.cuda.is_available():
-            device, backend = torch.device("cuda", local_rank), "nccl"
+                timeout_s: float = 600.0, device: torch.device | None = None) -> DistContext:
+        """Join the process group at ``tcp://addr:port`` with :func:`backend_for` this
+        process's ``device`` (default: ``cuda:local_rank`` when CUDA is available, else the
+        CPU): nccl on a CUDA device, gloo otherwise."""
+        if device is None:
+            device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        backend = backend_for(device)
+        if backend == "nccl":
             torch.cuda.set_device(device)
-        else:
-            device, backend = torch.device("cpu"), "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout_s))
         return cls(rank, world, local_rank, device, backend)
@@ -146,6 +150,24 @@ def _unflatten_into(flat: Tensor, tensors: list[Tensor]) -> None:
         with torch.no_grad():
             t.copy_(flat[offset : offset + n].view_as(t))
         offset += n
+
+
+def backend_for(device: torch.device) -> str:
+    """The collective backend for a process that trains on ``device``: nccl for CUDA, gloo
+    for the CPU (a CPU run on a machine with GPUs stays on gloo: nccl has no CPU tensors)."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def launched_slot() -> tuple[int, int]:
+    """``(local rank, world size)`` of this process in a launched job (``LOCAL_RANK``, else
+    ``RANK``; ``WORLD_SIZE``), ``(0, 1)`` for a single process: what picks its device before
+    any process group exists."""
+    env = os.environ
+    try:
+        world = int(env.get("WORLD_SIZE", "1") or 1)
+        return (int(env.get("LOCAL_RANK", env.get("RANK", "0"))), world) if world > 1 else (0, 1)
+    except ValueError:
+        return 0, 1
 
 
 def launched_rank() -> int | None:

@@ -35,7 +35,7 @@ from mloc.runtime.build import Live, ProblemSpec, RunConfig, build, resolve_devi
 from mloc.runtime.commit import Pipeline, build_pipeline
 from mloc.runtime.compose import Edge
 from mloc.runtime.data import cast_data, cast_floating
-from mloc.runtime.distributed import DistContext
+from mloc.runtime.distributed import DistContext, launched_slot
 from mloc.runtime.evaluations import metrics
 from mloc.runtime.interlock import Interlock
 from mloc.runtime.metabatch import MetaBatch
@@ -55,8 +55,9 @@ class Program:
                  chains: Sequence[Interlock] = ()):
         self.name, self.config, self._schedule = name, config, schedule
         self.chains = {c.stages[0]: c for c in chains}     # by first stage (`interlock.chain_step`)
-        self.dist = DistContext.from_env()
-        self.device = resolve_device(config.device, self.dist.local_rank)
+        local_rank, world = launched_slot()
+        self.device = resolve_device(config.device, local_rank, world)
+        self.dist = DistContext.from_env(device=self.device)
         self.step_count = 0
         self.evaluations = tuple(evaluations)
         self.guard = FiniteGuard()
