@@ -2,7 +2,8 @@
 
     python train.py [--steps N] [--seed S] [--device D] [--precision P] [--out DIR] [--resume DIR]
 
-Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper).
+Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and
+cheaper).
 """
 
 from mloc.ir.composition import Composition
@@ -13,7 +14,8 @@ from mloc.runtime.methods import sama
 from mloc.runtime.optim import adam, sgd
 from mloc.runtime.schedules import cosine
 
-program_dir(__file__, '../../programs')  # the directory of data_reweighting.mlo, first on sys.path
+# the directory of data_reweighting.mlo, first on sys.path
+program_dir(__file__, '../../programs')
 import reweighting as lib  # noqa: E402  # data_reweighting.mlo:5
 
 NAME = 'data_reweighting'
@@ -47,7 +49,8 @@ PROBLEMS = (
         'classifier',
         reads=('classifier', 'weight_net'),
         loss=classifier_loss,
-        optimizer=lambda lr: sgd(lr, momentum=0.9, nesterov=False, weight_decay=0.0005, dampening=0.0),
+        optimizer=lambda lr: sgd(
+            lr, momentum=0.9, nesterov=False, weight_decay=0.0005, dampening=0.0),
         lr=0.02,
         schedule=cosine(total=3000, warmup=0, min_lr=0.0, base=0.02)),
     ProblemSpec(  # data_reweighting.mlo:15
@@ -60,11 +63,14 @@ PROBLEMS = (
 
 
 EDGES = (
-    Edge('weight_net', 'classifier', sama(eps=0.01)),  # data_reweighting.mlo:22: as written; lower optimizer sgd
+    Edge(  # data_reweighting.mlo:22: as written; lower optimizer sgd
+        'weight_net', 'classifier', sama(eps=0.01)),
 )
 SEMANTICS = 'per_edge'
 COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
-    'weight_net': Composition(top='weight_net', down=('classifier',), up=(('classifier', (), True),), seeds=('classifier',), nested=(), live_seeds=True, shape='bound'),
+    'weight_net': Composition(
+        top='weight_net', down=('classifier',), up=(('classifier', (), True),),
+        seeds=('classifier',), nested=(), live_seeds=True, shape='bound'),
 }
 
 
@@ -74,7 +80,8 @@ def outer_step(p):
     p.upper_step('weight_net')  # hypergradient through classifier
 
 
-# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an iterable's batch by batch)
+# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an
+# iterable's batch by batch)
 def eval_0(p):
     classifier = p.module('classifier')
     return lib.accuracy(classifier, p.data(lib.test_digits()))  # data_reweighting.mlo:28

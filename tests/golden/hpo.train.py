@@ -2,7 +2,8 @@
 
     python train.py [--steps N] [--seed S] [--device D] [--precision P] [--out DIR] [--resume DIR]
 
-Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper).
+Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and
+cheaper).
 """
 
 from mloc.ir.composition import Composition
@@ -12,7 +13,8 @@ from mloc.runtime.launch import main, program_dir
 from mloc.runtime.methods import cg
 from mloc.runtime.optim import adam, sgd
 
-program_dir(__file__, '../../programs')  # the directory of hpo.mlo, first on sys.path
+# the directory of hpo.mlo, first on sys.path
+program_dir(__file__, '../../programs')
 import penalties as hp  # noqa: E402  # hpo.mlo:6
 
 NAME = 'weight_decay_hpo'
@@ -63,7 +65,9 @@ EDGES = (
 )
 SEMANTICS = 'per_edge'
 COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
-    'decay': Composition(top='decay', down=('model',), up=(('model', (), True),), seeds=('model',), nested=(), live_seeds=True, shape='single'),
+    'decay': Composition(
+        top='decay', down=('model',), up=(('model', (), True),), seeds=('model',), nested=(),
+        live_seeds=True, shape='single'),
 }
 
 
@@ -74,10 +78,12 @@ def outer_step(p):
     p.upper_step('decay')  # hypergradient through model
 
 
-# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an iterable's batch by batch)
+# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an
+# iterable's batch by batch)
 def eval_0(p):
     model = p.module('model')
-    return hp.test_loss(model, p.data(hp.sparse_logistic(split='test', n=1000, batch_size=1000)))  # hpo.mlo:28
+    return hp.test_loss(  # hpo.mlo:28
+        model, p.data(hp.sparse_logistic(split='test', n=1000, batch_size=1000)))
 
 
 # (every, name, function, named: a dict's keys become NAME.KEY)

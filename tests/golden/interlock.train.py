@@ -2,7 +2,8 @@
 
     python train.py [--steps N] [--seed S] [--device D] [--precision P] [--out DIR] [--resume DIR]
 
-Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper).
+Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and
+cheaper).
 """
 
 from mloc.ir.composition import Composition
@@ -13,7 +14,8 @@ from mloc.ir.interlock import Interlock
 from mloc.runtime.interlock import chain_step
 from mloc.runtime.optim import sgd
 
-program_dir(__file__, '../../programs')  # the directory of interlock.mlo, first on sys.path
+# the directory of interlock.mlo, first on sys.path
+program_dir(__file__, '../../programs')
 import deep_supervision as ds  # noqa: E402  # interlock.mlo:5
 
 NAME = 'pairwise_interlock'
@@ -53,19 +55,22 @@ PROBLEMS = (
         'stage1',
         reads=('stage1',),
         loss=stage1_loss,
-        optimizer=lambda lr: sgd(lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
+        optimizer=lambda lr: sgd(
+            lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
         lr=0.1),
     ProblemSpec(  # interlock.mlo:14
         'stage2',
         reads=('stage1', 'stage2'),
         loss=stage2_loss,
-        optimizer=lambda lr: sgd(lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
+        optimizer=lambda lr: sgd(
+            lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
         lr=0.1),
     ProblemSpec(  # interlock.mlo:21
         'stage3',
         reads=('stage1', 'stage2', 'stage3'),
         loss=stage3_loss,
-        optimizer=lambda lr: sgd(lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
+        optimizer=lambda lr: sgd(
+            lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
         lr=0.1),
 )
 
@@ -76,7 +81,8 @@ SEMANTICS = 'per_edge'
 COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
 }
 CHAINS = (  # interlocking backpropagation: stage k learns from head min(k+n-1, K)
-    Interlock(stages=('stage1', 'stage2', 'stage3'), n=2, monitor=False),  # interlock.mlo:28: pairwise interlocking
+    Interlock(  # interlock.mlo:28: pairwise interlocking
+        stages=('stage1', 'stage2', 'stage3'), n=2, monitor=False),
 )
 
 

@@ -2,7 +2,8 @@
 
     python train.py [--steps N] [--seed S] [--device D] [--precision P] [--out DIR] [--resume DIR]
 
-Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper).
+Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-edge is exact and
+cheaper).
 """
 
 from mloc.ir.composition import Composition
@@ -12,7 +13,8 @@ from mloc.runtime.launch import main, program_dir
 from mloc.runtime.methods import itd
 from mloc.runtime.optim import adam, sgd
 
-program_dir(__file__, '../../programs')  # the directory of maml.mlo, first on sys.path
+# the directory of maml.mlo, first on sys.path
+program_dir(__file__, '../../programs')
 import sinusoid as tasks  # noqa: E402  # maml.mlo:6
 
 NAME = 'maml'
@@ -59,11 +61,14 @@ PROBLEMS = (
 
 
 EDGES = (
-    Edge('meta', 'adapt', itd(steps=5, mode='reverse')),  # maml.mlo:23: as written; lower optimizer sgd
+    Edge(  # maml.mlo:23: as written; lower optimizer sgd
+        'meta', 'adapt', itd(steps=5, mode='reverse')),
 )
 SEMANTICS = 'per_edge'
 COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
-    'meta': Composition(top='meta', down=('adapt',), up=(('adapt', (), True),), seeds=('adapt', 'meta'), nested=(), live_seeds=False, shape='fused'),
+    'meta': Composition(
+        top='meta', down=('adapt',), up=(('adapt', (), True),), seeds=('adapt', 'meta'), nested=(),
+        live_seeds=False, shape='fused'),
 }
 
 
@@ -74,10 +79,12 @@ def outer_step(p):
     p.upper_step('meta')  # hypergradient through adapt
 
 
-# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an iterable's batch by batch)
+# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an
+# iterable's batch by batch)
 def eval_0(p):
     meta = p.module('meta')
-    return tasks.zero_shot_error(meta, p.data(tasks.sine_tasks(split='query', seed=99)))  # maml.mlo:28
+    return tasks.zero_shot_error(  # maml.mlo:28
+        meta, p.data(tasks.sine_tasks(split='query', seed=99)))
 
 
 # (every, name, function, named: a dict's keys become NAME.KEY)

@@ -2,7 +2,8 @@
 
     python train.py [--steps N] [--seed S] [--device D] [--precision P] [--out DIR] [--resume DIR]
 
-Semantics: exact (`weight_net` reads `classifier` below it: differentiate through its reduced objective).
+Semantics: exact (`weight_net` reads `classifier` below it: differentiate through its reduced
+objective).
 """
 
 from mloc.ir.composition import Composition
@@ -12,7 +13,8 @@ from mloc.runtime.launch import main, program_dir
 from mloc.runtime.methods import neumann
 from mloc.runtime.optim import adam, sgd
 
-program_dir(__file__, '../../programs')  # the directory of trilevel.mlo, first on sys.path
+# the directory of trilevel.mlo, first on sys.path
+program_dir(__file__, '../../programs')
 import regularized as lib  # noqa: E402  # trilevel.mlo:6
 
 NAME = 'regularized_reweighting'
@@ -70,13 +72,22 @@ PROBLEMS = (
 
 
 EDGES = (
-    Edge('strength', 'weight_net', neumann(iters=3, alpha=0.1)),  # trilevel.mlo:31: as written; lower optimizer adam
-    Edge('weight_net', 'classifier', neumann(iters=3, alpha=0.1)),  # trilevel.mlo:32: as written; lower optimizer sgd
+    Edge(  # trilevel.mlo:31: as written; lower optimizer adam
+        'strength', 'weight_net', neumann(iters=3, alpha=0.1)),
+    Edge(  # trilevel.mlo:32: as written; lower optimizer sgd
+        'weight_net', 'classifier', neumann(iters=3, alpha=0.1)),
 )
 SEMANTICS = 'exact'
 COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
-    'weight_net': Composition(top='weight_net', down=('classifier',), up=(('classifier', (), True),), seeds=('classifier', 'weight_net'), nested=(), live_seeds=True, shape='general'),
-    'strength': Composition(top='strength', down=('weight_net', 'classifier'), up=(('classifier', ('weight_net',), False), ('weight_net', (), True)), seeds=('classifier',), nested=(('weight_net', (('classifier', (), True),), ('classifier',)),), live_seeds=True, shape='general'),
+    'weight_net': Composition(
+        top='weight_net', down=('classifier',), up=(('classifier', (), True),),
+        seeds=('classifier', 'weight_net'), nested=(), live_seeds=True, shape='general'),
+    'strength': Composition(
+        top='strength', down=('weight_net', 'classifier'),
+        up=(('classifier', ('weight_net',), False), ('weight_net', (), True)),
+        seeds=('classifier',),
+        nested=(('weight_net', (('classifier', (), True),), ('classifier',)),), live_seeds=True,
+        shape='general'),
 }
 
 
@@ -87,7 +98,8 @@ def outer_step(p):
     p.upper_step('strength')  # hypergradient through weight_net
 
 
-# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an iterable's batch by batch)
+# p.data(x): x as the batches are: on the run's device, floating tensors in its --dtype (an
+# iterable's batch by batch)
 def eval_0(p):
     classifier = p.module('classifier')
     return lib.accuracy(classifier, p.data(lib.test_digits()))  # trilevel.mlo:38
