@@ -64,15 +64,6 @@ SHAMPOO = Descriptor(
     OptimizerCaps(differentiable=True, sama_diag=True, state_per_param=6),
     "mloc.runtime.optim:shampoo")
 
-def shampoo_roots_due(step: int, update_every: int, staleness: int) -> int | None:
-    """Shampoo's root schedule, the one rule the runtime (``RootWork.refresh``) and the
-    checker (W106) both read: roots are computed from the statistics of every step that is a
-    multiple of ``update_every`` and used from ``staleness`` steps later (by that step's own
-    update for staleness 0); None for a step that computes none. The first roots are thus
-    used from step ``update_every + staleness``; before, the roots are identities."""
-    return step + staleness if step % update_every == 0 else None
-
-
 # Any torch.optim optimizer, or a factory `f(params, lr=..., **options)` returning one,
 # written as its name's call: `torch.optim.RAdam(lr=1e-3, betas=(0.9, 0.99))`. It steps the
 # parameters in place, outside autograd: no method may look inside its update. State per

@@ -55,8 +55,7 @@ class Program:
                  chains: Sequence[Interlock] = ()):
         self.name, self.config, self._schedule = name, config, schedule
         self.chains = {c.stages[0]: c for c in chains}     # by first stage (`interlock.chain_step`)
-        local_rank, world = launched_slot()
-        self.device = resolve_device(config.device, local_rank, world)
+        self.device = resolve_device(config.device, *launched_slot())   # then its backend
         self.dist = DistContext.from_env(device=self.device)
         self.step_count = 0
         self.evaluations = tuple(evaluations)
