@@ -187,26 +187,68 @@ def test_stale_roots_are_the_roots_of_s_steps_before():
             assert all(torch.equal(r, x) for r, x in zip(state.roots[0], want))
 
 
+def run_async(kw, worker, seq, init, kill_after=None):
+    """``(params, state tensors, jobs the worker process answered)`` of a run with
+    ``async_roots`` on ``worker`` ("process", "thread"; "sync" runs ``kw`` as it is), the
+    process waited for before the first step (else the first refreshes are computed here);
+    ``kill_after``: SIGKILL the worker process after that many steps."""
+    import os
+    import signal
+    opt = shampoo(async_roots=worker != "sync", **kw)
+    opt.work.jobs.use_process = worker == "process"
+    params = tuple(p.clone() for p in init)
+    opt.start()
+    try:
+        assert opt.work.jobs.ready(60) == (worker == "process")
+        state = opt.init(params)
+        with torch.no_grad():
+            for i, g in enumerate(seq):
+                if i == kill_after:
+                    os.kill(opt.work.jobs._process._proc.pid, signal.SIGKILL)
+                    opt.work.jobs._process._proc.wait()
+                state = opt.commit(g, state, params)
+        opt.drain()
+        answered = opt.work.jobs._process.answered if opt.work.jobs._process else 0
+    finally:
+        opt.close()
+    assert opt.work.jobs._process is None           # closed
+    return params, tree.tensors(state), answered
+
+
+@pytest.mark.parametrize("worker", ["process", "thread"])
 @pytest.mark.parametrize("every,s", [(1, 1), (2, 2), (3, 2), (1, 3)])
-def test_asynchronous_roots_reproduce_the_staleness_mode(every, s):
-    """async_roots on a background thread: parameters and state equal the synchronous
-    staleness-s run bit for bit (installing waits for a job that is not done)."""
+def test_asynchronous_roots_reproduce_the_staleness_mode(every, s, worker):
+    """async_roots in the worker process (statistics on the CPU) and on a background thread
+    (an accelerator's; here forced): parameters and state equal the synchronous
+    staleness-s run bit for bit (installing waits for a job that is not done), and the
+    process answered every refresh."""
     seq = grads_seq([(6, 5), (5,)], 12, seed=6)
     init = grads_seq([(6, 5), (5,)], 1, seed=7)[0]
     kw = dict(lr=0.05, staleness=s, update_every=every, start_preconditioning_step=1, block_size=4)
-    outs = []
-    for asyn in (False, True):
-        opt = shampoo(async_roots=asyn, **kw)
-        params = tuple(p.clone() for p in init)
-        opt.start()
-        try:
-            state = run(opt, params, seq)
-            opt.drain()
-        finally:
-            opt.close()
-        outs.append((params, tree.tensors(state)))
-    assert all(torch.equal(x, y) for x, y in zip(outs[0][0], outs[1][0]))
-    assert all(torch.equal(x, y) for x, y in zip(outs[0][1], outs[1][1]))
+    want_p, want_s, _ = run_async(kw, "sync", seq, init)
+    got_p, got_s, answered = run_async(kw, worker, seq, init)
+    assert all(torch.equal(x, y) for x, y in zip(want_p, got_p))
+    assert all(torch.equal(x, y) for x, y in zip(want_s, got_s))
+    assert answered == (len(seq) // every if worker == "process" else 0)
+
+
+def test_a_root_worker_that_dies_is_replaced_by_the_training_process():
+    """SIGKILL the worker process mid-run: one RuntimeWarning, the unanswered and later
+    refreshes computed in the training process, the run equal to the synchronous one bit
+    for bit; close() leaves no process and no shared files."""
+    import glob
+    seq = grads_seq([(6, 5), (5,)], 16, seed=8)
+    init = grads_seq([(6, 5), (5,)], 1, seed=9)[0]
+    kw = dict(lr=0.05, staleness=4, update_every=2, start_preconditioning_step=1, block_size=4)
+    before = set(glob.glob("/dev/shm/mloc-roots-*"))
+    want_p, want_s, _ = run_async(kw, "sync", seq, init)
+    with pytest.warns(RuntimeWarning, match="root worker process stopped") as caught:
+        got_p, got_s, answered = run_async(kw, "process", seq, init, kill_after=7)
+    assert len([w for w in caught if "root worker" in str(w.message)]) == 1
+    assert 0 < answered < len(seq) // 2
+    assert all(torch.equal(x, y) for x, y in zip(want_p, got_p))
+    assert all(torch.equal(x, y) for x, y in zip(want_s, got_s))
+    assert set(glob.glob("/dev/shm/mloc-roots-*")) == before
 
 
 @pytest.mark.parametrize("kw", [
@@ -441,7 +483,7 @@ def test_first_roots_are_used_when_the_shared_schedule_says(every, s):
     """The step from which the first roots change the update is the one
     ``shampoo_roots_due`` gives, the function the checker's W106 reads too: before it the
     roots are identities (with ``graft="none"`` and no momentum the update is ``−η·g``)."""
-    from mloc.builtins.optimizers import shampoo_roots_due
+    from mloc.lang.roots import shampoo_roots_due
     seq = grads_seq([(4, 3)], every + s + 2, seed=9)
     opt = shampoo(lr=0.1, momentum=0.0, graft="none", start_preconditioning_step=0,
                   update_every=every, staleness=s)
@@ -475,3 +517,34 @@ def test_the_benchmarks_minimal_step_is_shampoos_step():
         state = m.commit(g, state, minimal, lr=1e-2)
     assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-15) for a, b in zip(ours, minimal))
     assert not torch.allclose(ours[0], init[0])
+
+
+def test_the_root_worker_process_computes_what_root_work_computes():
+    """RootProcess alone: statistics of mixed dtypes and shapes (float32 and float64, batches
+    of 1 and 3, odd byte sizes), two slots, jobs answered out of order: every root and
+    status equals ``RootWork.compute`` in this process bit for bit."""
+    from mloc.runtime.optim.rootjobs import RootProcess
+    from mloc.runtime.optim.rootwork import RootWork
+
+    def spd(b, n, dtype, seed):
+        x = torch.randn(b, n, 2 * n, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+        return x @ x.transpose(-2, -1)
+    jobs = [((spd(1, 3, torch.float32, s), spd(3, 5, torch.float32, s + 1)), (spd(2, 7, F64, s + 2),))
+            for s in (0, 10)]
+    ps = (4, 2)
+    proc = RootProcess(1e-6, "auto", 1, 2)
+    proc.start()
+    try:
+        assert proc.ready(60)
+        fresh = [{"step": 0, "roots": None, "status": None} for _ in jobs]
+        submitted = [proc.submit(slot, stats, ps, f) for slot, (stats, f) in enumerate(zip(jobs, fresh))]
+        proc.wait(submitted[1])                      # reads slot 0's answer first
+        proc.wait(submitted[0])
+        assert proc.answered == 2
+    finally:
+        proc.close()
+    for stats, got in zip(jobs, fresh):
+        want = RootWork(1e-6, "auto", 1, 2).compute(stats, ps)
+        for key in ("roots", "status"):
+            pairs = [(a, b) for ga, gb in zip(want[key], got[key]) for a, b in zip(ga, gb)]
+            assert len(pairs) == 3 and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in pairs)

@@ -1,5 +1,5 @@
-"""Shampoo's root work: when roots are refreshed, where pending stale roots wait, the
-background thread that computes them, the chunked batches and their split across
+"""Shampoo's root work: when roots are refreshed, where pending stale roots wait (the
+background jobs themselves: :mod:`.rootjobs`), the chunked batches and their split across
 data-parallel ranks, the eigh fallback where coupled Newton rejects a matrix
 (:meth:`RootWork._root`), and how rejected roots are counted and reported.
 
@@ -7,7 +7,7 @@ data-parallel ranks, the eigh fallback where coupled Newton rejects a matrix
 optimizer). A refresh at step ``t`` (a multiple of ``update_every``) produces, for every
 statistic, a root and a status (1 accepted, 0 rejected, -1 an all-zero statistic); with
 staleness ``s > 0`` it goes into slot ``(t / update_every) mod ⌈s/update_every⌉`` of the
-state's ``pending`` tuple, due at ``t+s``, computed now or by the thread (which writes into
+state's ``pending`` tuple, due at ``t+s``, computed now or by a background job (which fills
 that slot's fresh tensors; installing waits for it). Installing merges accepted roots and
 counts a consecutive failure per rejected matrix.
 """
@@ -15,12 +15,12 @@ counts a consecutive failure per rejected matrix.
 from __future__ import annotations
 
 import warnings
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from torch import Tensor
 
-from mloc.builtins.optimizers import shampoo_roots_due
+from mloc.lang.roots import shampoo_roots_due
+from mloc.runtime.optim.rootjobs import RootJobs
 from mloc.runtime.optim.roots import Roots, inverse_root, resolve
 
 ROOT_CHUNK = 16
@@ -33,13 +33,12 @@ class RootWork:
     def __init__(self, epsilon: float, method: str, every: int, staleness: int):
         self.epsilon, self.method, self.every, self.staleness = epsilon, method, every, staleness
         self.slots = -(-staleness // every) if staleness else 0
-        self._pool: ThreadPoolExecutor | None = None
-        self._jobs: dict[int, Future] = {}
+        self.jobs = RootJobs((epsilon, method, every, staleness), self._fill)
         self.shard: tuple[int, int] | None = None      # (rank, world) under data parallelism
         self._warned_at = 0
 
     def refresh(self, t, stats, ps, pending, background):
-        """At a refresh step (:func:`~mloc.builtins.optimizers.shampoo_roots_due`: ``t`` a
+        """At a refresh step (:func:`~mloc.lang.roots.shampoo_roots_due`: ``t`` a
         multiple of ``update_every``), the new roots, due at ``t + staleness``: in a
         one-off slot (staleness 0), or in their staleness slot, computed now or by a
         background job that writes into the slot's tensors."""
@@ -49,16 +48,13 @@ class RootWork:
         if not self.slots:
             return ({"step": due, **self.compute(stats, ps)},)
         slot = (t // self.every) % self.slots
-        if slot in self._jobs:                 # installed already; its job is done
-            self._jobs.pop(slot).result()
+        self.jobs.wait(slot)                   # installed already; its job is done
         fresh = {"step": due,
                  "roots": tuple(tuple(torch.empty_like(s) for s in ss) for ss in stats),
                  "status": tuple(tuple(torch.zeros(s.shape[0], dtype=torch.int8, device=s.device)
                                        for s in ss) for ss in stats)}
-        if background:                         # a snapshot: the step updates stats in place
-            self._start_pool()
-            snapshot = tuple(tuple(s.detach().clone() for s in ss) for ss in stats)
-            self._jobs[slot] = self._pool.submit(self._fill, fresh, snapshot, ps)
+        if background:
+            self.jobs.submit(slot, stats, ps, fresh)
         else:
             self._fill(fresh, stats, ps)
         return pending[:slot] + (fresh,) + pending[slot + 1:]
@@ -80,8 +76,7 @@ class RootWork:
             return roots, failures, pending
         clean = True
         for i in due:
-            if i in self._jobs:
-                self._jobs.pop(i).result()
+            self.jobs.wait(i)
             slot = pending[i]
             roots, failures, accepted = merge(roots, failures, slot["roots"], slot["status"])
             clean = clean and accepted
@@ -191,19 +186,11 @@ class RootWork:
         elif worst == 0:
             self._warned_at = 0
 
-    def _start_pool(self) -> None:
-        if self._pool is None:
-            # One intra-op thread: a new thread does not inherit torch.set_num_threads, and
-            # a second OpenMP team spin-waiting beside training's made a 1.3 ms root job
-            # take 30-80 ms of wall time on 2 cores (measured, bench/shampoo.py's logreg).
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shampoo-roots",
-                                            initializer=torch.set_num_threads, initargs=(1,))
-
     def start(self, background: bool) -> None:
-        """Start the root thread (``async_roots``); under a process group of several ranks
-        (and synchronous roots) shard the root work."""
+        """Start the background worker (``async_roots``, :meth:`.RootJobs.start`); under a
+        process group of several ranks (and synchronous roots) shard the root work."""
         if background:
-            self._start_pool()
+            self.jobs.start()
         import torch.distributed as dist
         if not background and dist.is_available() and dist.is_initialized():
             world = dist.get_world_size()
@@ -211,16 +198,10 @@ class RootWork:
 
     def drain(self) -> None:
         """Wait for every root job: the state's pending slots are then complete."""
-        for slot in sorted(self._jobs):
-            self._jobs.pop(slot).result()
+        self.jobs.drain()
 
     def close(self) -> None:
-        try:
-            self.drain()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+        self.jobs.close()
 
 
 def failure_counts(failures) -> tuple[int, int] | None:
