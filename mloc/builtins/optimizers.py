@@ -53,7 +53,7 @@ SHAMPOO = Descriptor(
               Param("block_size", Int(1), 128),
               Param("graft", Enum(("adagrad", "sgd", "rmsprop", "adam", "none")), "adagrad"),
               Param("staleness", Int(0), 0, doc="roots from step t are used from step t+staleness"),
-              Param("async_roots", Bool(), False, doc="compute the roots on a background thread"),
+              Param("async_roots", Bool(), False, doc="compute the roots in the background (a worker process on the CPU)"),
               Param("exponent_override", Int(0), 0, doc="root order p (0: 2 × the tensor's dims)"),
               Param("max_precond_dim", Int(1), 8192,
                     doc="tensors with a dim above it get the grafted diagonal update"),

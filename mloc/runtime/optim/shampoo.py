@@ -23,11 +23,12 @@ previous one and counts a consecutive failure per matrix (``state.failures``; a 
 says so). Roots start as identities.
 
 **Staleness** ``s``: roots computed from the statistics of step ``t`` are installed at step
-``t+s`` (used from that step's update on). With ``async_roots`` they are computed on a
-background thread while training continues; installing waits for the job if it has not
+``t+s`` (used from that step's update on). With ``async_roots`` they are computed in a
+worker process (statistics on the CPU; a thread on an accelerator, :mod:`.rootjobs`)
+while training continues; installing waits for the job if it has not
 finished, so the asynchronous run equals the ``staleness = s`` run bit for bit (it only
 saves wall time when the job finishes within ``s`` steps). ``drain()`` waits for every job
-(a checkpoint then holds their results), ``close()`` stops the thread.
+(a checkpoint then holds their results), ``close()`` stops the worker.
 
 **Grafting** (per tensor): a diagonal optimizer's direction ``D`` (``sgd``: ``g``;
 ``adagrad``: ``g/(√Σg²+δ)``; ``rmsprop``: ``g/(√v+δ)``, ``v`` an EMA with ``graft_beta2``;
@@ -236,9 +237,9 @@ class Shampoo(Optimizer):
         counts = failure_counts(state.failures)
         return {} if counts is None else dict(zip(("roots_rejected", "root_failures"), counts))
 
-    # --- lifecycle (the root work's thread) ------------------------------------------------
+    # --- lifecycle (the root work's background worker) ---------------------------------
     def start(self) -> None:
-        """Start the root thread (``async_roots``); under a process group of several ranks
+        """Start the root worker (``async_roots``); under a process group of several ranks
         (and synchronous roots) shard the root work."""
         self.work.start(self.async_roots)
 
