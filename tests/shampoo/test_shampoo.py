@@ -548,3 +548,28 @@ def test_the_root_worker_process_computes_what_root_work_computes():
         for key in ("roots", "status"):
             pairs = [(a, b) for ga, gb in zip(want[key], got[key]) for a, b in zip(ga, gb)]
             assert len(pairs) == 3 and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in pairs)
+
+
+def test_on_a_gpu_machine_the_root_worker_starts_at_the_first_refresh_on_the_cpu(monkeypatch):
+    """With CUDA available (faked: only the check) ``start`` does not spawn the worker (the
+    statistics are likely on the GPU, where the thread serves); the first refresh of CPU
+    statistics starts it, is computed in training meanwhile, and the run equals the
+    synchronous one."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    seq = grads_seq([(6, 5), (5,)], 8, seed=15)
+    init = grads_seq([(6, 5), (5,)], 1, seed=16)[0]
+    kw = dict(lr=0.05, staleness=2, update_every=2, start_preconditioning_step=1, block_size=4)
+    want_p, _, _ = run_async(kw, "sync", seq, init)
+    opt = shampoo(async_roots=True, **kw)
+    params = tuple(p.clone() for p in init)
+    opt.start()
+    try:
+        assert opt.work.jobs._process is None
+        state = opt.init(params)
+        with torch.no_grad():
+            for g in seq:
+                state = opt.commit(g, state, params)
+        assert opt.work.jobs._process is not None
+    finally:
+        opt.close()
+    assert all(torch.equal(x, y) for x, y in zip(want_p, params))

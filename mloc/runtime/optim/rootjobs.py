@@ -67,19 +67,27 @@ class RootJobs:
         self.settings, self._fill = settings, fill
         self._pool: ThreadPoolExecutor | None = None
         self._process: RootProcess | None = None
+        self._spawn = False             # start the process at the first refresh on the CPU
         self._jobs: dict[int, Future | Job] = {}
 
     def start(self) -> None:
-        """Start the worker process (it loads torch while training starts); a warning and
-        the thread where it cannot start."""
-        if self._process is None and self.use_process:
-            process = RootProcess(*self.settings)
-            try:
-                process.start()
-                self._process = process
-            except OSError as e:
-                warnings.warn(f"shampoo: the root worker process could not start ({e}); the roots "
-                              "are computed on a background thread", RuntimeWarning, stacklevel=4)
+        """Start the worker process now, so that it loads torch while training starts; on a
+        machine with a GPU (statistics likely there) only at the first refresh on the CPU."""
+        if self.use_process and self._process is None:
+            self._spawn = True
+            if not torch.cuda.is_available():
+                self._start_process()
+
+    def _start_process(self) -> None:
+        """The worker process; a warning and the thread where it cannot start."""
+        self._spawn = False
+        process = RootProcess(*self.settings)
+        try:
+            process.start()
+            self._process = process
+        except OSError as e:
+            warnings.warn(f"shampoo: the root worker process could not start ({e}); the roots "
+                          "are computed on a background thread", RuntimeWarning, stacklevel=4)
 
     def ready(self, timeout: float = 0.0) -> bool:
         """Whether the worker process takes jobs (waiting up to ``timeout`` seconds for it to
@@ -91,6 +99,8 @@ class RootJobs:
         process (a copy of the statistics goes to it), on the thread (from a snapshot: the
         step updates the statistics in place), or here while the process is starting."""
         on_cpu = next(s for ss in stats for s in ss).device.type == "cpu"
+        if on_cpu and self._spawn:
+            self._start_process()
         if not on_cpu and self._process is not None:
             self._process.close()               # an accelerator's statistics: the thread
             self._process = None
