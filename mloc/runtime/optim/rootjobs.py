@@ -194,7 +194,10 @@ class RootProcess:
         shm = Path("/dev/shm")
         self._folder = Path(tempfile.mkdtemp(prefix="mloc-roots-",
                                              dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        import mloc                     # the worker imports this mloc, wherever it was found
+        home = str(Path(mloc.__file__).resolve().parents[1])
+        path = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
         self._proc = subprocess.Popen([sys.executable, "-c", f"from {__name__} import main; main()",
                                        repr(self.settings), str(self._folder)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0)
