@@ -573,3 +573,24 @@ def test_on_a_gpu_machine_the_root_worker_starts_at_the_first_refresh_on_the_cpu
     finally:
         opt.close()
     assert all(torch.equal(x, y) for x, y in zip(want_p, params))
+
+
+def test_no_room_for_the_shared_files_falls_back_to_the_thread(monkeypatch):
+    """A full /dev/shm (``posix_fallocate`` failing with ENOSPC, faked) is a warning and
+    the thread, not a SIGBUS at a write into an unbacked page: the run equals the
+    synchronous one."""
+    import errno
+    import os
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    seq = grads_seq([(6, 5), (5,)], 8, seed=17)
+    init = grads_seq([(6, 5), (5,)], 1, seed=18)[0]
+    kw = dict(lr=0.05, staleness=2, update_every=2, start_preconditioning_step=1, block_size=4)
+    want_p, want_s, _ = run_async(kw, "sync", seq, init)
+    with pytest.warns(RuntimeWarning, match="no room for the root worker's shared files"):
+        got_p, got_s, answered = run_async(kw, "process", seq, init)
+    assert answered == 0
+    assert all(torch.equal(x, y) for x, y in zip(want_p, got_p))
+    assert all(torch.equal(x, y) for x, y in zip(want_s, got_s))

@@ -105,11 +105,18 @@ class RootJobs:
             self._process.close()               # an accelerator's statistics: the thread
             self._process = None
         if on_cpu and self._process is not None:
-            if self._process.ready():
-                self._jobs[slot] = self._process.submit(slot, stats, ps, fresh)
-            else:
+            if not self._process.ready():
                 self._fill(fresh, stats, ps)
-            return
+                return
+            try:
+                self._jobs[slot] = self._process.submit(slot, stats, ps, fresh)
+                return
+            except OSError as e:            # no room for the shared files: the thread instead
+                warnings.warn(f"shampoo: no room for the root worker's shared files ({e}); the roots "
+                              "are computed on a background thread", RuntimeWarning, stacklevel=4)
+                self.drain()
+                self._process.close()
+                self._process = None
         if self._pool is None:
             # One intra-op thread: a new thread does not inherit torch.set_num_threads, and
             # a second OpenMP team spin-waiting beside training's made a 1.3 ms root job
@@ -164,8 +171,8 @@ class Buffers:
     def __init__(self, folder: Path, slot: int, specs):
         self.specs = specs              # per parameter, ((shape, dtype), ...)
         self.paths = (str(folder / f"stats{slot}"), str(folder / f"out{slot}"))
-        self.stats = _carve(_mapped(self.paths[0], _flat(specs)), _layout(_flat(specs)))
-        self.out = _carve(_mapped(self.paths[1], _out_specs(specs)), _layout(_out_specs(specs)))
+        self.stats = _carve(_mapped(self.paths[0], _flat(specs), create=True), _layout(_flat(specs)))
+        self.out = _carve(_mapped(self.paths[1], _out_specs(specs), create=True), _layout(_out_specs(specs)))
 
     def answer(self) -> tuple:
         """The roots' groups, then the statuses', as new tensors of their own (copies: the
@@ -319,9 +326,18 @@ def _layout(specs) -> list[tuple]:
     return out
 
 
-def _mapped(path: str, specs) -> Tensor:
-    """The bytes of a file at ``path`` mapped shared, sized for ``specs``."""
-    return torch.from_file(path, shared=True, size=max(-(-_layout(specs)[-1][1] // 8) * 8, 8), dtype=torch.uint8)
+def _mapped(path: str, specs, create: bool = False) -> Tensor:
+    """The bytes of the file at ``path``, sized for ``specs``, mapped shared. ``create``:
+    a new file whose blocks are allocated now (``posix_fallocate``): a full ``/dev/shm`` is
+    then an ``OSError`` here, not a SIGBUS at the first write into a mapped page."""
+    size = max(-(-_layout(specs)[-1][1] // 8) * 8, 8)
+    if create:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        finally:
+            os.close(fd)
+    return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
 
 
 def _carve(raw: Tensor, layout) -> list[Tensor]:
