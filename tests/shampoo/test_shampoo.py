@@ -523,7 +523,7 @@ def test_the_root_worker_process_computes_what_root_work_computes():
     """RootProcess alone: statistics of mixed dtypes and shapes (float32 and float64, batches
     of 1 and 3, odd byte sizes), two slots, jobs answered out of order: every root and
     status equals ``RootWork.compute`` in this process bit for bit."""
-    from mloc.runtime.optim.rootjobs import RootProcess
+    from mloc.runtime.optim.rootproc import RootProcess
     from mloc.runtime.optim.rootwork import RootWork
 
     def spd(b, n, dtype, seed):
