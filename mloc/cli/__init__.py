@@ -9,20 +9,25 @@
     mloc.cli.experiments  plot, runs, sweep (mloc.cli.sweep): read run folders, run grids of runs
 
 Exit codes: 0 ok (warnings allowed), 1 the program has errors, 2 usage or I/O error,
-101 internal error (a bug in mloc; MLOC_DEBUG=1 shows the traceback).
+101 internal error (a bug in mloc; MLOC_DEBUG=1 shows the traceback), 130 interrupted,
+141 stdout closed by its reader (`mloc codes | head -2`; nothing is printed).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import sys
 
 from mloc import __version__
 from mloc.cli.check import cmd_check, cmd_codes, cmd_explain, cmd_graph
 from mloc.cli.experiments import EXAMPLES as _EXPERIMENTS
-from mloc.cli.output import EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, Output, UsageError, add_pass_options
+from mloc.cli.output import (EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_PIPE, EXIT_USAGE, Output, UsageError,
+                             add_pass_options, io_error)
 from mloc.env import read_env
 
-__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERRORS", "EXIT_USAGE", "EXIT_INTERNAL"]
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERRORS", "EXIT_USAGE", "EXIT_INTERNAL", "EXIT_PIPE"]
 
 
 _EXAMPLES = {
@@ -97,21 +102,58 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     out = Output(args.color)
     try:
-        return args.fn(args, out)
+        code = args.fn(args, out)
+        sys.stdout.flush()              # a reader that went away shows here, not at exit
+        return code
     except UsageError as e:
         out.err(f"error: {e}" + (f"\n  = help: {e.help}" if e.help else ""))
         return EXIT_USAGE
     except KeyboardInterrupt:
         out.err("interrupted")
         return 130
+    except BrokenPipeError:
+        raise
+    except OSError as e:                # mloc's own I/O on a path the user gave: their environment
+        if e.filename is None and e.errno not in _ENVIRONMENT:
+            return _internal(e, out)
+        err = io_error(e, verb="use")
+        out.err(f"error: {err}\n  = help: {err.help}")
+        return EXIT_USAGE
     except Exception as e:  # noqa: BLE001 - the last line of defence: a bug in mloc
-        if read_env().debug:
-            raise
-        out.err(f"error[E900]: internal compiler error: {type(e).__name__}: {e}\n"
-                "  = note: this is a bug in mloc, not in your program; please report it with the file\n"
-                "  = help: set MLOC_DEBUG=1 to see the traceback")
-        return EXIT_INTERNAL
+        return _internal(e, out)
+
+
+_ENVIRONMENT = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES,
+                          errno.EPERM, errno.EMFILE, errno.ENFILE})
+"""OSErrors that are the machine's state even when they name no file."""
+
+
+def _internal(e: Exception, out: Output) -> int:
+    if read_env().debug:
+        raise e
+    out.err(f"error[E900]: internal compiler error: {type(e).__name__}: {e}\n"
+            "  = note: this is a bug in mloc, not in your program; please report it with the file\n"
+            "  = help: set MLOC_DEBUG=1 to see the traceback")
+    return EXIT_INTERNAL
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (`mloc codes | head -2`): stop without a word, with the
+    status of a program ended by SIGPIPE (128 + 13 = 141, as `cat`, `yes` or `git log` end
+    there; 130 after Ctrl-C is the same rule). stdout now points at /dev/null, so Python's
+    flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_PIPE

@@ -1,17 +1,21 @@
 """What every command shares: exit codes, the usage error, and the one writer of output.
 
 Exit codes: 0 ok (warnings allowed), 1 the program has errors, 2 usage or I/O error,
-101 internal error (a bug in mloc; MLOC_DEBUG=1 shows the traceback).
+101 internal error (a bug in mloc; MLOC_DEBUG=1 shows the traceback), 141 stdout's reader
+went away (as SIGPIPE would end the process).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
+from pathlib import Path
 
 from mloc.diagnostics import Diagnostic, render
 from mloc.env import read_env
 
-EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 101
+EXIT_OK, EXIT_ERRORS, EXIT_USAGE, EXIT_INTERNAL, EXIT_PIPE = 0, 1, 2, 101, 141
 
 
 class UsageError(Exception):
@@ -20,6 +24,47 @@ class UsageError(Exception):
     def __init__(self, message: str, help: str | None = None):
         super().__init__(message)
         self.help = help
+
+
+_WHAT_TO_DO = {
+    errno.ENOTDIR: "a file stands where a folder is needed in that path: choose another path",
+    errno.EISDIR: "that path is a folder: name a file in it",
+    errno.EEXIST: "a file already stands at that path: choose another path",
+    errno.ENOENT: "a folder on that path is missing and cannot be made there: choose another path",
+    errno.EACCES: "permission denied there: choose another path or change its permissions",
+    errno.EPERM: "permission denied there: choose another path or change its permissions",
+    errno.EROFS: "that file system is read-only: choose another path",
+    errno.ENOSPC: "the disk is full: free some space or choose another path",
+    errno.EDQUOT: "the disk quota is used up: free some space or choose another path",
+    errno.EFBIG: "the file is larger than this system allows: free some space or raise the limit",
+    errno.ENAMETOOLONG: "use a shorter path",
+}
+
+
+def io_error(err: OSError, path: str | os.PathLike | None = None, verb: str = "write") -> UsageError:
+    """mloc's own reading or writing of ``path`` (default: the error's file) failed: the
+    environment's fault, not mloc's (exit 2). ``cannot VERB PATH: REASON`` with what to do."""
+    path = path if path is not None else err.filename
+    reason = err.strerror or str(err)
+    where = f" {path}" if path is not None else ""
+    help = _WHAT_TO_DO.get(err.errno, "check the path")
+    if err.errno == errno.ENOENT and verb != "write":
+        help = "check the path"
+    return UsageError(f"cannot {verb}{where}: {reason}", help=help)
+
+
+def make_dirs(path: str | os.PathLike, target: str | os.PathLike | None = None, verb: str = "write") -> None:
+    """``mkdir -p path``, else a :class:`UsageError` naming ``target`` (default: ``path``),
+    the file to be written there. A file on the way is ``Not a directory`` (``mkdir``
+    itself says ``File exists`` when ``path`` is that file)."""
+    path = Path(path)
+    target = path if target is None else target
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:         # exist_ok=True: `path` itself is a file
+        raise io_error(NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)), target, verb) from None
+    except OSError as e:
+        raise io_error(e, target, verb) from None
 
 
 class Output:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mloc.cli.experiments import load_run, table
-from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError
+from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError, io_error, make_dirs
 
 
 def split_values(text: str) -> list[str]:
@@ -100,9 +100,11 @@ def cmd_sweep(args, out: Output) -> int:
     _loggers(args.logger)                  # an unknown or uninstalled logger: refused before any run
     seeds = _int_list(args.seeds, "--seeds") if args.seeds else [None]
     points = grid(args.set or [])
+    check_points(args.file, points)        # a --set that names nothing: refused before any run
     root = Path(args.out) if args.out else _next_sweep(Path("runs") / Path(args.file).stem)
-    if root.exists() and any(root.iterdir()):
+    if root.is_dir() and any(root.iterdir()):
         raise UsageError(f"{root} is not empty; a sweep writes into a fresh folder", help="choose another --out")
+    make_dirs(root)                        # a file there: `Not a directory`, naming --out
     jobs = []
     for i, point in enumerate(points):
         for seed in seeds:
@@ -113,21 +115,37 @@ def cmd_sweep(args, out: Output) -> int:
             argv += ["--steps", str(args.steps)] if args.steps else []
             argv += [a for lg in args.logger or () for a in ("--logger", lg)]
             jobs.append(Job(name, point, seed, root / name, argv))
-    (root / "logs").mkdir(parents=True, exist_ok=True)
+    make_dirs(root / "logs")
     out.err(f"sweep: {len(jobs)} runs ({len(points)} points x {len(seeds)} seeds) in {root}, "
             f"{args.jobs} at a time, {args.threads} thread{'s' * (args.threads != 1)} each")
     t0 = time.perf_counter()
     _run_jobs(jobs, args.jobs, root, out)
     failed = [j for j in jobs if j.code != 0]
     table, summary = sweep_table(jobs, seeds != [None])
-    (root / "sweep.json").write_text(json.dumps({"file": str(Path(args.file).resolve()), "seeds": seeds,
-                                                 "threads": args.threads, "jobs": args.jobs,
-                                                 "seconds": round(time.perf_counter() - t0, 1), "points": summary},
-                                                indent=2) + "\n", encoding="utf-8")
+    record = {"file": str(Path(args.file).resolve()), "seeds": seeds, "threads": args.threads, "jobs": args.jobs,
+              "seconds": round(time.perf_counter() - t0, 1), "points": summary}
     out.out(table)
+    try:
+        (root / "sweep.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise io_error(e, root / "sweep.json") from None
     out.err(f"wrote {root / 'sweep.json'}; {len(jobs) - len(failed)} of {len(jobs)} runs finished in "
             f"{time.perf_counter() - t0:.1f} s" + (f"; failed: {', '.join(j.name for j in failed)}" if failed else ""))
     return EXIT_ERRORS if failed else EXIT_OK
+
+
+def check_points(file: str, points: list[tuple[str, ...]]) -> None:
+    """Every grid point's ``--set``s splice into the program (as ``mloc run`` would
+    splice them), else the usage error ``mloc run --set`` gives; nothing is checked or run."""
+    from mloc.codegen.compile import with_overrides
+    from mloc.codegen.overrides import OverrideError
+    for point in points:
+        try:
+            with_overrides(file, point)
+        except OverrideError as e:
+            raise UsageError(str(e)) from None
+        except (UnicodeDecodeError, OSError) as e:
+            raise UsageError(f"cannot read {file}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _next_sweep(base: Path) -> Path:
@@ -139,15 +157,19 @@ def _next_sweep(base: Path) -> Path:
 
 def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output) -> None:
     """Run ``jobs`` ``parallel`` at a time (each one's output in ``root/logs/NAME.log``);
-    a failure is reported and the others go on; Ctrl-C stops them all."""
+    a failure is reported and the others go on; Ctrl-C (or a log that cannot be written)
+    stops them all."""
     waiting, running, done = list(jobs), [], 0
     env = {**os.environ, "OMP_NUM_THREADS": str(jobs[0].argv[jobs[0].argv.index("--threads") + 1])} if jobs else {}
     try:
         while waiting or running:
             while waiting and len(running) < parallel:
                 job = waiting.pop(0)
-                with open(root / "logs" / f"{job.name}.log", "wb") as log:
-                    job.proc = subprocess.Popen(job.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+                try:
+                    with open(root / "logs" / f"{job.name}.log", "wb") as log:
+                        job.proc = subprocess.Popen(job.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+                except OSError as e:
+                    raise io_error(e, root / "logs" / f"{job.name}.log") from None
                 job.started = time.perf_counter()
                 running.append(job)
             time.sleep(0.1)
@@ -158,15 +180,22 @@ def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output) -> None:
                 if job.code == 0:
                     out.err(f"[{done}/{len(jobs)}] {job.name}: done in {took:.1f} s")
                 else:
-                    tail = (root / "logs" / f"{job.name}.log").read_text(errors="replace").strip().splitlines()[-3:]
+                    tail = _tail(root / "logs" / f"{job.name}.log")
                     out.err(f"[{done}/{len(jobs)}] {job.name}: failed (exit {job.code}) after {took:.1f} s; see "
                             f"{root / 'logs' / (job.name + '.log')}" + "".join(f"\n    {line}" for line in tail))
-    except KeyboardInterrupt:
+    except BaseException:                  # Ctrl-C, or a log that cannot be opened: stop them all
         for job in running:
             job.proc.terminate()
         for job in running:
             job.proc.wait()
         raise
+
+
+def _tail(log: Path, lines: int = 3) -> list[str]:
+    try:
+        return log.read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:                 # removed or unreadable meanwhile: the failure is still reported
+        return []
 
 
 def _mean_std(values: list[float]) -> str:

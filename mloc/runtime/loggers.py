@@ -157,13 +157,19 @@ class WandbLogger:
     """A W&B run in the run folder (``dir=out``), named after it, with ``config`` (what
     ``config.json`` records); every record's scalars logged at its step, the summary
     record's ``final`` into the run summary. ``WANDB_MODE=offline`` works without a
-    network (W&B reads it itself)."""
+    network (W&B reads it itself); W&B refusing to start (no ``wandb login``, no network)
+    is a :class:`LoggerError` saying so."""
 
     def __init__(self, out: Path, config: dict | None = None, project: str = "mloc", module: Any = None):
         wandb = module or importlib.import_module("wandb")
         self._wandb = wandb
-        self._run = wandb.init(project=project, dir=str(out), name=f"{Path(out).parent.name}/{Path(out).name}",
-                               config=config or {}, reinit=True)
+        try:
+            self._run = wandb.init(project=project, dir=str(out), name=f"{Path(out).parent.name}/{Path(out).name}",
+                                   config=config or {}, reinit=True)
+        except _wandb_errors(wandb) as e:      # no API key, no network, a bad setting: the user's setup
+            raise LoggerError(f"--logger wandb could not start a W&B run: {e}",
+                              "run `wandb login`, or set WANDB_MODE=offline (`wandb sync` uploads the run "
+                              "later)") from None
 
     def log(self, record: dict) -> None:
         values = scalars(record)
@@ -175,6 +181,13 @@ class WandbLogger:
 
     def close(self) -> None:
         self._run.finish()
+
+
+def _wandb_errors(wandb: Any) -> tuple[type[BaseException], ...]:
+    """The errors W&B raises for its setup (``wandb.errors.Error``: UsageError for a missing
+    API key, CommError, AuthenticationError), not for a bug."""
+    error = getattr(getattr(wandb, "errors", None), "Error", None)
+    return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()
 
 
 def open_loggers(names: Iterable[str], out: Path, start: int = 0, config: dict | None = None) -> list:

@@ -71,7 +71,7 @@ class MetricsWriter:
         """One record ``{"kind": kind, "step": step, "time": now, "problem": problem,
         **values}``, flushed, then given to the loggers; returns it (None when disabled).
         Tensors are read (one sync each: call this at log boundaries only); NaN and Inf
-        become ``null``."""
+        become ``null``, also inside dicts and lists (the summary's ``final``)."""
         if self._file is None:
             return None
         if kind not in KINDS:
@@ -100,10 +100,13 @@ class MetricsWriter:
 
 
 def _plain(value: Any) -> Any:
+    """``value`` as strict JSON can hold it, at any depth: tensors read, NaN and Inf as None."""
     if isinstance(value, Tensor):
         value = value.item() if value.numel() == 1 else value.tolist()
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
