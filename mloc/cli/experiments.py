@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mloc.cli.output import EXIT_OK, Output, UsageError
+from mloc.cli.output import EXIT_OK, Output, UsageError, io_error, make_dirs
 
 EXAMPLES = {
     "plot": "examples:\n  mloc plot runs/data_reweighting/latest                 (in the terminal)\n"
@@ -240,10 +240,10 @@ def write_figure(panels: list[tuple[str, dict]], path: Path) -> None:
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent, path)
         fig.savefig(path, dpi=100)
     except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+        raise io_error(e, path) from None
     finally:
         plt.close(fig)
 
