@@ -106,7 +106,8 @@ b -> c { hypergrad = neumann }
     ("a.module.depth=2", "lib.M(3, 4, width=2, depth=2)"),
     ("b->c.hypergrad.alpha=0.1", "hypergrad = neumann(alpha=0.1)"),
     ("a->b.unroll=4", "a -> b { unroll = 4 }"),
-    ("a.init=b", "optimizer = sgd(lr=0.1)  init = b }"),
+    ("a.init=b", "optimizer = sgd(lr=0.1), init = b }"),       # after a comma, as the file writes it
+    ("b->c.unroll=2", "hypergrad = neumann, unroll = 2 }"),
     ("semantics=per_edge", "\nsemantics = per_edge\n"),
     ("train.steps=3", "\ntrain { steps = 3 }\n"),
 ])
@@ -190,6 +191,28 @@ def test_a_bad_value_for_a_field_the_file_lacks_is_rendered_at_the_set_not_at_a_
     assert "error[E305]: `steps` must be at least 1, got -100\n --> --set:1:20\n" in err
     assert "1 | --set 'train.steps=-100'\n  |                    ^^^^ must be at least 1" in err
     assert "train {" not in err
+
+
+def test_a_field_a_set_adds_is_reported_at_the_set_not_at_an_invented_line(capsys):
+    """`warmup` added to maml's edge (E217: `adapt` restarts from `init` every step): the
+    error shows the `--set` with the README's note, never line 23 as the splice left it."""
+    assert main(["plan", MAML, "--color", "never", "--set", "meta->adapt.warmup=10"]) == 1
+    err = capsys.readouterr().err
+    assert "error[E217]: `warmup` cannot apply to `meta -> adapt`" in err
+    assert " --> --set:1:20\n" in err and "1 | --set 'meta->adapt.warmup=10'\n  |                    ^^^^^^\n" in err
+    assert f"= note: `meta->adapt.warmup` in {MAML}, as set for this command" in err
+    assert "maml.mlo:23" not in err and "warmup = 10 }" not in err
+
+
+def test_an_error_on_a_line_a_set_changed_shows_the_files_line_and_names_the_set():
+    """E217 at the file's own `warmup`, on a line whose `hypergrad` a --set replaced: the
+    line, column and text are the file's, and a note names the --set."""
+    path = ROOT / "tests" / "diagnostics" / "E217_warmup_undone_by_reinit.mlo"
+    [d] = compiled(str(path), "high->low.hypergrad=neumann(iters=3, alpha=0.1)").diagnostics
+    assert d.code == "E217" and d.span.source.text == path.read_text()
+    assert (d.span.line, d.span.col, d.span.text) == (21, 31, "warmup")
+    assert d.notes == ("this line is changed by --set 'high->low.hypergrad=neumann(iters=3, alpha=0.1)', "
+                       "as set for this command",)
 
 
 def test_a_torch_class_name_in_a_set_gets_did_you_mean_at_the_set(capsys):

@@ -85,26 +85,51 @@ class Override:
 @dataclass(frozen=True)
 class Applied:
     """The source with every override spliced in; `regions` are the spliced ranges of its
-    text with the override each came from; `overrides` in the order they were applied."""
+    text with the override each came from; `overrides` in the order they were applied;
+    `original` the file as read and `edits` the splices made into it, in order, as
+    (start, end, length of the new text), to find a spliced offset in the file again."""
 
     source: SourceFile
     overrides: tuple[Override, ...] = ()
     regions: tuple[tuple[int, int, Override], ...] = ()
+    original: SourceFile | None = None
+    edits: tuple[tuple[int, int, int], ...] = ()
 
     def annotate(self, diagnostics: Sequence[Diagnostic]) -> tuple[Diagnostic, ...]:
         """Each diagnostic that points into spliced text: moved onto its `--set` when it lies
-        inside one (the line it would show may not exist in the file), else with a note
-        naming the `--set`."""
+        inside one (the line it would show may not exist in the file); one whose line holds
+        spliced text is shown at the file's own line, with a note naming each `--set`."""
         out = []
         for d in diagnostics:
             if d.span is not None and d.span.source.text == self.source.text:
                 moved = next((self._at_set(d, s, e, ov) for s, e, ov in self.regions
                               if s <= d.span.start and d.span.end <= e), None)
-                notes = tuple(f"this text comes from {ov.flag}" for s, e, ov in self.regions
-                              if d.span.start < e and (d.span.end > s or d.span.start == s))
-                d = moved or (replace(d, notes=d.notes + notes) if notes else d)
+                d = moved or self._at_file(d)
             out.append(d)
         return tuple(out)
+
+    def _at_file(self, d: Diagnostic) -> Diagnostic:
+        """`d` on the file as written when the line it shows (or its span) holds spliced
+        text, which is on no line of the file, with a note naming each `--set` there."""
+        text, start, end = self.source.text, d.span.start, d.span.end
+        lo, hi = text.rfind("\n", 0, start) + 1, text.find("\n", start)
+        lo, hi = min(lo, start), max(end, len(text) if hi < 0 else hi)
+        touching = [ov for s, e, ov in self.regions if s < hi and e > lo]
+        if not touching or self.original is None:
+            return d
+        span = self.original.span(self._in_file(start, False), self._in_file(end, True))
+        notes = tuple(f"this line is changed by {ov.flag}, as set for this command" for ov in touching)
+        return replace(d, span=span, notes=d.notes + notes)
+
+    def _in_file(self, offset: int, is_end: bool) -> int:
+        """`offset` in the spliced text as an offset in the file: an offset inside spliced
+        text goes to the start of the text it replaced (its end, for a span's end)."""
+        for start, end, length in reversed(self.edits):
+            if offset >= start + length:
+                offset -= length - (end - start)
+            elif offset > start:
+                offset = end if is_end else start
+        return offset
 
     def _at_set(self, d: Diagnostic, start: int, end: int, ov: Override) -> Diagnostic:
         """`d`, whose span lies in the text `ov` spliced at [start, end), on a pseudo-source
@@ -142,7 +167,7 @@ def apply_all(src: SourceFile, texts: Sequence[str]) -> Applied:
     left it (parsed, never checked); a text that no longer parses stops the splicing, and
     the check of what was spliced so far reports it."""
     overrides = parse_all(texts)
-    text, regions = src.text, ()
+    text, regions, edits = src.text, (), ()
     for ov in overrides:
         try:
             module = parse(SourceFile(src.path, text))
@@ -151,7 +176,8 @@ def apply_all(src: SourceFile, texts: Sequence[str]) -> Applied:
         start, end, new = edit(text, module, ov)
         text = text[:start] + new + text[end:]
         regions = _shift(regions, start, end, len(new)) + ((start, start + len(new), ov),)
-    return Applied(SourceFile(src.path, text), overrides, regions)
+        edits += ((start, end, len(new)),)
+    return Applied(SourceFile(src.path, text), overrides, regions, src, edits)
 
 
 def _shift(regions, start: int, end: int, length: int) -> tuple:
@@ -249,7 +275,9 @@ def _value_of(module: ast.Module, kind: str, head: str, field: str) -> ast.Value
 
 
 def _insertion(text: str, module: ast.Module, kind: str, ov: Override) -> tuple[int, int, str]:
-    """Add a field the file does not set: at the end of its block, on the block's line."""
+    """Add a field the file does not set: at the end of its block, on the line of its closing
+    brace (no line is added, so the lines after it keep their numbers), after a comma when
+    the last entry is on that line without one."""
     field, end = ov.path[0] if ov.path else ov.head, len(text)
     if kind == "setting":
         return end, end, f"\n{field} = {ov.value}\n"
@@ -260,7 +288,10 @@ def _insertion(text: str, module: ast.Module, kind: str, ov: Override) -> tuple[
         e = _edge(module, ov)
         return e.span.end, e.span.end, f" {{ {field} = {ov.value} }}"
     close = block.span.end - 1          # the closing brace
-    return close, close, f" {field} = {ov.value} "
+    last = block.entries[-1].span.end if block.entries else close
+    if not re.fullmatch(r"[ \t]*", text[last:close]) or last == close:   # after a separator or a line break
+        return close, close, f" {field} = {ov.value} "
+    return last, last, f", {field} = {ov.value}"
 
 
 def _in_value(value: ast.Value, args: tuple[str, ...], ov: Override, where: str) -> tuple[int, int, str]:

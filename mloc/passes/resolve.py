@@ -43,7 +43,7 @@ def resolve(module: ast.Module, src: SourceFile, diags: Diagnostics) -> Resolved
             reads += node_reads
             loss_spans[a.name.name] = loss_span
     edges, links, uncertain = _edges(module, problem_asts, {p.name: p for p in problems}, diags)
-    _check_restarts(problems, edges, diags)
+    _check_restarts(problems, edges, _warmup_spans(module), diags)
     chains, groups, broken_stages = resolve_chains(module, set(problem_asts), diags)
     info = ProgramInfo(name, src.path, (), resolve_settings(module, diags),
                        resolve_train(module, scope, diags), chains)
@@ -203,10 +203,10 @@ def _edges(module: ast.Module, problem_asts: dict, by_name: dict, diags: Diagnos
 
 
 def _check_restarts(problems: list[ProblemNode], edges: tuple[HierarchyEdge, ...],
-                    diags: Diagnostics) -> None:
+                    warmups: dict, diags: Diagnostics) -> None:
     """`reinit` restarts a lower problem at each step of its upper (E216 without one);
     `warmup` trains a lowest problem alone first (E217 for a problem with lowers, or one
-    that starts again at every upper step anyway)."""
+    that starts again at every upper step anyway), reported at the `warmup` written."""
     by_name = {p.name: p for p in problems}
     uppers = {e.lower for e in edges}
     for p in problems:
@@ -225,8 +225,18 @@ def _check_restarts(problems: list[ProblemNode], edges: tuple[HierarchyEdge, ...
             why = f"`{e.lower}` starts again at every step of `{e.upper}` (`init`/`reinit`), undoing it"
         else:
             continue
-        diags.error("E217", f"`warmup` cannot apply to `{e.upper} -> {e.lower}`: {why}", e.span,
-                    help="drop `warmup` from this edge")
+        diags.error("E217", f"`warmup` cannot apply to `{e.upper} -> {e.lower}`: {why}",
+                    warmups.get((e.upper, e.lower), e.span), help="drop `warmup` from this edge")
+
+
+def _warmup_spans(module: ast.Module) -> dict:
+    """{(upper, lower): the span of the `warmup` key} of every edge that writes one."""
+    out = {}
+    for e in module.of_type(ast.Edge):
+        for f in e.body.entries if e.body else ():
+            if isinstance(f, ast.Field) and f.key.name == "warmup":
+                out.update({(u.name, l.name): f.key.span for u, l in zip(e.path, e.path[1:])})
+    return out
 
 
 def _edge_options(e: ast.Edge, diags: Diagnostics):
