@@ -14,7 +14,8 @@ They read what a run folder holds (``metrics.jsonl``, whose schema is in
 **Best** is ``summary.json``'s ``best`` when the run has one (``checkpoint best on``);
 otherwise the best evaluation in ``metrics.jsonl``: the largest, or the smallest for a
 metric whose name holds ``loss`` or ``err``. **Status**: ``running`` while ``.lock``
-names a live process; else ``summary.json``'s status; else ``finished`` when the last
+names a live process; else ``summary.json``'s status (``interrupted`` also for a run
+aborted by a second Ctrl-C, and ``interrupted (resumable)`` when a checkpoint is there); else ``finished`` when the last
 record is a ``summary`` at the configured last step, ``crashed`` otherwise.
 """
 
@@ -109,7 +110,12 @@ class Run:
         if lock_owner(self.dir) is not None:
             return "running"
         if self.summary and self.summary.get("status"):
-            return str(self.summary["status"])
+            status = str(self.summary["status"])
+            if status == "failed" and self.summary.get("error") == "interrupted":
+                status = "interrupted"          # a second Ctrl-C: stopped without a checkpoint of its own
+            if status == "interrupted" and (self.dir / "checkpoint.pt").is_file():
+                status += " (resumable)"
+            return status
         steps = self.config.get("steps")
         last = self.records[-1] if self.records else None
         if last and last.get("kind") == "summary" and (steps is None or last["step"] >= steps):
@@ -259,7 +265,7 @@ def cmd_runs(args, out: Output) -> int:
         run = load_run(d)
         program = run.config.get("program") or {}
         best = run.best()
-        rows.append((str(d), Path(program.get("file") or "?").stem, " ".join(program.get("set") or ()) or "-",
+        rows.append((str(d), program.get("name") or Path(program.get("file") or "?").stem, " ".join(program.get("set") or ()) or "-",
                      f"{run.steps_done}/{run.config.get('steps', '?')}",
                      f"{best['metric']}={best['value']:.4g}@{best['step']}" if best else "-", run.status()))
     if len(rows) == 1:

@@ -89,9 +89,9 @@ def cmd_run(args, out: Output) -> int:
     args.logger = _loggers(args.logger)
     if getattr(args, "pipeline", False) and (args.nproc > 1 or args.resume):
         raise UsageError("--pipeline runs one process per stage: it takes neither --nproc nor --resume")
-    if args.resume and not (Path(args.resume) / "checkpoint.pt").is_file():
-        raise UsageError(f"{args.resume} holds no checkpoint.pt", help="pass the --out folder of an earlier run")
     from mloc.runtime import runfolder
+    if args.resume and not (Path(args.resume) / "checkpoint.pt").is_file():
+        raise _no_checkpoint(Path(args.resume), runfolder.holds_run(Path(args.resume)))
     try:
         choice = runfolder.choose(Path(args.out) if args.out else None, Path(args.resume) if args.resume else None,
                                   args.overwrite, Path(args.file).stem)
@@ -110,6 +110,19 @@ def cmd_run(args, out: Output) -> int:
         return _run_in_folder(args, out, compiled, choice)
     except _run_errors() as e:
         raise UsageError(str(e), help=getattr(e, "help", None)) from None
+
+
+def _no_checkpoint(folder: Path, trained: bool) -> UsageError:
+    """`--resume` of a folder without a checkpoint: what to do instead, by what it holds."""
+    if not folder.is_dir():
+        return UsageError(f"{folder} holds no checkpoint.pt: there is no such folder",
+                          help="pass the --out folder of an earlier run (mloc runs lists them)")
+    if trained:
+        return UsageError(f"{folder} holds no checkpoint.pt: that run ended before writing one, so it cannot "
+                          "be continued", help=f"start over there with `--out {folder} --overwrite` (its metrics "
+                          "and config are deleted), or choose another --out")
+    return UsageError(f"{folder} holds no checkpoint.pt: no step was trained there (a start that failed before "
+                      "training)", help=f"start the run again there with `--out {folder}`")
 
 
 def _loggers(values) -> tuple[str, ...]:
@@ -139,12 +152,12 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
                          dtype=args.dtype, resume=Path(args.resume) if args.resume else None, quiet=args.quiet,
                          threads=args.threads, logger=args.logger)
     config = options.config(ns["DEFAULTS"])
-    if args.nproc > 1:                  # a device for every process, before any folder or worker
-        from mloc.runtime.build import resolve_device
-        resolve_device(config.device, 0, args.nproc)
+    from mloc.runtime.build import resolve_device
+    resolve_device(config.device, 0, args.nproc)    # a device for every process, before any folder or worker
     if options.resume is not None:
         check_resume(options.resume, ns["NAME"], config.steps)
-    program = {"file": str(Path(args.file).resolve()), "sha256": _sha256(Path(args.file)), "set": list(ns.get("OVERRIDES", ()))}
+    program = {"file": str(Path(args.file).resolve()), "name": ns["NAME"], "sha256": _sha256(Path(args.file)),
+               "set": list(ns.get("OVERRIDES", ()))}
     with RunFolder(choice) as folder:
         try:
             train = write_outputs(compiled, folder.dir)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -30,7 +31,7 @@ from mloc.runtime.engine import Program, RunConfig
 from mloc.runtime.loggers import LoggerError
 from mloc.runtime.loggers import check_available as check_loggers
 from mloc.runtime.loggers import parse as parse_loggers
-from mloc.runtime.loop import Intervals, Where, resume, train
+from mloc.runtime.loop import Intervals, Stop, Where, resume, train
 from mloc.runtime.metrics import NonFiniteError
 from mloc.runtime.precision import DeviceError
 from mloc.runtime.progress import Progress
@@ -164,6 +165,8 @@ def _main(ns: dict, options: RunOptions, config: RunConfig) -> int:
         return run(ns, config, options.out or Path("."), options.resume, quiet=True, threads=options.threads)
     if options.resume is not None:
         check_resume(options.resume, ns["NAME"], config.steps)
+    from mloc.runtime.build import resolve_device
+    resolve_device(config.device)       # before the folder: a device that is not there leaves nothing
     choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])
     with RunFolder(choice) as folder:
         write_config(folder.dir, run_record(config, {"file": ns.get("__file__")}, options.resume,
@@ -277,10 +280,27 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
             return EXIT_PEER
         rank = launched_rank()
         return _user_error(err, "building the program" + (f" on rank {rank}" if rank is not None else ""))
+    launched = launched_rank() is not None     # a worker: its launcher says it is stopping, and sends SIGINT
+    stop = Stop(note=not launched)
     try:
-        return _train(program, ns, config, Path(out), resume_dir, quiet, owner, loggers)
+        with stop.handling((signal.SIGINT,) if launched else (signal.SIGINT, signal.SIGTERM)):
+            return _train(program, ns, config, Path(out), resume_dir, quiet, owner, loggers, stop)
+    except KeyboardInterrupt:
+        if not stop.requested or not program.dist.is_main:
+            raise
+        print(f"aborted by a second interrupt: nothing was saved for step {program.step_count + 1}"
+              + _kept(Path(out)), file=sys.stderr)
+        return 130
     finally:
         program.close()
+
+
+def _kept(out: Path) -> str:
+    """What is on disk to resume from, if anything: `; PATH (an earlier step) is kept ...`."""
+    path = out / CHECKPOINT
+    if not path.is_file():
+        return "; there is no checkpoint to resume from"
+    return f"; {path} (an earlier step) is kept: continue from it with `--resume {out}`"
 
 
 def banner(program: Program, config: RunConfig, out: Path) -> str:
@@ -293,7 +313,7 @@ def banner(program: Program, config: RunConfig, out: Path) -> str:
 
 
 def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir: Path | None,
-           quiet: bool, owner: int | None, loggers: tuple[str, ...] = ()) -> int:
+           quiet: bool, owner: int | None, loggers: tuple[str, ...] = (), stop: Stop | None = None) -> int:
     where, selection = Where(), Selection.from_spec(ns.get("SELECTION"))
     try:
         with failed_summary(selection, program, out):
@@ -303,18 +323,34 @@ def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir:
             with Progress(ns["NAME"], config.steps, enabled=not quiet and program.dist.is_main) as progress:
                 progress.note(banner(program, config, out) + (f" (from step {start})" if start else ""))
                 train(program, config.steps, out, Intervals(**ns["INTERVALS"]), progress, owner, where,
-                      loggers=loggers, selection=selection)
-                progress.note(f"done: {program.step_count - start} steps in {time.perf_counter() - t0:.1f} s; "
-                              f"wrote {out / 'checkpoint.pt'} and {out / 'metrics.jsonl'}")
+                      loggers=loggers, selection=selection, stop=stop)
+                if stop is None or stop.at is None:
+                    progress.note(f"done: {program.step_count - start} steps in {time.perf_counter() - t0:.1f} s; "
+                                  f"wrote {out / 'checkpoint.pt'} and {out / 'metrics.jsonl'}")
     except _FOLDER_ERRORS as e:
         _say(e)
         return 2
     except NonFiniteError as e:
-        print(f"error: {e}{_rank(program)}\n  = help: the last good checkpoint is {out / 'checkpoint.pt'} (if one "
-              "was written); lower the learning rate, clip gradients or check the data", file=sys.stderr)
+        _say_nonfinite(e, program, out, ns["INTERVALS"].get("log_every", 10))
         return 1
     except Exception as err:  # noqa: BLE001 - the program's own code raising during training
         if program.dist.world > 1 and is_peer_failure(err):
             return EXIT_PEER
         return _user_error(err, where.text + _rank(program), config.dtype, program.device)
+    if stop is not None and stop.at is not None:
+        if program.dist.is_main:
+            more = f" --steps {config.steps}" if config.steps != ns["DEFAULTS"].steps else ""
+            print(f"interrupted at step {stop.at} of {config.steps}: wrote {out / CHECKPOINT}; continue with "
+                  f"`--resume {out}{more}`", file=sys.stderr)
+        return 130
     return 0
+
+
+def _say_nonfinite(err: NonFiniteError, program: Program, out: Path, log_every: int) -> None:
+    """The NaN/Inf report: the step it appeared at, the step the check found it after (the
+    run's last, what summary.json counts), and the checkpoint to go back to if there is one."""
+    done, path = program.step_count, out / CHECKPOINT
+    kept = f"the last good checkpoint is {path}" if path.is_file() else "no checkpoint was written before it"
+    print(f"error: {err}{_rank(program)}\n  = note: found by the check after step {done} (the finiteness check "
+          f"runs every {log_every} steps, at each log); the run stopped there, {done} steps done\n"
+          f"  = help: {kept}; lower the learning rate, clip gradients or check the data", file=sys.stderr)

@@ -7,6 +7,11 @@
         every eval interval:    run the evaluation calls
         every checkpoint_every: check, then write `checkpoint.pt` atomically
 
+Ctrl-C or SIGTERM (:class:`Stop`) ends the run at the next step boundary (under
+`--nproc`, the next log step, where the ranks agree), with a checkpoint written there
+as `checkpoint every` would write it, so `--resume` continues bitwise as if uninterrupted;
+`summary.json` says ``interrupted``. A second Ctrl-C raises KeyboardInterrupt at once.
+
 A checkpoint is written only after the finiteness check passed, so when a loss or
 hypergradient turns NaN/Inf the run stops with an error naming the problem and step, and
 the last checkpoint on disk is the last good one.
@@ -20,7 +25,11 @@ user's code raising is told apart by :class:`Where`, which says what the loop wa
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +39,7 @@ from mloc.runtime.loggers import open_loggers
 from mloc.runtime.metrics import MetricsWriter
 from mloc.runtime.records import log_train
 from mloc.runtime.runfolder import RunIOError, check_owner, truncate_metrics
-from mloc.runtime.selection import Selection, Watch
+from mloc.runtime.selection import Selection, Watch, agree
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -49,6 +58,42 @@ class Where:
     """What the loop is doing, for error messages: ``step 12``, ``the evaluations after step 10``."""
 
     text = "the first step"
+
+
+class Stop:
+    """Ctrl-C (SIGINT) or SIGTERM as a request to stop at the next step boundary, where
+    :func:`train` writes a checkpoint; a second signal raises KeyboardInterrupt at once
+    (no checkpoint for it). :attr:`at` is the step the run stopped at; `note` says on
+    stderr that the run is stopping (the `--nproc` launcher says it for its workers)."""
+
+    def __init__(self, note: bool = True):
+        self.requested, self.note, self.at = False, note, None
+
+    def _handler(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.note:               # os.write: safe in a handler that interrupts a print
+            os.write(2, b"\nstopping after this step to write a checkpoint; Ctrl-C again to abort without one\n")
+
+    @contextmanager
+    def handling(self, signals: tuple[int, ...]):
+        """Handle `signals` while the body runs (in the main thread; elsewhere, not at all)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = {s: signal.signal(s, self._handler) for s in signals}
+        try:
+            yield self
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+    def due(self, dist, logged: bool) -> bool:
+        """Stop now? One process: when asked. Several: at a log step, when rank 0 was asked."""
+        if dist.world == 1:
+            return self.requested
+        return logged and agree(dist, self.requested)
 
 
 def save(program: Program, out: Path, owner: int | None = None, extra: dict | None = None) -> Path:
@@ -110,11 +155,12 @@ def _config(out: Path) -> dict | None:
 
 def train(program: Program, steps: int, out: Path, intervals: Intervals, progress=None,
           owner: int | None = None, where: Where | None = None, loggers: tuple[str, ...] = (),
-          selection: Selection | None = None) -> dict:
+          selection: Selection | None = None, stop: Stop | None = None) -> dict:
     """Run until `steps` outer steps are done; returns the final losses and evaluations.
     `owner`: the pid that must hold the run folder's lock at every checkpoint; `loggers`:
     the `--logger` names (:mod:`mloc.runtime.loggers`), besides `metrics.jsonl`; `selection`:
-    the best checkpoint and early stopping (:mod:`mloc.runtime.selection`)."""
+    the best checkpoint and early stopping (:mod:`mloc.runtime.selection`); `stop`: ends
+    the run early with a checkpoint (its `at` set) when a signal asks."""
     out, where = Path(out), where or Where()
     start, t0, last = program.step_count, time.perf_counter(), {}
     if program.dist.is_main:
@@ -150,9 +196,16 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
         if intervals.checkpoint_every and done % intervals.checkpoint_every == 0 and done != steps:
             program.guard.check()
             save(program, out, owner, watch.state())
+        if stop is not None and done < steps and stop.due(program.dist, logged):
+            stop.at = done
+            break
     guard.norms.sampling = False
     program.guard.check()
     save(program, out, owner, watch.state())
+    if stop is not None and stop.at is not None:
+        watch.write("interrupted")
+        metrics.close()
+        return last
     watch.finish()
     metrics.write(program.step_count, "*", "summary", steps_per_s=rate, seconds=time.perf_counter() - t0,
                   final={(f"{k}/loss" if k in program.live else k): v for k, v in last.items()})

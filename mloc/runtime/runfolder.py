@@ -3,9 +3,11 @@ it records, and mloc's own I/O errors. No torch here.
 
 **The rule** (:func:`choose`), for ``mloc run`` and ``python train.py`` alike:
 
-- without ``--resume``: ``--out DIR`` is used if it holds no run (no ``checkpoint.pt``,
-  ``metrics.jsonl`` or ``config.json``); with ``--overwrite`` an earlier run there is
-  deleted first. Without ``--out``, a fresh ``runs/NAME/N`` (``N`` one more than the
+- without ``--resume``: ``--out DIR`` is used if it holds no run (no ``checkpoint.pt``
+  and no record in ``metrics.jsonl``: no step was ever trained there); with
+  ``--overwrite`` an earlier run there is deleted first. What a start that failed before
+  its first step left (``config.json``, an empty ``metrics.jsonl``) is cleared, so the
+  new start's ``config.json`` is its own. Without ``--out``, a fresh ``runs/NAME/N`` (``N`` one more than the
   largest there), and ``runs/NAME/latest`` links to it.
 - ``--resume DIR`` continues in ``DIR``, unless ``--out`` names another folder: that one
   must hold no run (or ``--overwrite`` is given), and receives a copy of ``DIR``'s
@@ -60,6 +62,18 @@ class Choice:
 
 
 def holds_run(directory: Path) -> bool:
+    """Whether a step was trained in ``directory``: a checkpoint, or a metrics record."""
+    directory = Path(directory)
+    if (directory / CHECKPOINT).exists():
+        return True
+    try:
+        return (directory / METRICS).stat().st_size > 0
+    except OSError:                 # none, or not a folder (reported where it is made)
+        return False
+
+
+def _leftovers(directory: Path) -> bool:
+    """Whether ``directory`` holds any of a run's files (a start that trained nothing)."""
     return any((Path(directory) / name).exists() for name in RUN_FILES)
 
 
@@ -78,7 +92,7 @@ def choose(out: Path | None, resume: Path | None, overwrite: bool, name: str,
     try:
         if out.exists() and not out.is_dir():
             raise RunIOError(out, os.strerror(errno.ENOTDIR), "use")
-        held = holds_run(out)
+        held, left = holds_run(out), _leftovers(out)
     except OSError as e:
         raise RunIOError(e.filename or out, e, "use") from None
     if held and not overwrite:
@@ -86,7 +100,7 @@ def choose(out: Path | None, resume: Path | None, overwrite: bool, name: str,
         raise RunFolderError(f"{out} {what}; it is left as it is",
                              f"continue it with `--resume {out}`, start over there with `--overwrite`, "
                              "or choose another --out")
-    return Choice(out, clear=held, copy_from=Path(resume) if resume else None)
+    return Choice(out, clear=held or left, copy_from=Path(resume) if resume else None)
 
 
 def _next_folder(root: Path) -> Path:

@@ -15,6 +15,12 @@ environment torchrun would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
   else: no launcher traceback, no second report from the ranks whose collectives broke
   because of it (they exit with :data:`EXIT_PEER`), and rank 0's own diagnostic once.
 
+The workers run in a session of their own, so a terminal's Ctrl-C reaches the launcher
+alone. Ctrl-C (or SIGTERM) to the launcher sends each worker one SIGINT: the ranks agree
+at the next log step to stop there, rank 0 writes a checkpoint and says how to continue
+(:class:`mloc.runtime.loop.Stop`), and the launcher waits for them; a second Ctrl-C
+kills them at once, with no checkpoint for the interrupted step.
+
 The exit code is the failing rank's (1 the run failed, 2 a usage, I/O or checkpoint error,
 101 a bug in mloc), 130 after Ctrl-C, 0 when all succeed.
 """
@@ -31,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,31 +89,72 @@ def launch(train_py: Path, nproc: int, argv: list[str]) -> Outcome:
     """Run ``python train_py *argv --launched-by PID`` in ``nproc`` processes (see the
     module docstring); returns when all have exited."""
     port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="mloc-workers-") as logs:
+    with tempfile.TemporaryDirectory(prefix="mloc-workers-") as logs, _sigterm_as_interrupt():
         paths = [Path(logs) / f"rank{r}.err" for r in range(nproc)]
-        procs = []
+        procs, shown = [], None
         try:
             for rank in range(nproc):
                 with open(paths[rank], "wb") as err:
                     procs.append(subprocess.Popen(
                         [sys.executable, str(train_py), *argv, "--launched-by", str(os.getpid())],
                         env=_env(rank, nproc, port), stderr=subprocess.PIPE if rank == 0 else err,
-                        preexec_fn=_preexec))
+                        preexec_fn=_preexec, start_new_session=True))
                 if rank == 0:
                     shown = threading.Thread(target=_tee, args=(procs[0].stderr, paths[0]), daemon=True)
                     shown.start()
             code, rank = _watch(procs)
         except KeyboardInterrupt:
-            _stop(procs, signal.SIGINT, timeout=10.0)
-            return Outcome(130, "interrupted")
+            code, rank = _interrupt(procs)
         finally:
             _stop(procs, signal.SIGTERM, timeout=5.0)
-            if procs:
+            if shown is not None:
                 shown.join(timeout=5.0)
+        if code == 130 and rank == -1:
+            return Outcome(130, "aborted by a second interrupt: the workers were killed; nothing was saved for "
+                                "the interrupted step")
+        if code == 130:         # rank 0 said where it stopped, shown live
+            told = procs[0].returncode == 130 and paths[0].read_bytes().strip()
+            return Outcome(130, "" if told else "interrupted")
         own = procs[0].returncode
         if code > 0 and code != 130 and own not in (None, 0, EXIT_PEER) and own > 0:
             code, rank = own, 0     # rank 0 failed first-hand too: its diagnostic, shown already, is the one
         return Outcome(code, _report(code, rank, nproc, paths))
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM to the launcher is a Ctrl-C (a graceful stop), in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _interrupt(procs: list[subprocess.Popen]) -> tuple[int, int]:
+    """The first Ctrl-C: one SIGINT to each worker (they stop at the next log step with a
+    checkpoint), then wait for all; a second Ctrl-C kills them. Returns (code, rank) as
+    :func:`_watch` does: 130, or the first other failure while stopping; (130, -1) when aborted."""
+    sys.stderr.write("\nstopping at the next log step to write a checkpoint; Ctrl-C again to abort without one\n")
+    sys.stderr.flush()
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    try:
+        while any(p.poll() is None for p in procs):
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+        return 130, -1
+    codes = [p.returncode for p in procs]
+    failed = [(c, r) for r, c in enumerate(codes) if c not in (0, 130, EXIT_PEER)]
+    return failed[0] if failed else ((130, 0) if 130 in codes else (0, 0))
 
 
 def _tee(pipe, path: Path) -> None:

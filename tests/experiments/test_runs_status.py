@@ -1,0 +1,38 @@
+"""`mloc runs`: an interrupted run says so (and whether it can be resumed), and a run is
+listed under its program's name (README "Logging and experiments")."""
+
+from __future__ import annotations
+
+import json
+
+from mloc.cli import main
+from mloc.cli.experiments import load_run
+from tests.experiments.test_experiments_cli import fake_run
+
+
+def _summary(folder, **kw):
+    (folder / "summary.json").write_text(json.dumps({"steps_done": 10, "best": None, "final": {}, **kw}))
+
+
+def test_an_interrupted_run_is_listed_as_interrupted(tmp_path):
+    stopped = fake_run(tmp_path / "a", [0.5], steps=100, finished=False)
+    _summary(stopped, status="interrupted")
+    (stopped / "checkpoint.pt").write_bytes(b"")
+    assert load_run(stopped).status() == "interrupted (resumable)"
+    aborted = fake_run(tmp_path / "b", [0.5], steps=100, finished=False)
+    _summary(aborted, status="failed", error="interrupted")         # a second Ctrl-C, no checkpoint
+    assert load_run(aborted).status() == "interrupted"
+    failed = fake_run(tmp_path / "c", [0.5], steps=100, finished=False)
+    _summary(failed, status="failed", error="NonFiniteError: ...")
+    assert load_run(failed).status() == "failed"
+
+
+def test_a_run_is_listed_under_its_programs_name(tmp_path, capsys):
+    folder = fake_run(tmp_path / "digits_hpo" / "1", [0.5])
+    config = json.loads((folder / "config.json").read_text())
+    config["run"]["program"]["name"] = "digits_hpo"
+    (folder / "config.json").write_text(json.dumps(config))
+    fake_run(tmp_path / "old" / "1", [0.5])                          # written before the name was recorded
+    assert main(["runs", str(tmp_path)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[1] for r in rows] == ["digits_hpo", "small"]

@@ -1,0 +1,100 @@
+"""Ctrl-C and SIGTERM (docs/reliability.md, "Interrupting a run"): the run stops at the next
+step boundary, writes `checkpoint.pt` there (also without `checkpoint every`), says how to
+continue, exits 130, and `--resume` then ends bitwise where an uninterrupted run ends; a
+second Ctrl-C aborts at once. `nockpt.mlo` is faulty.mlo without `checkpoint every`.
+
+Before this change an interrupted run without `checkpoint every` lost every step, and its
+folder could be neither resumed ("holds no checkpoint.pt") nor reused ("already holds a run").
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from tests.run.helpers import HERE, mloc, popen, records, same_state, step_of
+
+NOCKPT = HERE / "nockpt.mlo"
+SLOW = ("--set", "weights.loss=lib.ce_slow(net, batch, seconds=0.01)")
+
+
+def _wait_for_records(run_dir, step: int, proc, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if any(r["step"] >= step for r in records(run_dir)):
+                return
+        except (OSError, ValueError):
+            pass
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.05)
+
+
+def _interrupt(run_dir, sig, *extra) -> tuple[int, str]:
+    proc = popen("run", NOCKPT, "--steps", 5000, "--out", run_dir, "--quiet", *SLOW, *extra)
+    _wait_for_records(run_dir, 8, proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+def _resumes_bitwise(tmp_path, run_dir, *extra) -> None:
+    step = step_of(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps_done"] == step, summary
+    status = mloc("runs", run_dir).stdout.splitlines()[1].split()
+    assert status[1] == "nockpt_reweighting" and status[-2:] == ["interrupted", "(resumable)"], status
+    total = step + 6
+    resumed = mloc("run", NOCKPT, "--steps", total, "--resume", run_dir, "--quiet", *SLOW, *extra)
+    assert resumed.returncode == 0, resumed.stderr
+    full = mloc("run", NOCKPT, "--steps", total, "--out", tmp_path / "full", "--quiet", *SLOW, *extra)
+    assert full.returncode == 0, full.stderr
+    assert same_state(run_dir, tmp_path / "full")
+    keys = [(r["step"], r["problem"], r.get("eval"), r.get("kind")) for r in records(run_dir)]
+    assert len(keys) == len(set(keys)) and [k[0] for k in keys] == sorted(k[0] for k in keys)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_checkpoints_and_resumes_bitwise(tmp_path, sig):
+    run_dir = tmp_path / "run"
+    code, err = _interrupt(run_dir, sig)
+    assert code == 130, err
+    step = step_of(run_dir)
+    assert step >= 8, err
+    assert f"interrupted at step {step} of 5000: wrote {run_dir / 'checkpoint.pt'}" in err, err
+    assert f"--resume {run_dir} --steps 5000" in err and "Traceback" not in err, err
+    assert not (run_dir / ".lock").exists()
+    _resumes_bitwise(tmp_path, run_dir)
+
+
+@pytest.mark.slow
+def test_an_interrupted_nproc_run_checkpoints_and_resumes_bitwise(tmp_path):
+    run_dir = tmp_path / "run"
+    code, err = _interrupt(run_dir, signal.SIGINT, "--nproc", 2)
+    assert code == 130, err
+    step = step_of(run_dir)
+    assert step >= 8 and step % 4 == 0, err         # the ranks agree at a log boundary
+    assert f"interrupted at step {step} of 5000: wrote {run_dir / 'checkpoint.pt'}" in err, err
+    assert err.count("interrupted at step") == 1 and "Traceback" not in err, err
+    _resumes_bitwise(tmp_path, run_dir, "--nproc", 2)
+
+
+def test_a_second_ctrl_c_aborts_at_once(tmp_path):
+    proc = popen("run", NOCKPT, "--steps", 5000, "--out", tmp_path, "--set",
+                 "weights.loss=lib.ce_slow(net, batch, seconds=3)")
+    for line in proc.stderr:                        # the banner: training has started
+        if line.startswith("training "):
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    started = time.time()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.time() - started < 2.5, err
+    assert "stopping after this step" in err and "Ctrl-C again to abort" in err, err
+    assert "aborted" in err and not (tmp_path / "checkpoint.pt").exists(), err
+    assert json.loads((tmp_path / "summary.json").read_text())["error"] == "interrupted"
