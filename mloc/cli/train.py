@@ -11,8 +11,8 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from mloc.cli.output import (EXIT_ERRORS, EXIT_OK, Output, UsageError, add_pass_options, print_timings, printer,
-                             report, summary)
+from mloc.cli.output import (EXIT_ERRORS, EXIT_OK, Output, UsageError, add_pass_options, io_error, make_dirs,
+                             print_timings, printer, report, summary)
 from mloc.codegen.compile import PIPELINE, Compiled, compile_program, load_generated
 from mloc.codegen.overrides import OverrideError
 from mloc.ir.printer import dump_dot
@@ -56,10 +56,14 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def cmd_compile(args, out: Output) -> int:
     out_dir = Path(args.output)
+    make_dirs(out_dir)                  # an unusable -o is exit 2 before the slow trace
     compiled = _compiled(args, out, out_dir)
     if compiled is None:
         return EXIT_ERRORS
-    train = write_outputs(compiled, out_dir)
+    try:
+        train = write_outputs(compiled, out_dir)
+    except OSError as e:
+        raise io_error(e) from None
     out.err(f"wrote {train}, {out_dir / 'plan.json'}, {out_dir / 'graph.dot'}\n"
             f"run it with: python {train}")
     return EXIT_OK
