@@ -112,7 +112,7 @@ class Run:
         if self.summary and self.summary.get("status"):
             status = str(self.summary["status"])
             if status == "failed" and self.summary.get("error") == "interrupted":
-                status = "interrupted"          # a second Ctrl-C: stopped without a checkpoint of its own
+                status = "interrupted"          # written so before 2026-12-01
             if status == "interrupted" and (self.dir / "checkpoint.pt").is_file():
                 status += " (resumable)"
             return status

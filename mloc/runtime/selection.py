@@ -26,7 +26,7 @@ stops at the step an uninterrupted run stops at, and keeps the same ``best.pt``.
 ``summary.json`` (:func:`write_summary`), written at the end of a run, on early stop and
 on failure::
 
-    {"status": "finished" | "stopped_early" | "failed", "steps_done": N,
+    {"status": "finished" | "stopped_early" | "interrupted" | "failed", "steps_done": N,
      "best": {"metric": M, "mode": "max", "step": S, "value": V} | null,
      "final": {metric: value, ...}}          (+ "error": text when failed)
 
@@ -231,14 +231,16 @@ class Watch:
 @contextmanager
 def failed_summary(selection: Selection, program, out: Path) -> Iterator[None]:
     """Write ``summary.json`` with status ``failed`` (and the error) when the body raises,
-    then let the error go on; a summary that cannot be written does not hide it."""
+    ``interrupted`` for a Ctrl-C that aborted it (the second one), then let the error go on;
+    a summary that cannot be written does not hide it."""
     try:
         yield
     except BaseException as err:
         if program.dist.is_main and Path(out).is_dir():
-            text = "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+            stopped = isinstance(err, KeyboardInterrupt)
+            status, text = ("interrupted", None) if stopped else ("failed", f"{type(err).__name__}: {err}")
             try:
-                write_summary(Path(out), summary(selection, "failed", program.step_count, text))
+                write_summary(Path(out), summary(selection, status, program.step_count, text))
             except OSError:
                 pass
         raise

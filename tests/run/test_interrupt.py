@@ -97,4 +97,4 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     assert proc.returncode == 130 and time.time() - started < 2.5, err
     assert "stopping after this step" in err and "Ctrl-C again to abort" in err, err
     assert "aborted" in err and not (tmp_path / "checkpoint.pt").exists(), err
-    assert json.loads((tmp_path / "summary.json").read_text())["error"] == "interrupted"
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
