@@ -10,13 +10,16 @@ records must hold what `metrics.jsonl` holds, step for step.
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from mloc.cli import main
 from mloc.runtime.records import read_metrics
+from tests.conftest import ROOT
 
 wandb = pytest.importorskip("wandb")
 SMALL = Path(__file__).resolve().parents[1] / "run" / "small.mlo"
@@ -56,11 +59,16 @@ def _history(run_dir: Path) -> dict[int, dict]:
     return out
 
 
-def test_wandb_offline_history_equals_metrics_jsonl(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def test_wandb_offline_history_equals_metrics_jsonl(tmp_path):
+    # `mloc run` in its own process, as a user runs it: W&B's service has written the
+    # offline file by the time the process has exited (read right after `finish()` in this
+    # process, the file was once found without its history on a loaded CI machine)
     run = tmp_path / "run"
-    assert main(["run", str(SMALL), "--steps", "20", "--out", str(run), "--logger", "wandb", "--quiet"]) == 0
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    proc = subprocess.run([sys.executable, "-m", "mloc", "run", str(SMALL), "--steps", "20", "--out", str(run),
+                           "--logger", "wandb", "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
     history = _history(run)
     train = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
     assert train and sorted(history) == sorted({r["step"] for r in train})
