@@ -519,10 +519,13 @@ def test_the_benchmarks_minimal_step_is_shampoos_step():
     assert not torch.allclose(ours[0], init[0])
 
 
-def test_the_root_worker_process_computes_what_root_work_computes():
+def test_the_root_worker_process_computes_what_root_work_computes(monkeypatch):
     """RootProcess alone: statistics of mixed dtypes and shapes (float32 and float64, batches
     of 1 and 3, odd byte sizes), two slots, jobs answered out of order: every root and
-    status equals ``RootWork.compute`` in this process bit for bit."""
+    status equals ``RootWork.compute`` in this process bit for bit. Without
+    PYTHONUNBUFFERED (set where this suite was written), so the worker's stdout is
+    block-buffered as on a user's machine: every message must be flushed."""
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
     from mloc.runtime.optim.rootproc import RootProcess
     from mloc.runtime.optim.rootwork import RootWork
 

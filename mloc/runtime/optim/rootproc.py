@@ -242,8 +242,10 @@ def _regroup(flat, nested) -> tuple:
 
 
 def _write(stream, message) -> None:
+    """One message, flushed (the worker's stdout is block-buffered unless PYTHONUNBUFFERED)."""
     data = pickle.dumps(message)
     stream.write(_LEN.pack(len(data)) + data)
+    stream.flush()
 
 
 def _read(stream):
@@ -268,8 +270,8 @@ def serve(settings: tuple, folder: str, stdin, stdout) -> None:
     of input, remove ``folder`` and return."""
     from mloc.runtime.optim.rootwork import RootWork
     work, mapped = RootWork(*settings), {}
-    _write(stdout, READY)
     try:
+        _write(stdout, READY)
         while True:
             try:
                 message = _read(stdin)
@@ -287,6 +289,8 @@ def serve(settings: tuple, folder: str, stdin, stdout) -> None:
             done = work.compute(stats, ps)
             torch._foreach_copy_(out, [t for ts in done["roots"] + done["status"] for t in ts])
             _write(stdout, slot)
+    except (BrokenPipeError, FileNotFoundError):    # training closed the pipe or the folder:
+        return                                      # it has finished or gone, and so do we
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -298,3 +302,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
     serve(ast.literal_eval(sys.argv[1]), sys.argv[2], sys.stdin.buffer, sys.stdout.buffer)
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:                         # nothing left to say to a closed pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
