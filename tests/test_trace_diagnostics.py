@@ -79,6 +79,15 @@ def test_wrong_data_is_blamed_on_the_data_field_with_the_expected_type(tmp_path,
     assert any("DataLoader" in n for n in d.notes)
 
 
+@pytest.mark.parametrize("call", ["lib.no_batches()", "lib.nothing()"])
+def test_data_without_a_batch_says_it_is_empty(tmp_path, call):
+    """An empty list or a generator that yields nothing: not "raised StopIteration" (and a
+    help to read a traceback that has none) but what is wrong."""
+    d = only(compile_case(tmp_path, data=call), "E702")
+    assert (d.span.line, d.span.col) == (5, 17)
+    assert d.message == f"`{call}` yields no batch: the data is empty" and "StopIteration" not in d.message
+
+
 def test_batches_of_numpy_arrays_are_blamed_on_the_data_field(tmp_path):
     d = only(compile_case(tmp_path, data="lib.array_batches()"), "E709")
     assert (d.span.line, d.span.col) == (5, 17) and "numpy arrays" in d.message

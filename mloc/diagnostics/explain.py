@@ -240,7 +240,8 @@ EXPLANATIONS: dict[str, Explanation] = {
               "def loss(model, hyper, batch): return (hyper.w(batch) * ce_each(...)).mean()"),
     "E702": E("The program's own Python code raised an error while mloc built a module, drew a "
               "batch, traced a loss or ran an evaluation. The message shows the exception and your "
-              "file's lines where it was raised; the span is the .mlo field that called it.",
+              "file's lines where it was raised; the span is the .mlo field that called it. Data that "
+              "yields no batch at all (an empty list or dataset) is reported here too.",
               "module = lib.MLP(hiden=64)       # MLP.__init__() got an unexpected keyword",
               "module = lib.MLP(hidden=64)"),
     "E703": E("A loss must return a floating-point scalar tensor that autograd can differentiate. "

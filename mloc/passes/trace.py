@@ -31,7 +31,7 @@ from mloc.ir.graph import ProgramGraph
 from mloc.passes.evaluations import try_evaluations
 from mloc.passes.loader import evaluate, import_modules, program_path
 from mloc.passes.plan import Sizes, format_bytes
-from mloc.passes.trace_checks import check_batch, check_data, init_mismatch, not_a_loss, raised
+from mloc.passes.trace_checks import check_batch, check_data, init_mismatch, no_batch, not_a_loss, raised
 
 
 _raised = raised      # E702 with the user's own file:line frames (`mloc.passes.trace_checks`)
@@ -130,6 +130,9 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
     reads = p.loss.read_names()
     try:
         meta_batch = intro.first_batch(data)
+    except StopIteration:
+        diags.append(no_batch(p.data.span, p.data.text))
+        return
     except Exception as err:  # noqa: BLE001 - user code
         diags.append(_raised(p.data.span, f"drawing the first batch of `{p.data.text}`", err))
         return

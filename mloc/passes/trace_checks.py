@@ -37,6 +37,13 @@ def raised(span, what: str, err: BaseException) -> Diagnostic:
                       label="raised here", help=help, notes=tuple(f"in {f}" for f in frames[-4:]))
 
 
+def no_batch(span, text: str) -> Diagnostic:
+    """E702 for data that yields no batch at all (its iterator stops at once)."""
+    return Diagnostic("E702", f"`{text}` yields no batch: the data is empty", span, label="no first batch",
+                      help="return data with at least one batch (an empty list, a generator that yields "
+                           "nothing, or a DataLoader over an empty dataset has none)")
+
+
 def user_frames(err: BaseException) -> list[str]:
     """`file:line in function: code` for the user's frames of `err`'s traceback (the rule
     `mloc run` applies: `mloc.runtime.launch`)."""

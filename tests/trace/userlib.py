@@ -101,3 +101,11 @@ class Same(nn.Module):
 
     def forward(self, x):
         return self.fc(x)
+
+
+def no_batches():
+    return []
+
+
+def nothing():
+    yield from ()
