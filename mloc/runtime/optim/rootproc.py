@@ -61,8 +61,8 @@ class Buffers:
     def __init__(self, folder: Path, slot: int, specs):
         self.specs = specs              # per parameter, ((shape, dtype), ...)
         self.paths = (str(folder / f"stats{slot}"), str(folder / f"out{slot}"))
-        self.stats = _carve(_mapped(self.paths[0], _flat(specs), create=True), _layout(_flat(specs)))
-        self.out = _carve(_mapped(self.paths[1], _out_specs(specs), create=True), _layout(_out_specs(specs)))
+        self.stats = _shared(self.paths[0], _flat(specs), create=True)
+        self.out = _shared(self.paths[1], _out_specs(specs), create=True)
 
     def answer(self) -> tuple:
         """The roots' groups, then the statuses', as new tensors of their own (copies: the
@@ -216,22 +216,20 @@ def _layout(specs) -> list[tuple]:
     return out
 
 
-def _mapped(path: str, specs, create: bool = False) -> Tensor:
-    """The bytes of the file at ``path``, sized for ``specs``, mapped shared. ``create``:
-    a new file whose blocks are allocated now (``posix_fallocate``): a full ``/dev/shm`` is
-    then an ``OSError`` here, not a SIGBUS at the first write into a mapped page."""
-    size = max(-(-_layout(specs)[-1][1] // 8) * 8, 8)
+def _shared(path: str, specs, create: bool = False) -> list[Tensor]:
+    """The tensors of ``specs`` (``(shape, dtype)`` each), views of the file at ``path``
+    mapped shared. ``create``: a new file whose blocks are allocated now
+    (``posix_fallocate``): a full ``/dev/shm`` is then an ``OSError`` here, not a SIGBUS at
+    the first write into a mapped page."""
+    layout = _layout(specs)
+    size = max(-(-layout[-1][1] // 8) * 8, 8)
     if create:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.posix_fallocate(fd, 0, size)
         finally:
             os.close(fd)
-    return torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
-
-
-def _carve(raw: Tensor, layout) -> list[Tensor]:
-    """The tensors of a :func:`_layout`, views of the bytes ``raw``."""
+    raw = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
     return [raw[start:stop].view(dtype).view(shape) for start, stop, dtype, shape in layout]
 
 
@@ -280,8 +278,7 @@ def serve(settings: tuple, folder: str, stdin, stdout) -> None:
             slot = message[0]
             if len(message) > 1:        # a slot's first job: its files and layout
                 _, paths, specs, ps = message
-                stats = _carve(_mapped(paths[0], _flat(specs)), _layout(_flat(specs)))
-                out = _carve(_mapped(paths[1], _out_specs(specs)), _layout(_out_specs(specs)))
+                stats, out = _shared(paths[0], _flat(specs)), _shared(paths[1], _out_specs(specs))
                 mapped[slot] = (_regroup(stats, specs), out, ps)
                 for p in paths:
                     Path(p).unlink(missing_ok=True)
