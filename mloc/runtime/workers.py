@@ -134,6 +134,23 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, old)
 
 
+def _poll(p: subprocess.Popen) -> int | None:
+    """``p.poll()``, also when the Ctrl-C that got us here interrupted an earlier ``poll()``
+    between its taking and its releasing ``Popen``'s wait lock: that ``poll()`` then returns
+    None for ever, and an exited worker stayed a zombie while the launcher waited (seen once
+    in CI). Then the child is reaped here with ``os.waitpid``."""
+    if p.poll() is not None:
+        return p.returncode
+    try:
+        pid, status = os.waitpid(p.pid, os.WNOHANG)
+    except ChildProcessError:           # reaped by poll() after all
+        return p.returncode
+    if pid == 0:
+        return None
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode
+
+
 def _interrupt(procs: list[subprocess.Popen]) -> tuple[int, int]:
     """The first Ctrl-C: one SIGINT to each worker (they stop at the next log step with a
     checkpoint), then wait for all; a second Ctrl-C kills them. Returns (code, rank) as
@@ -144,7 +161,7 @@ def _interrupt(procs: list[subprocess.Popen]) -> tuple[int, int]:
         if p.poll() is None:
             p.send_signal(signal.SIGINT)
     try:
-        while any(p.poll() is None for p in procs):
+        while any(_poll(p) is None for p in procs):
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         for p in procs:
