@@ -166,8 +166,8 @@ def _interrupt(procs: list[subprocess.Popen]) -> tuple[int, int]:
     except KeyboardInterrupt:
         for p in procs:
             p.kill()
-        for p in procs:
-            p.wait()
+        while any(_poll(p) is None for p in procs):     # not p.wait(): its lock may be lost
+            time.sleep(POLL_S)
         return 130, -1
     codes = [p.returncode for p in procs]
     failed = [(c, r) for r, c in enumerate(codes) if c not in (0, 130, EXIT_PEER)]
