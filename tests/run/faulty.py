@@ -2,6 +2,7 @@
 plus losses that raise, turn NaN or sleep, on one rank or all."""
 
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,20 @@ def ce_nan(net, batch, rank: int = -1, after: int = 7):
 def ce_slow(net, batch, seconds: float = 0.02):
     """The clean loss, after a pause (a window to interrupt a run in)."""
     time.sleep(seconds)
+    return ce(net, batch)
+
+
+def ce_stall(net, batch, flag: str = ""):
+    """The clean loss; while the file FLAG exists, a call first waits for it to go (at most
+    ten minutes): a step that is still running when a test interrupts the run. It leaves
+    `stalled` beside FLAG on entering the wait and `unstalled` on leaving it."""
+    if flag and Path(flag).exists():
+        here = Path(flag).parent
+        (here / "stalled").touch()
+        deadline = time.monotonic() + 600
+        while Path(flag).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (here / "unstalled").touch()
     return ce(net, batch)
 
 

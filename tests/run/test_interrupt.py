@@ -83,18 +83,34 @@ def test_an_interrupted_nproc_run_checkpoints_and_resumes_bitwise(tmp_path):
 
 
 def test_a_second_ctrl_c_aborts_at_once(tmp_path):
-    proc = popen("run", NOCKPT, "--steps", 5000, "--out", tmp_path, "--set",
-                 "weights.loss=lib.ce_slow(net, batch, seconds=3)")
+    """The second Ctrl-C lands while a step is still running (its loss waits on a file for up
+    to ten minutes): the run must end inside that step, not after it. Whether it did is read
+    from the loss's own marker files, never from a clock."""
+    flag, run_dir = tmp_path / "stall", tmp_path / "run"
+    proc = popen("run", NOCKPT, "--steps", 5000, "--out", run_dir, "--set",
+                 f"weights.loss=lib.ce_stall(net, batch, flag='{flag}')")
     for line in proc.stderr:                        # the banner: training has started
         if line.startswith("training "):
             break
-    time.sleep(0.5)
+    flag.touch()
+    deadline = time.time() + 240                    # only to stop a hang
+    while not (tmp_path / "stalled").exists():
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
-    started = time.time()
+    first = ""
+    for line in proc.stderr:                        # the first Ctrl-C has been seen
+        if "Ctrl-C again to abort" in line:
+            first = line
+            break
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and time.time() - started < 2.5, err
-    assert "stopping after this step" in err and "Ctrl-C again to abort" in err, err
-    assert "aborted" in err and not (tmp_path / "checkpoint.pt").exists(), err
-    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+    try:
+        _, err = proc.communicate(timeout=240)
+    finally:
+        flag.unlink(missing_ok=True)
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert not (tmp_path / "unstalled").exists(), "the run finished the step it was asked to abort"
+    assert "stopping after this step" in first and "aborted" in err, (first, err)
+    assert not (run_dir / "checkpoint.pt").exists(), err
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
