@@ -122,7 +122,7 @@ def _report_broken(imp: ast.Import, info: PyModuleInfo, via: tuple[tuple[str, in
 
 def module_path(path: str | Path, src: SourceFile) -> str:
     """A module's file as the user reaches it: one beside the `.mlo` file under the path the
-    `.mlo` file was given by (`programs/lib.py` for `programs/x.mlo`), another as it is."""
+    `.mlo` file was given by (`progs/lib.py` for `progs/x.mlo`), another as it is."""
     try:
         return str(Path(src.path).parent / Path(path).relative_to(src.directory))
     except ValueError:
