@@ -11,7 +11,9 @@
     prog.save("hpo.pt"); prog.restore("hpo.pt")             # everything needed to resume
     print(prog.source)                                      # the generated train.py
 
-`load` raises `mloc.api.ProgramError` carrying the diagnostics when the program has errors.
+`load` raises `mloc.api.ProgramError` carrying the diagnostics when the program has errors;
+a problem name the program does not have raises `UnknownProblem` (a `KeyError`) saying
+which it meant, as the checker does for every name.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mloc.codegen.compile import compile_program, load_generated
-from mloc.diagnostics import Diagnostic, render
+from mloc.diagnostics import Diagnostic, did_you_mean, render
 
 
 class ProgramError(Exception):
@@ -29,6 +31,14 @@ class ProgramError(Exception):
     def __init__(self, diagnostics: tuple[Diagnostic, ...]):
         self.diagnostics = diagnostics
         super().__init__("\n" + render(diagnostics, "full"))
+
+
+class UnknownProblem(KeyError):
+    """A problem name that the program does not have. A `KeyError` (what a lookup by name
+    raises), whose message is shown as written rather than quoted."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class Session:
@@ -62,7 +72,17 @@ class Session:
         return self.program.losses()
 
     def module(self, name: str):
-        return self.program.module(name)
+        return self.program.module(self._problem(name))
+
+    def _problem(self, name: str) -> str:
+        """`name` if the program has that problem, else UnknownProblem with a did-you-mean."""
+        names = list(self.program.live)
+        if name in names:
+            return name
+        hint = did_you_mean(name, names) if isinstance(name, str) else None
+        raise UnknownProblem(f"program `{self.program.name}` has no problem `{name}`"
+                             + (f": {hint}" if hint else "")
+                             + f" (its problems: {', '.join(f'`{n}`' for n in names)})")
 
     def hypergradients(self):
         return self.program.hypergradients()

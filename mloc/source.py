@@ -40,6 +40,11 @@ class SourceFile:
         line = bisect.bisect_right(self._line_starts, offset) - 1
         return line + 1, offset - self._line_starts[line] + 1
 
+    def offset_of(self, line: int, col: int) -> int:
+        """The character offset of a 1-based (line, column), clamped into the text."""
+        line = max(1, min(line, len(self._line_starts)))
+        return min(self._line_starts[line - 1] + max(col, 1) - 1, len(self.text))
+
     def line_text(self, line: int) -> str:
         """The text of a 1-based line, without its newline."""
         start = self._line_starts[line - 1]

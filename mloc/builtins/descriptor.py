@@ -8,7 +8,10 @@ A `Descriptor` joins the views every stage needs of one built-in:
 - `cost`: for a method, `cost(args, shape) -> (time in G, memory in bytes or None)`, a pure
   function of the sizes (the planner's view); None where the planner has nothing to price;
 - `runtime`: `"module:attr"` of the runtime factory generated code calls, or None while
-  the built-in is checked but not implemented (the checker reports E704 where it is used).
+  the built-in is checked but not implemented (the checker reports E704 where it is used);
+- `aliases`: the names the literature gives it (`darts` for `finite_diff`), each with the
+  call that is that method and who named it: not accepted as names (one spelling per
+  built-in), but an unknown name that is one gets the built-in as its did-you-mean.
 
 Nothing here imports torch: `Descriptor.load()` imports the runtime factory lazily and
 only code that executes a program calls it.
@@ -150,11 +153,23 @@ Cost = Callable[[dict, Shape], "tuple[float, int | None]"]
 
 
 @dataclass(frozen=True)
+class Alias:
+    """A name the literature uses for a built-in: `name` (as a user may write it, in lower
+    case), `call` (the built-in's call that is that method), `source` (what it is there and
+    the paper, read after "It is": "DARTS's second-order approximation (Liu et al., 2019)")."""
+
+    name: str
+    call: str
+    source: str
+
+
+@dataclass(frozen=True)
 class Descriptor:
     signature: Signature
     caps: Caps
     runtime: str | None
     cost: Cost | None = None
+    aliases: tuple[Alias, ...] = ()
 
     @property
     def name(self) -> str:
@@ -182,4 +197,13 @@ class Descriptor:
 
 
 def registry(*descriptors: Descriptor) -> dict[str, Descriptor]:
-    return {d.name: d for d in descriptors}
+    table = {d.name: d for d in descriptors}
+    aliases = [a.name for d in descriptors for a in d.aliases]
+    assert len(set(aliases)) == len(aliases) and not set(aliases) & set(table), aliases
+    return table
+
+
+def alias_in(table: dict[str, Descriptor], name: str) -> Alias | None:
+    """The alias `name` (any case, `-` as `_`) of a built-in of `table`, if it is one."""
+    key = name.lower().replace("-", "_")
+    return next((a for d in table.values() for a in d.aliases if a.name == key), None)

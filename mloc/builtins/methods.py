@@ -19,13 +19,16 @@ K = 50): one forward-mode direction per step costs about 3 reverse steps' worth 
 (a JVP through a gradient), recompute about twice reverse. `auto` has no cost of its own:
 the planner prices the methods it may choose.
 
+The names methods go by in papers (`darts`, `maml`, `imaml`, ...) are each descriptor's
+`aliases`: an unknown method that is one is answered with the method's call.
+
 Adding a method: its descriptor here, its factory in `mloc/runtime/methods/` (named by
 `runtime`), its row in `docs/language.md`.
 """
 
 from __future__ import annotations
 
-from mloc.builtins.descriptor import Descriptor, MethodCaps, Param, Shape, registry, signature
+from mloc.builtins.descriptor import Alias, Descriptor, MethodCaps, Param, Shape, registry, signature
 from mloc.lang.types import Enum, Float, Int
 from mloc.lang.vocabulary import ITD_MODES
 
@@ -75,13 +78,19 @@ ITD = Descriptor(
               Param("mode", Enum(ITD_MODES), "auto")),
     MethodCaps(unrolls=True, reads_init=True, needs=frozenset({"differentiable"}),
                fusable=True),
-    "mloc.runtime.methods:itd", _itd)
+    "mloc.runtime.methods:itd", _itd,
+    (Alias("maml", "itd", "MAML's hypergradient, through the unrolled inner steps (Finn et al., 2017)"),
+     Alias("rhg", "itd(mode=reverse)", "the reverse-mode hypergradient, RHG (Franceschi et al., 2017)"),
+     Alias("fhg", "itd(mode=forward)", "the forward-mode hypergradient, FHG (Franceschi et al., 2017)"),
+     Alias("mwn", "itd(steps=1)", "Meta-Weight-Net's hypergradient, through one look-ahead step (Shu et al., 2019)")))
 
 CG = Descriptor(
     signature("cg", "implicit differentiation, H⁻¹v by conjugate gradients",
               Param("iters", Int(1), 10), Param("tol", Float(0), 1e-10)),
     MethodCaps(implicit=True, differentiable=True, task_vmap=True),
-    "mloc.runtime.methods:cg", _implicit(4))
+    "mloc.runtime.methods:cg", _implicit(4),
+    (Alias("imaml", "cg", "iMAML's implicit hypergradient by conjugate gradients (Rajeswaran et al., 2019)"),
+     Alias("hoag", "cg", "HOAG's implicit hypergradient by conjugate gradients (Pedregosa, 2016)")))
 
 NEUMANN = Descriptor(
     signature("neumann", "implicit differentiation, H⁻¹v by a truncated Neumann series",
@@ -93,7 +102,8 @@ FINITE_DIFF = Descriptor(
     signature("finite_diff", "identity Hessian, mixed product by central differences (DARTS)",
               Param("eps", POSITIVE, 0.01)),
     MethodCaps(two_level=True),
-    "mloc.runtime.methods:finite_diff", _finite_diff)
+    "mloc.runtime.methods:finite_diff", _finite_diff,
+    (Alias("darts", "finite_diff", "DARTS's second-order approximation (Liu et al., 2019)"),))
 
 SAMA = Descriptor(
     signature("sama", "SAMA: finite differences on the optimizer-adjusted direction",
@@ -104,7 +114,8 @@ SAMA = Descriptor(
 FIRST_ORDER = Descriptor(
     signature("first_order", "drop the indirect term (first-order MAML)"),
     MethodCaps(reads_init=True, differentiable=True, no_indirect=True, task_vmap=True),
-    "mloc.runtime.methods:first_order", _first_order)
+    "mloc.runtime.methods:first_order", _first_order,
+    (Alias("fomaml", "first_order", "first-order MAML (Finn et al., 2017)"),))
 
 AUTO = Descriptor(
     signature("auto", "let the planner choose a method under the memory budget"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 from mloc.diagnostics.codes import lookup
@@ -76,6 +76,24 @@ class Diagnostics:
 
     def sorted(self) -> tuple[Diagnostic, ...]:
         return tuple(sorted(self.items, key=Diagnostic.sort_key))
+
+
+def fold_repeats(diags: Iterable[Diagnostic]) -> list[Diagnostic]:
+    """One diagnostic per error: those that differ only in where they were reported (the
+    same call, raising the same exception with the same frames, from four `data` fields)
+    become the first one, with a note naming the other places, in order (the first note: a
+    help may point at the last one, the innermost frame)."""
+    out: list[Diagnostic] = []
+    places: dict[Diagnostic, list[Span]] = {}
+    for d in diags:
+        key = replace(d, span=None)
+        if d.span is not None and key in places:
+            places[key].append(d.span)
+            continue
+        places.setdefault(key, [])
+        out.append(d)
+    return [replace(d, notes=("the same error also at " + ", ".join(map(str, more)), *d.notes))
+            if d.span is not None and (more := places[replace(d, span=None)]) else d for d in out]
 
 
 def closest(word: str, candidates: Iterable[str]) -> str | None:

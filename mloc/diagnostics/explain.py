@@ -73,6 +73,12 @@ EXPLANATIONS: dict[str, Explanation] = {
               "evaluation's call receives Python values, not a problem. Problems are passed to "
               "`loss` (and `init`, `project`, `reinit`), where mloc substitutes the module.",
               "module = lib.Head(backbone)", "loss = lib.loss(head, backbone, batch)"),
+    "E109": E("An imported module is not valid Python: importing it would raise `SyntaxError`, so "
+              "the program could not start. `mloc check` parses the module with Python's own parser "
+              "(without running it) and reports the error at the module's file, line and column, with "
+              "Python's message. Until it parses, the module's names are unknown, so calls into it are "
+              "not checked; fix it and check again. `python -m py_compile FILE` shows the same error.",
+              "def loader(batch_size=8:", "def loader(batch_size=8):"),
     "E201": E("A required field is absent. A problem needs `module`, `data`, `loss` and `optimizer`; "
               "a chain needs `interlock`.",
               "problem low { module = lib.Net()  data = lib.loader()  loss = lib.loss(low, batch) }",

@@ -19,9 +19,10 @@ from mloc.diagnostics import Diagnostics, did_you_mean
 from mloc.frontend import ast
 from mloc.ir.payloads import Builtin
 from mloc.builtins import REQUIRED, Descriptor, Signature
+from mloc.builtins.descriptor import alias_in
 from mloc.lang.roots import shampoo_roots_due
 from mloc.lang.types import INVALID, Options, PyRef
-from mloc.passes.names import Scope
+from mloc.passes.names import Scope, import_line
 from mloc.passes.pymodules import find_module
 
 _UNKNOWN = {"optimizers": ("E301", "optimizer"), "methods": ("E302", "hypergradient method"),
@@ -107,7 +108,7 @@ def resolve_ref(name: ast.Name, scope: Scope | None, diags: Diagnostics) -> PyRe
                     label="not defined" if info is None else "a module",
                     help=(did_you_mean(head, [*(scope.imports if scope else ()), "torch"])
                           or _under_torch(name, base)
-                          or f"import it (`import {head}`), or write the full module path, e.g. "
+                          or f"import it (`{import_line(head)}`), or write the full module path, e.g. "
                           "`torch.optim.RAdam`") if info is None else "name a class or function in it")
         return None
     while len(attrs) > 1 and (sub := find_module(f"{module}.{attrs[0]}", base)) is not None:
@@ -135,7 +136,11 @@ def _under_torch(name: ast.Name, base) -> str | None:
 
 def _unknown_hint(name: str, table: dict[str, Descriptor], takes_python: bool) -> str:
     """Did-you-mean for an unknown built-in, case-insensitively (`SGD` -> `sgd`); for a
-    torch.optim class name written bare, also the dotted call that reaches it."""
+    name the literature gives a built-in (its `aliases`: `darts`), that built-in's call; for
+    a torch.optim class name written bare, also the dotted call that reaches it."""
+    alias = alias_in(table, name)
+    if alias is not None:
+        return f"did you mean `{alias.call}`? It is {alias.source}"
     folded = {n.lower(): n for n in table}
     match = folded.get(name.lower()) or did_you_mean(name, table)
     available = "available: " + ", ".join(f"`{n}`" for n in table)

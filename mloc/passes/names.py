@@ -20,6 +20,22 @@ from mloc.source import Span
 
 LITERAL_NAMES = frozenset({"None"})
 
+# The aliases Python code conventionally binds modules to: an undefined `F.relu` asks for
+# `import torch.nn.functional as F`, not `import F`. The one table of them (E101's help here
+# and in `mloc.passes.builtins.resolve_ref`).
+CONVENTIONAL_ALIASES = {
+    "torch": "torch", "nn": "torch.nn", "F": "torch.nn.functional", "optim": "torch.optim",
+    "dist": "torch.distributed", "np": "numpy", "pd": "pandas", "plt": "matplotlib.pyplot",
+    "T": "torchvision.transforms",
+}
+
+
+def import_line(head: str) -> str:
+    """The `import` that binds `head`: `import torch.nn.functional as F` for a conventional
+    alias, else `import head`."""
+    module = CONVENTIONAL_ALIASES.get(head, head)
+    return f"import {module}" if module == head else f"import {module} as {head}"
+
 
 @dataclass
 class Scope:
@@ -143,7 +159,7 @@ def _undefined(name: ast.Name, scope: Scope, diags: Diagnostics, *, callee: bool
     if builtin is not None:
         hint = f"`{word}` is a built-in of the {builtin[:-1]} kind, usable only in that field"
     elif len(name.parts) > 1:
-        hint = did_you_mean(head, scope.imports) or f"add `import {head}` at the top of the file"
+        hint = did_you_mean(head, scope.imports) or f"add `{import_line(head)}` at the top of the file"
     else:
         hint = did_you_mean(word, candidates)
         if hint is None and callee:

@@ -258,7 +258,26 @@ def _composition_json(c: Composition) -> dict:
 
 
 def plan_table(plan: Plan) -> str:
-    """A plain-text table: one row per edge, then the semantics and the schedule."""
+    """A plain-text table: one row per edge, then the semantics and the schedule. A program
+    without hierarchy edges (only interlocking chains, or one problem) has no hypergradient
+    to plan: no methods, semantics, budget or composition order, so it says that instead."""
+    lines = _edge_lines(plan) if plan.edges else [
+        "no hierarchy edges: " + ("the problems train in interlocking chains" if plan.chains else
+                                  "each problem trains on its own loss")
+        + ", so no hypergradient is computed (no method, semantics or composition order applies)"]
+    if plan.warmup:
+        lines.append("before the first outer step:")
+        lines += schedule_lines(Loop(1, plan.warmup), 1)
+    for c in plan.chains:
+        lines.append(f"chain [{', '.join(c.stages)}], interlock = {c.n} ({c.policy()}):")
+        lines += [f"  {line}" for line in c.lines()]
+    lines.append("schedule, one outer step:")
+    lines += schedule_lines(plan.schedule, 1)
+    return "\n".join(lines) + "\n"
+
+
+def _edge_lines(plan: Plan) -> list[str]:
+    """The edges' table, the semantics, the memory budget and the composition order."""
     rows = [("edge", "method", "mode", "memory", "time (G)", "reason")]
     for e in plan.edges:
         rows.append((f"{e.upper} -> {e.lower}", e.render().split("(")[0] + _args_text(e), e.mode or "-",
@@ -270,15 +289,7 @@ def plan_table(plan: Plan) -> str:
     lines.append(f"semantics: {plan.runtime_semantics} ({plan.semantics_reason})")
     lines.append(f"memory budget: {format_bytes(plan.memory_budget) if plan.memory_budget else 'none'}")
     lines.append("composition order (adjoints, bottom-up): " + " -> ".join(plan.order))
-    if plan.warmup:
-        lines.append("before the first outer step:")
-        lines += schedule_lines(Loop(1, plan.warmup), 1)
-    for c in plan.chains:
-        lines.append(f"chain [{', '.join(c.stages)}], interlock = {c.n} ({c.policy()}):")
-        lines += [f"  {line}" for line in c.lines()]
-    lines.append("schedule, one outer step:")
-    lines += schedule_lines(plan.schedule, 1)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _args_text(e: EdgePlan) -> str:

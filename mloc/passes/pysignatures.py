@@ -20,6 +20,7 @@ from pathlib import Path
 
 from mloc.diagnostics import Diagnostics, did_you_mean
 from mloc.frontend import ast as mlo
+from mloc.passes.pymodules import parse_module
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,8 @@ def signature_of(path: Path | None, attr: str) -> PySignature | None:
 
 @functools.lru_cache(maxsize=64)
 def _signatures(path: Path, mtime: float) -> dict[str, PySignature]:
-    try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
+    tree = parse_module(path)
+    if not isinstance(tree, ast.Module):        # unreadable, or E109 (`mloc.passes.pymodules`)
         return {}
     out: dict[str, PySignature | None] = {}
     for node in tree.body:

@@ -10,6 +10,7 @@ declared structure this pass also returns.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from mloc.builtins import METHODS
 from mloc.diagnostics import Diagnostics, closest, did_you_mean
@@ -23,7 +24,7 @@ from mloc.passes.builtins import bind_builtin
 from mloc.passes.fields import check_value, index_fields, report_missing
 from mloc.passes.methods import check_method
 from mloc.passes.names import Scope
-from mloc.passes.pymodules import find_module
+from mloc.passes.pymodules import PyModuleInfo, find_module, first_broken
 from mloc.source import SourceFile
 
 KEYWORDS = frozenset({"program", "import", "as", "problem", "chain", "train", "every", "true",
@@ -98,8 +99,34 @@ def _imports(module: ast.Module, src: SourceFile, diags: Diagnostics) -> dict:
             diags.error("E105", f"cannot find the Python module `{imp.module.dotted}`",
                         imp.module.span, label="not found",
                         help=f"put `{where}` beside {src.path}, or install the package that provides it")
+        elif (broken := first_broken(info, src.directory)) is not None:
+            _report_broken(imp, *broken, src, diags)
         bound[imp.bound] = info
     return bound
+
+
+def _report_broken(imp: ast.Import, info: PyModuleInfo, via: tuple[tuple[str, int], ...],
+                   src: SourceFile, diags: Diagnostics) -> None:
+    """E109 at the place in the module where Python's parser stops (the imported module, or
+    one of the user's modules it imports, `via` those imports), named as the user reaches it."""
+    bad = info.broken
+    shown = module_path(info.path, src)
+    text = SourceFile(shown, bad.text)
+    start = text.offset_of(bad.line, bad.col)
+    span = text.span(start, max(start + 1, text.offset_of(bad.end_line, bad.end_col) + 1))
+    chain = "".join(f"{module_path(f, src)}:{line}, imported by " for f, line in reversed(via))
+    diags.error("E109", f"the Python module `{info.dotted}` does not parse: {bad.message}", span,
+                label="Python stops here", notes=(f"imported at {chain}{imp.span}",),
+                help=f"fix the syntax in {shown}; `python -m py_compile {shown}` shows the same error")
+
+
+def module_path(path: str | Path, src: SourceFile) -> str:
+    """A module's file as the user reaches it: one beside the `.mlo` file under the path the
+    `.mlo` file was given by (`progs/lib.py` for `progs/x.mlo`), another as it is."""
+    try:
+        return str(Path(src.path).parent / Path(path).relative_to(src.directory))
+    except ValueError:
+        return str(path)
 
 
 def _unique_problems(module: ast.Module, diags: Diagnostics) -> dict[str, ast.Problem]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mloc.diagnostics import Diagnostic
+from mloc.diagnostics import Diagnostic, fold_repeats
 from mloc.ir.graph import ProgramGraph
 from mloc.passes.evaluations import try_evaluations
 from mloc.passes.loader import evaluate, import_modules, program_path
@@ -76,7 +76,7 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
     if not diags:
         with program_path(Path(g.info.source_path).resolve().parent):
             diags += try_evaluations(g, mods, _raised)
-    return sizes, diags + warnings
+    return sizes, fold_repeats(diags + warnings)     # one missing package: one error, not one per call
 
 
 def describe_sizes(sizes: Sizes) -> str:

@@ -3,7 +3,11 @@
 For a lower problem ``θ*(x) = argmin_θ L(θ, x)`` and an adjoint ``v = ∂F/∂θ``, a BR-VJP
 returns ``(dθ*/dx)ᵀ v = -J_xᵀ H⁻¹ v`` (``H = ∇²_θθ L``, ``J_x = ∇²_θx L``) for every upper
 ``x`` the loss reads, never building a Jacobian. Methods differ only in how
-``q ≈ H⁻¹v`` is formed (see ``shared/reference/hypergradients.md``).
+``q ≈ H⁻¹v`` is formed, each derived in its module with the paper it follows: ``itd``
+(``unrolled.py``: Maclaurin et al. 2015, Franceschi et al. 2017), ``cg`` and ``neumann``
+(``implicit.py``: Rajeswaran et al. 2019, Lorraine et al. 2020), ``finite_diff``, ``sama``
+and ``first_order`` (``finite.py``: Liu et al. 2019, Choe et al. 2023, Finn et al. 2017).
+The closed forms the tests compare them with are ``tests/runtime/oracles.py``.
 
 Every method object has
 
