@@ -96,7 +96,7 @@ class Cut:
         elif j - 1 not in stages:
             self._found(f"calls `{n[j]}` on something that is not computed from the output of `{n[j - 1]}`")
         else:
-            self._read_params(reached)
+            self._read_params(reached, own=j)
 
     def scored(self, loss) -> None:
         """The head's loss has been computed: it may read no earlier stage's output or
@@ -112,8 +112,10 @@ class Cut:
         else:
             self._read_params(reached, stack=False)
 
-    def _read_params(self, reached: set[int], stack: bool = True) -> None:
-        read = sorted(self.params[i] for i in reached if i in self.params)
+    def _read_params(self, reached: set[int], own: int | None = None, stack: bool = True) -> None:
+        """Rule 4 for the leaves ``reached``; stage ``own``'s parameters may enter its own
+        input (then they are in its output's graph, which its own loss's step differentiates)."""
+        read = sorted(p for i in reached if i in self.params and (p := self.params[i])[0] != own)
         if read:
             j, name = read[0]
             self._found(f"reads the parameters of `{self.names[j]}` (`{name}`) outside its call", stack=stack)
