@@ -69,6 +69,7 @@ class Cut:
         self.markers: dict[int, tuple[int, Tensor]] = {}     # id -> (stage, the marker, kept alive)
         self.params = {id(p): (j, n) for j, m in enumerate(modules[:t]) for n, p in m.named_parameters()}
         self.breach: str | None = None
+        self.between: dict[int, tuple[str, ...]] = {}     # stage j -> the operations from stage j-1's output to its input
         self.where: list[str] = []
 
     def mark(self, j: int, marker: Tensor) -> Tensor:
@@ -87,7 +88,9 @@ class Cut:
             return
         if j == 0:
             return
-        reached = set().union(*(_leaves(a) for a in args if isinstance(a, Tensor)))
+        walks = [_walk(a) for a in args if isinstance(a, Tensor)]
+        reached = set().union(*(w[0] for w in walks))
+        self.between[j] = tuple(op for w in walks for op in w[1])
         stages = {self.markers[i][0] for i in reached if i in self.markers}
         n = self.names
         if stages - {j - 1}:
@@ -153,6 +156,36 @@ class Cut:
         end = self.t if complete else max(self.calls, default=-1)
         skipped = [j for j in range(end + 1) if j not in seen]
         return f"never calls stage `{self.names[skipped[0]]}`" if skipped else None
+
+
+def _walk(x: Tensor) -> tuple[set[int], tuple[str, ...]]:
+    """The leaves ``x`` is computed from (as :func:`_leaves`) and the differentiable
+    operations on the way, in a fixed order (autograd's node names, `MulBackward0` as
+    `Mul`): what a loss computes between two stages."""
+    if x.grad_fn is None:
+        return _leaves(x), ()
+    leaves, ops, seen, stack = set(), [], set(), [x.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)
+        if var is not None:
+            leaves.add(id(var))
+        else:
+            ops.append(type(fn).__name__.removesuffix("0").removesuffix("Backward"))
+        stack.extend(nxt for nxt, _ in reversed(fn.next_functions))
+    return leaves, tuple(ops)
+
+
+def differs(names: Sequence[str], j: int, here: tuple[str, ...], there: tuple[str, ...]) -> str:
+    """What a later loss does between stages j-1 and j (``here``) that the loss of stage j,
+    which a chain step takes stage j's features from, does not (``there``)."""
+    show = lambda ops: ", ".join(ops) if ops else "nothing"  # noqa: E731
+    return (f"computes the input of `{names[j]}` from `{names[j - 1]}`'s output differently from the loss of "
+            f"`{names[j]}` ({show(here)}, where that loss does {show(there)}): a chain step computes "
+            f"`{names[j]}` once, as its own loss does")
 
 
 def _leaves(x: Tensor) -> set[int]:

@@ -39,14 +39,14 @@ the sum is exact.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from mloc.ir.interlock import Interlock
-from mloc.runtime.chain_contract import ChainContractError, Cut, contract
+from mloc.runtime.chain_contract import ChainContractError, Cut, contract, differs
 from mloc.runtime import tree
 from mloc.runtime.tree import Params
 
@@ -66,6 +66,7 @@ class StageForward:
     out: Tensor
     z: Tensor | None
     loss: Tensor | None
+    between: dict[int, tuple[str, ...]] = field(default_factory=dict)   # (`Cut.between`)
 
 
 def forward_stage(loss: Callable[[], Tensor], modules: Sequence[nn.Module], t: int,
@@ -130,21 +131,36 @@ def forward_stage(loss: Callable[[], Tensor], modules: Sequence[nn.Module], t: i
         raise broken
     if "out" not in kept:       # (Cut.error reports a loss that never calls stage t: a guard)
         raise ChainContractError(f"the loss of `{names[t]}` never calls stage `{names[t]}`", contract(names, t))
-    return StageForward(leaf, kept["out"], kept.get("z"), value if head else None)
+    return StageForward(leaf, kept["out"], kept.get("z"), value if head else None, cut.between)
 
 
 def check_contract(losses: Sequence[Callable[[], Tensor]], modules: Sequence[nn.Module],
                    names: Sequence[str]) -> tuple[int, Exception] | None:
     """The forward wave of a chain with every head evaluated, as a step runs it (what the
     trace pass runs on the meta device): None, or the first stage whose loss raised and
-    what it raised (:class:`ChainContractError` for a breach of the contract)."""
-    features = None
+    what it raised (:class:`ChainContractError` for a breach of the contract, including
+    a loss that computes an earlier stage's input otherwise than that stage's loss does:
+    :func:`same_between`)."""
+    fws: list[StageForward] = []
     for t, loss in enumerate(losses):
         try:
-            features = forward_stage(loss, modules, t, features, True, names).out
+            fws.append(forward_stage(loss, modules, t, fws[-1].out if fws else None, True, names))
+            same_between(fws, names)
         except Exception as err:  # noqa: BLE001 - the user's code, or the contract
             return t, err
     return None
+
+
+def same_between(fws: Sequence[StageForward], names: Sequence[str]) -> None:
+    """The last loss of ``fws`` computes the input of each earlier stage j from stage
+    j-1's output as the loss of stage j does (the same operations: the chain takes stage
+    j's features from that loss), or :class:`ChainContractError`."""
+    t, here = len(fws) - 1, fws[-1].between
+    for j in range(1, t):
+        if here.get(j) != fws[j].between.get(j):
+            raise ChainContractError(f"the loss of `{names[t]}` " + differs(names, j, here.get(j, ()),
+                                                                           fws[j].between.get(j, ())),
+                                     contract(names, t))
 
 
 def head_backward(fw: StageForward, params: Params, signal: bool) -> tuple[list, Tensor | None]:
@@ -211,6 +227,7 @@ class ChainStep:
             with s.autocast():
                 fw = forward_stage(s.loss, self.modules, t, features, t in heads, self.names)
             out.append(fw)
+            same_between(out, self.names)
             features = fw.out
         return out
 

@@ -101,8 +101,19 @@ def earlier_output(s1, s2, s3, x, y):
     return score(s3, s3(h2), y) + h2.pow(2).mean()
 
 
+def other_between(s1, s2, s3, x, y):
+    return score(s3, s3(s2(2 * s1(x))), y)
+
+
 def earlier_parameters(s1, s2, s3, x, y):
     return score(s3, s3(s2(s1(x))), y) + 1e-3 * s1.block[0].weight.pow(2).sum()
+
+
+def allowed(s1, s2, s3, x, y):
+    """What the contract allows: anything between stage2 and stage3 (loss2 ends at stage2),
+    stage3's own output read twice."""
+    o = s3(torch.tanh(s2(s1(x))).reshape(-1, 6) * 1.5)
+    return score(s3, o, y) + o.pow(2).mean()
 
 
 def loss3(s1, s2, s3, batch):
@@ -147,6 +158,8 @@ BREACHES = {
     "skip_connection": "feeds the output of `stage1` into `stage3`, besides passing it on to `stage2`",
     "earlier_output": "uses the output of `stage2` beyond the input of `stage3`",
     "earlier_parameters": "reads the parameters of `stage1` (`block.0.weight`) outside its call",
+    "other_between": ("computes the input of `stage2` from `stage1`'s output differently from the loss of "
+                      "`stage2` (Mul, where that loss does nothing): a chain step computes `stage2` once"),
 }
 
 
@@ -200,11 +213,14 @@ def test_the_runtime_refuses_it_too(kind, tmp_path, capsys, monkeypatch):
     assert f"--> the chain contract (docs/interlocking.md): {CONTRACT}" in err
 
 
-def test_the_declared_loss_trains(tmp_path, monkeypatch):
-    """The same program with the loss as declared runs (the checks refuse no valid chain)."""
-    monkeypatch.delenv("CHAIN_LOSS", raising=False)
+@pytest.mark.parametrize("kind", ["declared", "allowed"])
+def test_a_loss_that_keeps_the_contract_trains(kind, tmp_path, monkeypatch):
+    """The checks refuse no valid chain: the loss as declared, and one that computes
+    something between stage2 and stage3 and reads stage3's output twice."""
+    monkeypatch.setenv("CHAIN_LOSS", kind)
     path = _program(tmp_path)
     assert main(["run", str(path), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()
 
 
 TWICE_USED = '''
