@@ -14,11 +14,16 @@ so on down. That computes the loss as written, and its gradient, exactly when
 3. after stage t, the loss reads no earlier stage's output: the head's backward
    differentiates with respect to stage t's output and parameters only;
 4. no earlier stage's parameters are read outside that stage's own call (a weight tied
-   into a later head): their gradient would be dropped.
+   into a later head): their gradient would be dropped;
+5. what the loss computes between stages j-1 and j is what the loss of stage j computes
+   there (the same autograd operations): stage j's features come from that loss.
 
 Anything else is allowed: any computation between two stages (a reshape, a nonlinearity,
-dropout), and any use of stage t's own output after it (the head's loss is differentiated
-through all of them, so it is computed as written).
+dropout; stage j's own parameters may enter its input), and any use of stage t's own output
+after it (the head's loss is differentiated through all of them, so it is computed as
+written). Rule 5 compares the operations, not their constants (`2 * h` and `3 * h` look
+alike), and runs where all the losses are at hand: at compile time and in the one-process
+step, not in a pipeline worker, which sees only its own loss.
 
 How it is checked, at run time and at compile time (:func:`mloc.runtime.interlock.check_contract`,
 run by the trace pass on the meta device): each stand-in returns its own leaf tensor (a
