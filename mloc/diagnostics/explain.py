@@ -247,7 +247,10 @@ EXPLANATIONS: dict[str, Explanation] = {
     "E702": E("The program's own Python code raised an error while mloc built a module, drew a "
               "batch, traced a loss or ran an evaluation. The message shows the exception and your "
               "file's lines where it was raised; the span is the .mlo field that called it. Data that "
-              "yields no batch at all (an empty list or dataset) is reported here too.",
+              "yields no batch at all (an empty list or dataset) is reported here too, and so is a "
+              "loss of an interlocking chain that breaks the chain contract (stage k's loss calls "
+              "stages 1..k once each, in order, each on the previous one's output, and reads "
+              "nothing of an earlier stage past the cut; docs/interlocking.md).",
               "module = lib.MLP(hiden=64)       # MLP.__init__() got an unexpected keyword",
               "module = lib.MLP(hidden=64)"),
     "E703": E("A loss must return a floating-point scalar tensor that autograd can differentiate. "

@@ -68,11 +68,19 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
             batches[p.name] = data
     sizes = Sizes(params={n: intro.param_count(m) for n, m in modules.items()})
     _check_init_shapes(g, modules, diags)
+    traced = {}      # problem -> the diagnostics of its loss (None: not traced)
     for p in g.problems():
         if p.name in batches and all(r in modules for r in p.loss.read_names()):
+            before = len(diags)
             _check_loss(g, p, mods, modules, batches[p.name], sizes, diags)
+            traced[p.name] = diags[before:]
         if p.project is not None and p.name in modules:
             _check_project(g, p, mods, modules, diags)
+    for chain in g.info.chains:
+        if all(traced.get(s) is not None and all(d.code == "E701" for d in traced[s]) for s in chain.stages):
+            found = _check_chain(g, chain.stages, mods, modules, batches[chain.stages[0]])
+            if found is not None:     # the breach explains the E701s of that loss (a skipped stage)
+                diags[:] = [d for d in diags if not any(d is e for e in traced[found[0]])] + [found[1]]
     if not diags:
         with program_path(Path(g.info.source_path).resolve().parent):
             diags += try_evaluations(g, mods, _raised)
@@ -168,6 +176,38 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
                 label="no gradient flows from here",
                 help=f"a `.detach()`, a `torch.no_grad()` block or an unused argument cuts `{r}` off; "
                      f"use it differentiably, or drop it from the loss and the hierarchy"))
+
+
+def _check_chain(g, stages, mods, modules: dict, data) -> tuple[str, Diagnostic] | None:
+    """Run the chain's forward wave as a chain step does (each loss cut at its stage
+    calls, every head evaluated; `mloc.runtime.interlock.check_contract`) on the meta
+    device, or once more on real modules and a real batch if the losses need values: a
+    loss that breaks the chain contract is E702 at that loss, with the contract as help.
+    Returns (the stage, its diagnostic) or None."""
+    from mloc.runtime import introspect as intro
+    from mloc.runtime.interlock import ChainContractError, check_contract
+
+    def run(used: dict, batch):
+        fns = [(_loss_function(g.problem(s), mods), [used[r] for r in g.problem(s).loss.read_names()])
+               for s in stages]
+        return check_contract([lambda f=f, ms=ms: f(*ms, batch) for f, ms in fns], [used[s] for s in stages],
+                              stages)
+    try:
+        found = run(modules, intro.first_batch(data))
+        if found is not None and isinstance(found[1], RuntimeError) and "meta" in str(found[1]):
+            reads = {r for s in stages for r in g.problem(s).loss.read_names()}
+            found = run({r: evaluate(g.problem(r).module.call, mods) for r in reads}, next(iter(data)))
+    except Exception as err:  # noqa: BLE001 - user code (building a module, drawing a batch)
+        return stages[0], _raised(g.problem(stages[0]).loss.span, f"the chain [{', '.join(stages)}]", err)
+    if found is None:
+        return None
+    t, err = found
+    span = g.problem(stages[t]).loss.span
+    if isinstance(err, ChainContractError):
+        return stages[t], Diagnostic("E702", err.message, span, label="breaks the chain contract", help=err.help,
+                                     notes=tuple(f"in {f}" for f in err.where))
+    return stages[t], _raised(span, f"the loss of `{stages[t]}`, cut at its stage calls as a chain step runs it",
+                              err)
 
 
 def _check_project(g, p, mods, modules: dict, diags: list) -> None:

@@ -18,7 +18,11 @@ the module calls:
   computes, and the gradient at its input can be read off the leaf), and with a forward
   hook on stage t that keeps its output ``out_t`` and hands the head a detached copy
   ``z_t``: the head trains on detached features. A head that is not needed stops the loss
-  right there (no head cost);
+  right there (no head cost). Every stage call and the head's loss are checked against
+  the contract (:mod:`mloc.runtime.chain_contract`): a loss that calls a stage twice, out of
+  order or not at all, feeds an earlier stage's output or parameters past the cut, is
+  :class:`ChainContractError`, never another function computed silently. The trace pass
+  runs the same check at compile time (:func:`check_contract`, on the meta device);
 - :func:`head_backward` differentiates ``l_t`` with respect to stage t's parameters (only
   the head's are reached: the features are detached) and ``z_t`` (the gradient signal);
 - :func:`stage_backward` sends a signal ``g = dl_t/d out_j`` through stage j: the signal
@@ -35,26 +39,16 @@ the sum is exact.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from mloc.ir.interlock import Interlock
+from mloc.runtime.chain_contract import ChainContractError, Cut, contract, differs
 from mloc.runtime import tree
 from mloc.runtime.tree import Params
-
-
-class ChainContractError(Exception):
-    """A stage module or loss that breaks the chain contract (see the module docstring):
-    the program's error (E702, exit 1), reported with a help line; ``frames`` (what the
-    run reports as its location) is that line."""
-
-    def __init__(self, message: str, help: str):
-        super().__init__(message)
-        self.help = help
-        self.frames = [f"the chain contract (docs/interlocking.md): {help}"]
 
 
 class _Stop(BaseException):
@@ -72,23 +66,33 @@ class StageForward:
     out: Tensor
     z: Tensor | None
     loss: Tensor | None
+    between: dict[int, tuple[str, ...]] = field(default_factory=dict)   # (`Cut.between`)
 
 
 def forward_stage(loss: Callable[[], Tensor], modules: Sequence[nn.Module], t: int,
                   features: Tensor | None, head: bool, names: Sequence[str]) -> StageForward:
     """Stage ``t``'s forward inside its own loss ``loss()`` (a closure over the modules
-    and the batch), the earlier stages replaced by ``features`` (stage t-1's output), and,
-    when ``head``, its head's loss on the detached output."""
+    and the batch), the earlier stages replaced by stand-ins that return ``features``
+    (stage t-1's output; stage t-1's is the leaf whose gradient is read, each earlier one
+    its own copy, a marker), and, when ``head``, its head's loss on the detached output.
+    Every call of stages 0..t is checked against the chain contract
+    (:mod:`mloc.runtime.chain_contract`): a breach is :class:`ChainContractError`."""
     leaf = None if t == 0 else features.detach().requires_grad_()
     kept: dict[str, Any] = {}
+    cut = Cut(modules, t, names)
 
-    def replaced(*args, **kwargs):
-        return leaf
+    def stand_in(j):
+        def forward(*args, **kwargs):
+            cut.called(j, (*args, *kwargs.values()))
+            return cut.mark(j, leaf if j == t - 1 else features.detach().requires_grad_())
+        return forward
+
+    def pre_hook(module, args):
+        cut.called(t, args)
 
     def hook(module, args, out):
-        if "out" in kept:
-            raise ChainContractError(f"the loss of `{names[t]}` calls stage `{names[t]}` more than once",
-                                     "call each stage once per loss, in order, on the previous stage's output")
+        if "out" in kept:         # a second call: reported once the loss has run (Cut.error)
+            return kept.get("z", out)
         if not isinstance(out, Tensor):
             raise ChainContractError(f"stage `{names[t]}` returned {type(out).__name__}, not a tensor",
                                      "a stage's forward takes and returns one tensor (its features)")
@@ -99,25 +103,64 @@ def forward_stage(loss: Callable[[], Tensor], modules: Sequence[nn.Module], t: i
         return kept["z"]
 
     own = [m.__dict__.get("forward") for m in modules[:t]]
-    for m in modules[:t]:
-        m.forward = replaced
-    handle = modules[t].register_forward_hook(hook)
+    for j, m in enumerate(modules[:t]):
+        m.forward = stand_in(j)
+    handles = (modules[t].register_forward_pre_hook(pre_hook), modules[t].register_forward_hook(hook))
     value = None
     try:
         value = loss()
     except _Stop:
         pass
+    except Exception as err:
+        broken = cut.error(complete=False)
+        if broken is not None:
+            raise broken from err
+        raise
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
         for m, f in zip(modules[:t], own):
             if f is None:
                 del m.forward
             else:
                 m.forward = f
-    if "out" not in kept:
-        raise ChainContractError(f"the loss of `{names[t]}` never calls stage `{names[t]}`",
-                                 f"run the stages up to `{names[t]}` in the loss, then score its output")
-    return StageForward(leaf, kept["out"], kept.get("z"), value if head else None)
+    if head:
+        cut.scored(value)
+    broken = cut.error(complete=True)
+    if broken is not None:
+        raise broken
+    if "out" not in kept:       # (Cut.error reports a loss that never calls stage t: a guard)
+        raise ChainContractError(f"the loss of `{names[t]}` never calls stage `{names[t]}`", contract(names, t))
+    return StageForward(leaf, kept["out"], kept.get("z"), value if head else None, cut.between)
+
+
+def check_contract(losses: Sequence[Callable[[], Tensor]], modules: Sequence[nn.Module],
+                   names: Sequence[str]) -> tuple[int, Exception] | None:
+    """The forward wave of a chain with every head evaluated, as a step runs it (what the
+    trace pass runs on the meta device): None, or the first stage whose loss raised and
+    what it raised (:class:`ChainContractError` for a breach of the contract, including
+    a loss that computes an earlier stage's input otherwise than that stage's loss does:
+    :func:`same_between`)."""
+    fws: list[StageForward] = []
+    for t, loss in enumerate(losses):
+        try:
+            fws.append(forward_stage(loss, modules, t, fws[-1].out if fws else None, True, names))
+            same_between(fws, names)
+        except Exception as err:  # noqa: BLE001 - the user's code, or the contract
+            return t, err
+    return None
+
+
+def same_between(fws: Sequence[StageForward], names: Sequence[str]) -> None:
+    """The last loss of ``fws`` computes the input of each earlier stage j from stage
+    j-1's output as the loss of stage j does (the same operations: the chain takes stage
+    j's features from that loss), or :class:`ChainContractError`."""
+    t, here = len(fws) - 1, fws[-1].between
+    for j in range(1, t):
+        if here.get(j) != fws[j].between.get(j):
+            raise ChainContractError(f"the loss of `{names[t]}` " + differs(names, j, here.get(j, ()),
+                                                                           fws[j].between.get(j, ())),
+                                     contract(names, t))
 
 
 def head_backward(fw: StageForward, params: Params, signal: bool) -> tuple[list, Tensor | None]:
@@ -184,6 +227,7 @@ class ChainStep:
             with s.autocast():
                 fw = forward_stage(s.loss, self.modules, t, features, t in heads, self.names)
             out.append(fw)
+            same_between(out, self.names)
             features = fw.out
         return out
 

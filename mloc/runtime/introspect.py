@@ -71,7 +71,9 @@ def param_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-def _reached_leaves(loss: torch.Tensor) -> set[int]:
+def reached_leaves(loss: torch.Tensor) -> set[int]:
+    """The ids of the leaf tensors (parameters, inputs that require grad) that ``loss``'s
+    autograd graph reaches."""
     seen, stack, leaves = set(), [loss.grad_fn], set()
     while stack:
         fn = stack.pop()
@@ -97,7 +99,7 @@ def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequenc
         loss = fn(*modules, batch)
     if not isinstance(loss, torch.Tensor):
         return LossProbe(frozenset(), frozenset(), (), False, saved[0], 0, returned=type(loss).__name__)
-    leaves = _reached_leaves(loss) if loss.grad_fn is not None else set()
+    leaves = reached_leaves(loss) if loss.grad_fn is not None else set()
     reached = frozenset(i for i, m in enumerate(modules) if any(id(p) in leaves for p in m.parameters()))
     ops, code = _fx_trace(fn, modules, batch, names)
     return LossProbe(reached, frozenset(leaves), tuple(loss.shape), loss.is_floating_point(), saved[0], ops, code)

@@ -246,9 +246,16 @@ def _user_frames(err: BaseException) -> list[str]:
     (not mloc's runtime, not torch, not the standard library)."""
     import traceback
 
+    return user_lines(traceback.extract_tb(err.__traceback__))
+
+
+def user_lines(summaries) -> list[str]:
+    """`file:line in function: code` for the user's frames among ``summaries`` (a
+    ``traceback.StackSummary``: an exception's traceback, or ``traceback.extract_stack()``
+    where mloc's code was called from the user's)."""
     mloc_dir = str(Path(__file__).resolve().parents[1])
     frames = []
-    for f in traceback.extract_tb(err.__traceback__):
+    for f in summaries:
         path = str(Path(f.filename).resolve()) if f.filename and not f.filename.startswith("<") else ""
         if not path or path.startswith(mloc_dir) or "site-packages" in path or "/lib/python3" in path:
             continue

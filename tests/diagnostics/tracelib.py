@@ -65,3 +65,26 @@ def val(model, batch):
 def fit_item(model, batch):
     x, y = batch
     return ((model(x).squeeze(-1) - y) ** 2).mean().item()
+
+
+class Stage(nn.Module):
+    """A depthwise stage of an interlocking chain (4 features in and out) with a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, h):
+        return torch.tanh(self.body(h))
+
+
+def stage1_loss(stage1, batch):
+    x, y = batch
+    return ((stage1.head(stage1(x)).squeeze(-1) - y) ** 2).mean()
+
+
+def stage2_twice_loss(stage1, stage2, batch):
+    """Calls stage1 twice: a chain step would hand the second call stage1's features again."""
+    x, y = batch
+    return ((stage2.head(stage2(stage1(stage1(x)))).squeeze(-1) - y) ** 2).mean()
