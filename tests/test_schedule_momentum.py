@@ -120,12 +120,22 @@ def _refused(tmp_path, capsys, *sets: str) -> str:
 
 
 def test_cycling_the_momentum_of_an_optimizer_without_one_is_a_diagnostic(tmp_path, capsys):
-    err = _refused(tmp_path, capsys, "model.optimizer=torch.optim.Adagrad(lr=0.1)",
-                   f"model.schedule={LRS}.CyclicLR(base_lr=0.01, max_lr=0.1)")
+    """torch raises for Adagrad (neither `momentum` nor `betas`); mloc says so at the
+    schedule's line in the file, with the fix, before training."""
+    text = QUAD.read_text().replace("    optimizer = torch.optim.RAdam(lr=0.05, betas=(0.8, 0.99))\n",
+                                    "    optimizer = torch.optim.Adagrad(lr=0.1)\n"
+                                    f"    schedule  = {LRS}.CyclicLR(base_lr=0.01, max_lr=0.1)\n")
+    (tmp_path / "quad.py").write_text((QUAD.parent / "quad.py").read_text())
+    (tmp_path / "cyclic.mlo").write_text(text)
+    assert main(["run", str(tmp_path / "cyclic.mlo"), "--steps", "2", "--out", str(tmp_path / "r"), "--quiet"]) == 1
+    err = capsys.readouterr().err
     assert "error[E710]" in err and "CyclicLR" in err and "Adagrad" in err
-    assert "quad.mlo:" in err                                  # at the schedule's line
+    assert "cyclic.mlo:13:" in err                             # the schedule's line
     assert "cycle_momentum=false" in err                      # the fix
-    assert "E900" not in err and "Traceback" not in err
+    assert "E900" not in err and not (tmp_path / "r" / "checkpoint.pt").exists()
+    # and the fix works
+    assert main(["run", str(tmp_path / "cyclic.mlo"), "--steps", "2", "--out", str(tmp_path / "f"), "--quiet",
+                 "--set", "model.schedule.cycle_momentum=false"]) == 0
 
 
 def test_a_scheduler_that_reads_a_metric_is_a_diagnostic(tmp_path, capsys):
@@ -136,7 +146,7 @@ def test_a_scheduler_that_reads_a_metric_is_a_diagnostic(tmp_path, capsys):
 
 def test_a_schedulers_bad_argument_is_a_diagnostic(tmp_path, capsys):
     err = _refused(tmp_path, capsys, f"model.schedule={LRS}.StepLR(step_size=2, bogus=1)")
-    assert "StepLR" in err and "bogus" in err and "quad.mlo:" in err and "E900" not in err
+    assert "error[E710]" in err and "StepLR" in err and "bogus" in err and "E900" not in err
 
 
 def test_a_schedule_that_ends_before_the_run_is_a_diagnostic(tmp_path, capsys):

@@ -107,7 +107,7 @@ class TorchSchedule:
         from mloc.runtime.optim.torch_optim import load_ref
 
         self.ref, self.options, self.base = cls, dict(options or {}), base
-        self.label = label or "this optimizer"
+        self.label = label
         self.factory = load_ref(cls)
         self.name = getattr(self.factory, "__name__", str(cls))
         if optimizer is None:
@@ -133,7 +133,8 @@ class TorchSchedule:
         try:
             scheduler = self.factory(optimizer, **self.options)
         except (TypeError, ValueError, KeyError) as e:
-            raise ScheduleError(f"{described} cannot schedule {self.label}: {e}",
+            raise ScheduleError(f"{described} cannot " + (f"schedule {self.label}: {e}" if self.label else
+                                                           f"be built: {e}"),
                                 _fix(str(e))) from None
         needs = [p.name for p in inspect.signature(scheduler.step).parameters.values()
                  if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
@@ -167,7 +168,7 @@ class TorchSchedule:
             for key, declared in self.declared.items():
                 if key not in self.keys and _differs(group[key], declared):
                     raise ScheduleError(
-                        f"{self.name} changes `{key}` of {self.label} at step {k + 1} "
+                        f"{self.name} changes `{key}` of {self.label or 'the optimizer'} at step {k + 1} "
                         f"({declared!r} -> {group[key]!r}): mloc applies what a scheduler sets when it is "
                         "built and the momentum it cycles, not a setting it starts changing later",
                         "write the scheduler so that it sets the value when it is built, or use "
