@@ -92,6 +92,17 @@ def test_a_torch_optimizer_follows_the_schedulers_momentum_bit_for_bit(opt, torc
     assert torch.equal(w, rw) and torch.equal(h, rh), (w - rw, h - rh)
 
 
+def test_cycling_a_momentum_declared_zero_is_a_warning(tmp_path, capsys):
+    """sgd without momentum under CyclicLR's defaults trains with momentum 0.8–0.9 (the case
+    sgd0-cyclic above matches torch's loop so): W107 says so, with the way out."""
+    run(tmp_path, "model.optimizer=sgd(lr=0.01)", f"model.schedule={LRS}.CyclicLR(base_lr=0.01, max_lr=0.2)")
+    err = capsys.readouterr().err
+    assert "warning[W107]" in err and "0.8–0.9" in err and "cycle_momentum=false" in err
+    run(tmp_path / "plain", "model.optimizer=sgd(lr=0.01, momentum=0.5)",
+        f"model.schedule={LRS}.CyclicLR(base_lr=0.01, max_lr=0.2)")
+    assert "W107" not in capsys.readouterr().err
+
+
 def test_without_cycle_momentum_only_the_rate_changes(tmp_path):
     w, h = run(tmp_path, "model.optimizer=adam(lr=0.01, betas=(0.8, 0.99))",
                f"model.schedule={LRS}.OneCycleLR(max_lr=0.2, total_steps=12, cycle_momentum=false)")

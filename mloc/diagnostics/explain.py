@@ -313,6 +313,12 @@ EXPLANATIONS: dict[str, Explanation] = {
               "`update_every + staleness - 1`, or refresh the roots sooner.",
               "optimizer = shampoo(lr=0.01, update_every=10, start_preconditioning_step=5)",
               "optimizer = shampoo(lr=0.01, update_every=10, start_preconditioning_step=9)"),
+    "W107": E("OneCycleLR and CyclicLR cycle the momentum by default (`cycle_momentum=true`), from "
+              "their own `base_momentum` to `max_momentum`, whatever the optimizer declared: on an "
+              "optimizer built without momentum (`sgd(lr=...)`) that turns it on, as torch does with "
+              "`torch.optim.SGD`. mloc applies it, and says so.",
+              "schedule = torch.optim.lr_scheduler.CyclicLR(base_lr=0.01, max_lr=0.1)   # optimizer: sgd(lr=0.01)",
+              "schedule = torch.optim.lr_scheduler.CyclicLR(base_lr=0.01, max_lr=0.1, cycle_momentum=false)"),
     "E900": E("A bug in mloc, not in your program: an internal invariant broke. Please report it "
               "with the .mlo file and its Python module; `MLOC_DEBUG=1` shows the traceback.",
               "MLOC_DEBUG=1 mloc compile prog.mlo", ""),

@@ -73,7 +73,7 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
     sizes = Sizes(params={n: intro.param_count(m) for n, m in modules.items()})
     _check_init_shapes(g, modules, diags)
     with program_path(Path(g.info.source_path).resolve().parent):
-        _check_schedules(g, diags)
+        _check_schedules(g, diags, warnings)
     for p in g.problems():
         if p.name in batches and all(r in modules for r in p.loss.read_names()):
             _check_loss(g, p, mods, modules, batches[p.name], sizes, diags)
@@ -114,11 +114,12 @@ def _check_init_shapes(g, modules: dict, diags: list) -> None:
                                          "(`init` pairs the parameters by name and shape)"))
 
 
-def _check_schedules(g, diags: list) -> None:
+def _check_schedules(g, diags: list, warnings: list) -> None:
     """E710 (or E702 from a factory of the user's) for each schedule that cannot be bound to
-    its problem's optimizer, built as the generated code builds both."""
+    its problem's optimizer, built as the generated code builds both; W107 for one that
+    cycles a momentum the optimizer declares 0."""
     from mloc.builtins import OPTIMIZERS, SCHEDULES
-    from mloc.runtime.schedules import ScheduleError, bind
+    from mloc.runtime.schedules import ScheduleError, bind, starts_momentum
 
     for p in g.problems():
         if p.schedule is None or SCHEDULES[p.schedule.name].caps.identity:
@@ -131,7 +132,14 @@ def _check_schedules(g, diags: list) -> None:
             continue
         try:
             schedule = desc.load()(**args, **({"base": lr} if desc.caps.takes_base else {}))
-            bind(schedule, optimizer, lr, f"`{p.name}`'s optimizer `{p.optimizer.span.text}`")
+            bound = bind(schedule, optimizer, lr, f"`{p.name}`'s optimizer `{p.optimizer.span.text}`")
+            if (started := starts_momentum(bound)) is not None:
+                warnings.append(Diagnostic(
+                    "W107", f"`{bound.name}` cycles the momentum of `{p.name}`'s optimizer `{p.optimizer.span.text}`, "
+                    f"which has none: it trains with momentum {started}, as torch does", p.schedule.span,
+                    label="cycles the momentum (cycle_momentum=true by default)",
+                    help="pass `cycle_momentum=false` to the scheduler to train without momentum, or declare "
+                         "the momentum you mean"))
         except ScheduleError as err:
             diags.append(Diagnostic("E710", str(err), p.schedule.span, label="this schedule", help=err.help))
         except Exception as err:  # noqa: BLE001 - a factory of the user's

@@ -229,3 +229,16 @@ def bind(schedule, optimizer, lr: float, label: str):
                             and refused == [bound.momentum_key] else
                             "schedule only what the optimizer takes, or use a torch.optim optimizer")
     return bound
+
+
+def starts_momentum(bound) -> str | None:
+    """For a bound :class:`TorchSchedule` that cycles a momentum the optimizer declared 0
+    (``momentum``, or ``betas[0]``): the range it cycles, ``"0.85–0.95"`` (W107); else None."""
+    if not isinstance(bound, TorchSchedule) or not bound.cycles_momentum:
+        return None
+    declared = bound.declared.get(bound.momentum_key)
+    first = declared[0] if isinstance(declared, (tuple, list)) else declared
+    if first != 0:
+        return None
+    group = bound.optimizer.param_groups[0]
+    return f"{group.get('base_momentum', '?')}–{group.get('max_momentum', '?')}"
