@@ -165,3 +165,26 @@ def test_a_schedule_that_ends_before_the_run_is_a_diagnostic(tmp_path, capsys):
     ``scheduler.step()``; mloc says which step and what to change, exit 1."""
     err = _refused(tmp_path, capsys, f"model.schedule={LRS}.OneCycleLR(max_lr=0.1, total_steps=4)")
     assert "error[E710]" in err and "total_steps" in err and "E900" not in err
+
+
+def test_a_setting_the_optimizer_cannot_take_is_a_diagnostic(tmp_path, capsys):
+    """A scheduler of the user's that sets shampoo's `epsilon` (its ridge, not a tensor
+    hyperparameter) when it is built: refused at the schedule before training, not ignored."""
+    err = _refused(tmp_path, capsys, "model.optimizer=shampoo(lr=0.01)", "model.schedule=quad.sets_at_build()")
+    assert "error[E710]" in err and "`epsilon`" in err and "cannot apply" in err and "E900" not in err
+
+
+def test_a_setting_changed_only_later_is_a_diagnostic_at_that_step(tmp_path, capsys):
+    """A scheduler that starts changing sgd's `weight_decay` at its 3rd step: nothing was
+    prepared to apply it, so the run stops there (E710, exit 1) instead of dropping it. The
+    same scheduler on a torch.optim optimizer is applied as written (bit for bit)."""
+    err = _refused(tmp_path, capsys, "model.optimizer=sgd(lr=0.01)", "model.schedule=quad.changes_later(at=2)")
+    assert "error[E710]" in err and "`weight_decay`" in err and "step 3" in err and "E900" not in err
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("quad_ref2", QUAD.parent / "quad.py")
+    quad = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quad)
+    w, h = run(tmp_path / "t", "model.optimizer=torch.optim.SGD(lr=0.0625)", "model.schedule=quad.changes_later(at=2)")
+    rw, rh = hand(OUTER, lambda ps: torch.optim.SGD(ps, lr=0.0625), radam(0.02),
+                  low_sched=lambda o: quad.changes_later(o, at=2))
+    assert torch.equal(w, rw) and torch.equal(h, rh)

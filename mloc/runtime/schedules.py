@@ -163,12 +163,12 @@ class TorchSchedule:
             try:
                 self.scheduler.step()
             except (ValueError, IndexError, ZeroDivisionError) as e:
-                raise ScheduleError(f"{self.name} cannot give step {k + 1} of the run: {e}",
+                raise ScheduleError(f"{self.name} cannot give the problem's step {k + 1}: {e}",
                                     _fix(str(e))) from None
             for key, declared in self.declared.items():
                 if key not in self.keys and _differs(group[key], declared):
                     raise ScheduleError(
-                        f"{self.name} changes `{key}` of {self.label or 'the optimizer'} at step {k + 1} "
+                        f"{self.name} changes `{key}` of {self.label or 'the optimizer'} at the problem's step {k + 1} "
                         f"({declared!r} -> {group[key]!r}): mloc applies what a scheduler sets when it is "
                         "built and the momentum it cycles, not a setting it starts changing later",
                         "write the scheduler so that it sets the value when it is built, or use "
