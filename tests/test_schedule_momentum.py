@@ -188,3 +188,16 @@ def test_a_setting_changed_only_later_is_a_diagnostic_at_that_step(tmp_path, cap
     rw, rh = hand(OUTER, lambda ps: torch.optim.SGD(ps, lr=0.0625), radam(0.02),
                   low_sched=lambda o: quad.changes_later(o, at=2))
     assert torch.equal(w, rw) and torch.equal(h, rh)
+
+
+def test_a_cycled_momentum_resumes_from_a_checkpoint(tmp_path):
+    """The driven values follow the problem's step count: a run resumed from a checkpoint at
+    outer step 2 ends where the uninterrupted one does, bit for bit."""
+    sets = ["model.optimizer=adam(lr=0.01)", f"model.schedule={LRS}.OneCycleLR(max_lr=0.2, total_steps=12)"]
+    whole, _ = run(tmp_path / "whole", *sets)
+    argv = ["run", str(QUAD), "--dtype", "float64", "--quiet", "--device", "cpu"]
+    for s in sets:
+        argv += ["--set", s]
+    assert main([*argv, "--steps", "2", "--out", str(tmp_path / "part")]) == 0
+    assert main([*argv, "--steps", str(OUTER), "--resume", str(tmp_path / "part")]) == 0
+    assert torch.equal(params(tmp_path / "part")["model.0"], whole)
