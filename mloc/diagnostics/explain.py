@@ -283,6 +283,16 @@ EXPLANATIONS: dict[str, Explanation] = {
               "batch, which would be iterated as two batches) is not; nor are batches of numpy "
               "arrays, since a loss receives tensors. Return a `DataLoader`, or a list of batches.",
               "def loader(): return (x, y)", "def loader(): return DataLoader(TensorDataset(x, y), batch_size=64)"),
+    "E710": E("A `torch.optim.lr_scheduler` schedule is driven by the problem's step count and "
+              "applied to everything it sets in the optimizer's param group: the rate, and the "
+              "momentum OneCycleLR and CyclicLR cycle by default (`betas[0]` of Adam, `momentum` of "
+              "SGD). mloc builds the scheduler on the problem's optimizer before training, so what "
+              "torch refuses is an error at the schedule: cycling the momentum of an optimizer that "
+              "has neither (Adagrad), a scheduler whose `step` needs a metric (ReduceLROnPlateau), "
+              "bad arguments; and, while training, a schedule that runs out (OneCycleLR past "
+              "`total_steps`).",
+              "schedule = torch.optim.lr_scheduler.CyclicLR(base_lr=0.01, max_lr=0.1)   # optimizer: torch.optim.Adagrad",
+              "schedule = torch.optim.lr_scheduler.CyclicLR(base_lr=0.01, max_lr=0.1, cycle_momentum=false)"),
     "W101": E("An import no field uses. Remove it, or use it; `mloc check` never runs it either way.",
               "import unused_helpers as h", ""),
     "W102": E("An argument that has no effect with the other options chosen, such as "
@@ -312,6 +322,12 @@ EXPLANATIONS: dict[str, Explanation] = {
               "`update_every + staleness - 1`, or refresh the roots sooner.",
               "optimizer = shampoo(lr=0.01, update_every=10, start_preconditioning_step=5)",
               "optimizer = shampoo(lr=0.01, update_every=10, start_preconditioning_step=9)"),
+    "W107": E("OneCycleLR and CyclicLR cycle the momentum by default (`cycle_momentum=true`), from "
+              "their own `base_momentum` to `max_momentum`, whatever the optimizer declared: on an "
+              "optimizer built without momentum (`sgd(lr=...)`) that turns it on, as torch does with "
+              "`torch.optim.SGD`. mloc applies it, and says so.",
+              "schedule = torch.optim.lr_scheduler.CyclicLR(base_lr=0.01, max_lr=0.1)   # optimizer: sgd(lr=0.01)",
+              "schedule = torch.optim.lr_scheduler.CyclicLR(base_lr=0.01, max_lr=0.1, cycle_momentum=false)"),
     "E900": E("A bug in mloc, not in your program: an internal invariant broke. Please report it "
               "with the .mlo file and its Python module; `MLOC_DEBUG=1` shows the traceback.",
               "MLOC_DEBUG=1 mloc compile prog.mlo", ""),

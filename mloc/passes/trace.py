@@ -12,6 +12,10 @@ problems a loss *names* with the problems whose parameters *reach* it:
   examples, not batches) W104 (`mloc.passes.trace_checks`);
 - a loss that is not a floating-point scalar is E703 (a Python number: detached by `.item()`);
 - a `project` call is run once on its module, under no_grad (E702 if it raises);
+- a `torch.optim.lr_scheduler` schedule is built on a stand-in of its problem's optimizer
+  (`mloc.runtime.schedules.bind`, what the build does): what torch refuses there (cycling
+  the momentum of an optimizer without one, bad arguments), a scheduler that reads a
+  metric and a setting the optimizer cannot take are E710 at the schedule;
 - each evaluation is tried once on the real modules' initial state
   (`mloc.passes.evaluations`): E702 if it raises, E707 if it returns something that is not
   a metric, E603 for a watched metric it does not return;
@@ -68,6 +72,8 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
             batches[p.name] = data
     sizes = Sizes(params={n: intro.param_count(m) for n, m in modules.items()})
     _check_init_shapes(g, modules, diags)
+    with program_path(Path(g.info.source_path).resolve().parent):
+        _check_schedules(g, diags, warnings)
     traced = {}      # problem -> the diagnostics of its loss (None: not traced)
     for p in g.problems():
         if p.name in batches and all(r in modules for r in p.loss.read_names()):
@@ -114,6 +120,40 @@ def _check_init_shapes(g, modules: dict, diags: list) -> None:
                                     p.init[1], label=label,
                                     help=f"build `{p.name}`'s module with the same architecture as `{p.init[0]}`'s "
                                          "(`init` pairs the parameters by name and shape)"))
+
+
+def _check_schedules(g, diags: list, warnings: list) -> None:
+    """E710 (or E702 from a factory of the user's) for each schedule that cannot be bound to
+    its problem's optimizer, built as the generated code builds both; W107 for one that
+    cycles a momentum the optimizer declares 0."""
+    from mloc.builtins import OPTIMIZERS, SCHEDULES
+    from mloc.runtime.schedules import ScheduleError, bind, starts_momentum
+
+    for p in g.problems():
+        if p.schedule is None or SCHEDULES[p.schedule.name].caps.identity:
+            continue
+        desc, args = SCHEDULES[p.schedule.name], dict(p.schedule.args)
+        lr = dict(p.optimizer.args)["lr"]
+        try:
+            optimizer = OPTIMIZERS[p.optimizer.name].load()(**dict(p.optimizer.args))
+        except Exception:  # noqa: BLE001 - the optimizer's own errors are reported when it is built
+            continue
+        try:
+            schedule = desc.load()(**args, **({"base": lr} if desc.caps.takes_base else {}))
+            bound = bind(schedule, optimizer, lr, f"`{p.name}`'s optimizer `{p.optimizer.span.text}`")
+            if (started := starts_momentum(bound)) is not None:
+                warnings.append(Diagnostic(
+                    "W107", f"`{bound.name}` cycles the momentum of `{p.name}`'s optimizer `{p.optimizer.span.text}`, "
+                    f"which has none: it trains with momentum {started}, as torch does", p.schedule.span,
+                    label="cycles the momentum (cycle_momentum=true by default)",
+                    help="pass `cycle_momentum=false` to the scheduler to train without momentum, or declare "
+                         "the momentum you mean"))
+        except ScheduleError as err:
+            diags.append(Diagnostic("E710", str(err), p.schedule.span, label="this schedule", help=err.help))
+        except Exception as err:  # noqa: BLE001 - a factory of the user's
+            diags.append(_raised(p.schedule.span, f"`{p.schedule.span.text}`", err))
+        finally:
+            optimizer.close()
 
 
 def _probe(g, p, mods, modules: dict, data, meta_batch):

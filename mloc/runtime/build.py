@@ -33,6 +33,7 @@ from mloc.runtime.distributed import DistContext
 from mloc.runtime.optim import Optimizer
 from mloc.runtime.precision import DeviceError, autocast_factory, grad_scaler_for
 from mloc.runtime.problem import Problem
+from mloc.runtime.schedules import bind
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ class Live:
     scaler: Any = None                   # a GradScaler for fp16 on CUDA, else None
     problem: Problem | None = None       # set once every problem's parameters exist
     commit: Callable | None = None       # commit(grads): the optimizer step, bound once
+    schedule: Callable | None = None     # the spec's schedule as bound to the optimizer (factor(step))
+    drive: Callable | None = None        # set(values): the other hyperparameters a schedule drives
     pipeline: Pipeline | None = None     # the commit pipeline, built at the first step
     batch: Any = None                    # the current batch; None until the first draw
     last_loss: torch.Tensor | None = None
@@ -203,7 +206,21 @@ def _problem(lv: Live, live: dict[str, Live]) -> Problem:
     bound = BoundLoss(lv.spec.loss, [live[r].module for r in reads], [live[r].slots for r in reads],
                       [live[r].params for r in runtime_reads], lambda: (lv.batch,),
                       offsets, module_count=len(reads))
-    return Problem(lv.spec.name, lv.params, bound, tuple(runtime_reads), lv.spec.optimizer(lv.lr))
+    return Problem(lv.spec.name, lv.params, bound, tuple(runtime_reads), _optimizer(lv))
+
+
+def _optimizer(lv: Live) -> Optimizer:
+    """The problem's optimizer with its schedule bound to it (``lv.schedule``): a torch
+    scheduler is re-created on the optimizer's stand-in, and the hyperparameters it drives
+    besides the rate (OneCycleLR's momentum) become tensors set by ``lv.drive`` before each
+    commit (:func:`mloc.runtime.schedules.bind`; a ``ScheduleError`` if the optimizer
+    cannot take one)."""
+    optimizer = lv.spec.optimizer(lv.lr)
+    lv.schedule = bind(lv.spec.schedule, optimizer, lv.spec.lr, f"the optimizer of `{lv.spec.name}`")
+    keys = getattr(lv.schedule, "keys", ())
+    if keys:
+        lv.drive = optimizer.drive(keys, lv.lr)
+    return optimizer
 
 
 def seed_everything(seed: int) -> None:

@@ -20,7 +20,8 @@ finite     watches the loss (or, for a source without one, the gradients, as    
            host sync (:class:`~mloc.runtime.metrics.FiniteGuard`); under loss
            scaling only the loss: an overflow is the scaler's business; on a
            logged step, also queues the gradients' 2-norm for the metrics
-commit     the learning-rate schedule, then the optimizer's step in place        always
+commit     the schedule (the rate, and what else a torch scheduler drives), then   always
+           the optimizer's step in place
            (:func:`optimizer_commit`); under loss scaling through
            ``GradScaler.step``, which skips it when the unscaled gradients are
            not finite, then ``GradScaler.update``
@@ -96,17 +97,21 @@ def build_pipeline(lv: Any, dist: DistContext, guard: FiniteGuard, clock: Any) -
 
 
 def optimizer_commit(lv: Any) -> Callable[[Params], None]:
-    """``commit(grads)``: the learning-rate schedule, then the optimizer's step in place
-    (:meth:`Optimizer.commit`). The optimizer state is read from and written to
-    ``lv.problem`` at every call (a restore replaces it); the schedule reads ``lv.steps``."""
+    """``commit(grads)``: the schedule, then the optimizer's step in place
+    (:meth:`Optimizer.commit`). The schedule (``lv.schedule``, bound to the optimizer)
+    reads ``lv.steps``: it writes the rate, and ``lv.drive`` the other hyperparameters a
+    torch scheduler drives (OneCycleLR's momentum). The optimizer state is read from and
+    written to ``lv.problem`` at every call (a restore replaces it)."""
     problem, spec = lv.problem, lv.spec
     no_grad = torch.no_grad()      # one context object, entered once per commit
-    schedule, lr, base = spec.schedule, lv.lr, spec.lr
+    schedule, drive, lr, base = lv.schedule, lv.drive, lv.lr, spec.lr
     params, step = problem.params, problem.optimizer.commit
 
     def commit(grads: Params) -> None:
         if schedule is not None:
             lr.fill_(base * schedule(lv.steps))
+            if drive is not None:
+                drive(schedule.values(lv.steps))
         with no_grad:
             problem.state = step(grads, problem.state, params)
     return commit

@@ -38,6 +38,7 @@ from mloc.runtime.progress import Progress
 from mloc.runtime.selection import Selection, failed_summary
 from mloc.runtime.runfolder import (CHECKPOINT, RunFolder, RunFolderError, RunIOError, check_owner, choose,
                                     write_config)
+from mloc.runtime.schedules import ScheduleError
 from mloc.runtime.user_modules import put_first
 from mloc.runtime.workers import EXIT_PEER, die_with_parent
 
@@ -113,9 +114,10 @@ def parser(defaults: RunConfig) -> argparse.ArgumentParser:
     return p
 
 
-def _say(err: Exception) -> None:
+def _say(err: Exception, code: str | None = None, where: str = "") -> None:
     help = getattr(err, "help", None)
-    print(f"error: {err}" + (f"\n  = help: {help}" if help else ""), file=sys.stderr)
+    print(f"error{f'[{code}]' if code else ''}: {err}{where}" + (f"\n  = help: {help}" if help else ""),
+          file=sys.stderr)
 
 
 def main(ns: dict, argv: list[str] | None = None) -> int:
@@ -282,6 +284,9 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
     except DeviceError as e:
         _say(e)
         return 2
+    except ScheduleError as e:
+        _say(e, "E710")
+        return 1
     except Exception as err:  # noqa: BLE001 - user code raising while the program is built
         if launched_rank() is not None and is_peer_failure(err):
             return EXIT_PEER
@@ -339,6 +344,9 @@ def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir:
         return 2
     except NonFiniteError as e:
         _say_nonfinite(e, program, out, ns["INTERVALS"].get("log_every", 10))
+        return 1
+    except ScheduleError as e:           # a schedule that runs out, or changes what it cannot
+        _say(e, "E710", f" (during {where.text}{_rank(program)}; the checkpoint on disk, if any, is the last good state)")
         return 1
     except Exception as err:  # noqa: BLE001 - the program's own code raising during training
         if program.dist.world > 1 and is_peer_failure(err):

@@ -38,3 +38,30 @@ def not_an_optimizer(params, lr):
 def make_scheduler(optimizer, every=2):
     """A user factory: halve the rate every `every` steps."""
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=every, gamma=0.5)
+
+
+def sets_at_build(optimizer, key="epsilon", value=1e-4):
+    """A user factory (tests/test_schedule_momentum.py): a constant-rate scheduler that
+    sets `key` of the param group when it is built."""
+    for group in optimizer.param_groups:
+        group[key] = value
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+class _LateDecay(torch.optim.lr_scheduler.LRScheduler):
+    """Constant rate; sets weight_decay to `value` from step `at` on."""
+
+    def __init__(self, optimizer, at, value):
+        self.at, self.value = at, value
+        super().__init__(optimizer)
+
+    def get_lr(self):
+        if self.last_epoch >= self.at:
+            for group in self.optimizer.param_groups:
+                group["weight_decay"] = self.value
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+
+def changes_later(optimizer, at=2, value=0.1):
+    """A user factory: a scheduler that starts changing `weight_decay` at step `at`."""
+    return _LateDecay(optimizer, at, value)

@@ -29,7 +29,11 @@ class Adam(Optimizer):
     """See the module docstring. ``diag`` is the exact elementwise derivative of the step
     with respect to ``g`` (bias correction and ``ε`` included); with ``ε = 0`` it is SAMA's
     ``η√c₂/c₁ · [(1-β₁)β₂ v_{t-1} - β₁(1-β₂) g m_{t-1}] / v_t^{3/2}``. The decoupled decay
-    does not read ``g``, so AdamW's ``diag`` is Adam's."""
+    does not read ``g``, so AdamW's ``diag`` is Adam's. A scheduled ``betas`` (OneCycleLR's
+    momentum cycling) is used as ``torch.optim.Adam`` uses it: the current ``β₁`` in the
+    moment and in the bias correction ``1 − β₁ᵗ``."""
+
+    SCHEDULABLE = {"betas": ("b1", "b2"), "eps": ("eps",), "weight_decay": ("weight_decay",)}
 
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
         super().__init__(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

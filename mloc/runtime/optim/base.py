@@ -20,6 +20,14 @@ every device. ``diag`` is SAMA's preconditioner where the descriptor declares it
 diagonal of ``-∂update/∂grad`` of the next update (Choe et al., "Making Scalable Meta
 Learning Practical", NeurIPS 2023).
 
+Scheduled hyperparameters: a ``torch.optim.lr_scheduler`` may drive more than the rate
+(OneCycleLR and CyclicLR cycle the momentum: ``betas[0]`` of Adam, ``momentum`` of SGD).
+:meth:`~Optimizer.schedule_stand_in` is what such a scheduler steps in the optimizer's
+place (a ``torch.optim`` optimizer with the same param-group entries, under torch's keys),
+and :meth:`~Optimizer.drive` turns the entries it drives into 0-dim tensors the engine
+rewrites before each commit, as it rewrites a scheduled rate (``SCHEDULABLE`` says which
+entries the optimizer can take so). A tensor hyperparameter takes the functional path.
+
 Lifecycle: an optimizer with background work (Shampoo's asynchronous matrix roots) is
 told when training starts (:meth:`~Optimizer.start`), must bring its state up to date
 before a checkpoint reads it (:meth:`~Optimizer.drain`) and releases its workers at the
@@ -30,7 +38,7 @@ optimizers here all three do nothing.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from torch import Tensor
 
@@ -43,6 +51,10 @@ class Optimizer(ABC):
 
     diag_uses_grad: ClassVar[bool] = True
     """Whether :meth:`diag` reads ``grads`` (SGD's does not, so SAMA skips a gradient)."""
+
+    SCHEDULABLE: ClassVar[dict[str, tuple[str, ...]]] = {}
+    """The param-group entries (torch's keys, as in :attr:`hyper`) a scheduler may drive,
+    each to the attributes that hold it: one per element of a tuple entry (``betas``)."""
 
     def __init__(self, **hyper):
         self.hyper = hyper
@@ -79,6 +91,44 @@ class Optimizer(ABC):
         most) and written into its problem's ``train`` record beside the loss (Shampoo's
         rejected roots); none by default."""
         return {}
+
+    def schedule_stand_in(self, lr: float):
+        """What a ``torch.optim.lr_scheduler`` steps in this optimizer's place: a
+        ``torch.optim`` optimizer whose only param group holds :attr:`hyper` (torch's keys)
+        with the rate ``lr`` (:func:`mloc.runtime.schedules.stand_in`)."""
+        from mloc.runtime.schedules import stand_in
+        return stand_in({**{k: v for k, v in self.hyper.items() if not isinstance(v, Tensor)}, "lr": lr})
+
+    def drives(self, key: str) -> bool:
+        """Whether :meth:`drive` can take the param-group entry ``key`` (``"*"``: any entry,
+        whenever a scheduler changes it)."""
+        return key in self.SCHEDULABLE
+
+    def drive(self, keys, like: Tensor) -> Callable[[dict], None]:
+        """Hold the param-group entries ``keys`` (each one :meth:`drives`) in 0-dim tensors
+        of ``like``'s dtype and device, starting at the built values; returns ``set(values)``,
+        which writes one step's values (``{key: number or tuple}``) into them. Called once,
+        before :meth:`init`: with a tensor hyperparameter the optimizer takes its functional
+        path, and one whose value was 0 is live (SGD's momentum buffers exist)."""
+        import torch
+        slots: dict[str, tuple[Tensor, ...]] = {}
+        for key in keys:
+            attrs, value = self.SCHEDULABLE[key], self.hyper[key]
+            values = tuple(value) if len(attrs) > 1 else (value,)
+            slots[key] = tuple(torch.tensor(float(v), dtype=like.dtype, device=like.device) for v in values)
+            for attr, t in zip(attrs, slots[key]):
+                setattr(self, attr, t)
+        self.inplace = False
+        self._driven(tuple(keys))
+
+        def set_values(step_values: dict) -> None:
+            for key, value in step_values.items():
+                for t, v in zip(slots[key], tuple(value) if len(slots[key]) > 1 else (value,)):
+                    t.fill_(v)
+        return set_values
+
+    def _driven(self, keys: tuple[str, ...]) -> None:
+        """What follows from ``keys`` being tensors now (SGD: momentum is on)."""
 
     def start(self) -> None:
         """Training begins (start background workers)."""

@@ -31,6 +31,7 @@ class SGD(Optimizer):
     whenever the base optimizer changes)."""
 
     diag_uses_grad = False
+    SCHEDULABLE = {"momentum": ("momentum",), "dampening": ("dampening",), "weight_decay": ("weight_decay",)}
 
     def __init__(self, lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0):
         super().__init__(lr=lr, momentum=momentum, nesterov=nesterov,
@@ -41,6 +42,11 @@ class SGD(Optimizer):
         self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
         self.weight_decay, self.dampening = weight_decay, dampening
         self.inplace = numbers(lr, momentum, weight_decay, dampening)
+
+    def _driven(self, keys):
+        # a scheduled momentum is live even where it was built 0: torch.optim.SGD with
+        # CyclicLR's default momentum cycling steps with momentum too
+        self.has_momentum = self.has_momentum or "momentum" in keys
 
     def init(self, params):
         buf = tuple(torch.zeros_like(p) for p in params) if self.has_momentum else ()

@@ -81,7 +81,10 @@ class ShampooState(NamedTuple):
 
 
 class Shampoo(Optimizer):
-    """See the module docstring."""
+    """See the module docstring. A scheduler may drive ``momentum`` (OneCycleLR's momentum
+    cycling: Shampoo has no ``betas``)."""
+
+    SCHEDULABLE = {"momentum": ("mu",), "weight_decay": ("wd",)}
 
     def __init__(self, lr=1e-3, beta2=1.0, momentum=0.9, nesterov=True, epsilon=1e-6,
                  weight_decay=0.0, decoupled_weight_decay=True, update_every=1,

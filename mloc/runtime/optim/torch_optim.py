@@ -19,7 +19,11 @@ the optimizer first.
 
 The learning rate: a number stays as built; a 0-dim tensor (what a schedule rewrites
 before each commit) is read (``.item()``) and written into every parameter group before
-each step. Not differentiable and no SAMA diagonal (its descriptor says so, and the
+each step, and so are the other param-group entries a ``torch.optim.lr_scheduler`` drives
+(:meth:`TorchOptimizer.drive`: OneCycleLR's momentum cycling writes ``betas`` or
+``momentum``), as that scheduler writes them into a hand-written loop's optimizer; the
+scheduler itself steps the same class built on a dummy tensor
+(:meth:`TorchOptimizer.schedule_stand_in`). Not differentiable and no SAMA diagonal (its descriptor says so, and the
 checker refuses ``itd`` and ``sama`` below it); :meth:`update` is the same step on copies,
 for the interface. Optimizers whose ``step`` needs a closure (``LBFGS``) are not supported.
 """
@@ -64,6 +68,7 @@ class TorchOptimizer(Optimizer):
         self._params: Params = ()
         self._template: tuple | None = None
         self._live: TorchState | None = None
+        self._scheduled: dict = {}           # param-group entries a scheduler drives: this step's values
 
     def _host_lr(self) -> float:
         """The rate as a host float (torch.optim's groups hold floats): a scheduled rate is
@@ -71,8 +76,8 @@ class TorchOptimizer(Optimizer):
         CPU, the one this optimizer costs)."""
         return self.lr.item() if isinstance(self.lr, Tensor) else self.lr
 
-    def _build(self, params) -> torch.optim.Optimizer:
-        opt = self.factory(list(params), lr=self._host_lr(), **self.options)
+    def _build(self, params, lr: float | None = None) -> torch.optim.Optimizer:
+        opt = self.factory(list(params), lr=self._host_lr() if lr is None else lr, **self.options)
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"{self.name}(params, lr=..., ...) returned a {type(opt).__name__}, "
                             "not a torch.optim.Optimizer")
@@ -82,6 +87,23 @@ class TorchOptimizer(Optimizer):
         if len(params) == len(self._params) and all(a is b for a, b in zip(params, self._params)):
             return
         self._opt, self._params, self._template, self._live = self._build(params), params, None, None
+
+    def schedule_stand_in(self, lr: float) -> torch.optim.Optimizer:
+        """This very class on one dummy tensor, rate ``lr``: a scheduler reads its real
+        ``defaults`` (``betas`` or ``momentum``; neither: torch refuses to cycle a momentum)."""
+        return self._build([torch.zeros(1, requires_grad=True)], lr)
+
+    def drives(self, key: str) -> bool:
+        """Any entry, at any step (``"*"``: that it takes any): written into the param group
+        as a scheduler writes it."""
+        return True
+
+    def drive(self, keys, like=None):
+        """``set(values)`` keeps one step's values of the entries ``keys``, written into every
+        param group before the next ``step()`` (host numbers, as ``torch.optim`` holds them)."""
+        def set_values(step_values: dict) -> None:
+            self._scheduled.update(step_values)
+        return set_values
 
     def _probe(self, params: Params) -> tuple:
         """The structure of the state after one step: one step on zero copies."""
@@ -114,6 +136,8 @@ class TorchOptimizer(Optimizer):
             lr = self._host_lr()
             for group in opt.param_groups:
                 group["lr"] = lr
+        for group in opt.param_groups:
+            group.update(self._scheduled)
         kept = [p.grad for p in params]
         for p, g in zip(params, grads):
             p.grad = g
