@@ -72,6 +72,7 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
             batches[p.name] = data
     sizes = Sizes(params={n: intro.param_count(m) for n, m in modules.items()})
     _check_init_shapes(g, modules, diags)
+    _check_python_optimizers(g, modules, diags)
     with program_path(Path(g.info.source_path).resolve().parent):
         _check_schedules(g, diags, warnings)
     traced = {}      # problem -> the diagnostics of its loss (None: not traced)
@@ -120,6 +121,29 @@ def _check_init_shapes(g, modules: dict, diags: list) -> None:
                                     p.init[1], label=label,
                                     help=f"build `{p.name}`'s module with the same architecture as `{p.init[0]}`'s "
                                          "(`init` pairs the parameters by name and shape)"))
+
+
+def _check_python_optimizers(g, modules: dict, diags: list) -> None:
+    """E702 for a Python optimizer (`torch.optim.RAdam(lr=0.1, bogus=1)`, a factory of the
+    user's) that cannot be built on its problem's parameters. Its keyword arguments are the
+    class's own, which `mloc check` cannot read without importing it, so the class judges them
+    here, built on the meta-device module as the run builds it (a run would fail there too)."""
+    from mloc.builtins import OPTIMIZERS
+
+    for p in g.problems():
+        desc = OPTIMIZERS[p.optimizer.name]
+        if not desc.caps.opaque or p.name not in modules:
+            continue
+        optimizer = None
+        try:
+            optimizer = desc.load()(**dict(p.optimizer.args))
+            optimizer.init(tuple(t for t in modules[p.name].parameters() if t.requires_grad))
+        except Exception as err:  # noqa: BLE001 - the optimizer class's own refusal
+            diags.append(_raised(p.optimizer.span, f"building `{p.optimizer.span.text}` on the parameters "
+                                 f"of `{p.name}`", err))
+        finally:
+            if optimizer is not None:
+                optimizer.close()
 
 
 def _check_schedules(g, diags: list, warnings: list) -> None:
