@@ -104,6 +104,7 @@ _ALL = (
     Code("W104", "data-not-batches", "a `data` value whose items are single examples or rows, not batches (a `Dataset`, a tensor)"),
     Code("W105", "schedule-outlasts-run", "a run (`--steps N`) that ends before a problem's learning-rate schedule does"),
     Code("W106", "identity-roots", "Shampoo steps preconditioned before its first roots arrive (by the initial identities)"),
+    Code("W107", "unused-parameters", "trainable parameters that no loss the problem's gradient comes from reaches"),
     Code("E900", "internal-error", "a bug in mloc"),
 )
 
