@@ -5,22 +5,25 @@ the state `mloc.load(FILE).run(N)` reaches, on the batches its last steps drew (
 with no batch yet draws its first), so the values equal the Python API's
 `hypergradients()` there bit for bit. Nothing is written. `--json` prints every value,
 `--dtype float64` computes in double precision, and `--check` compares each hypergradient
-with the same state's hypergradient when every edge that does not unroll is solved by CG to
-convergence, reports the curvature of those edges' lower problems (where one is not positive
-definite, CG's answer is no reference) and ends with a verdict line.
+with the same state's hypergradient when every edge is solved by CG to convergence (an
+independent reference, `itd` edges included; none exists for a MAML-style `init` edge, and
+the check says so), reports the curvature of those edges' lower problems (where one is not
+positive definite, CG's answer is no reference) and ends with a verdict line. An error in
+the program's code is E702 (exit 1), as under `mloc run`; E900 (101) is mloc's own.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError
 from mloc.cli.train import _compiled
 from mloc.codegen.compile import Compiled, load_generated
 
+NOTHING_WRITTEN = "`mloc hypergrad` writes nothing"
 HELP = "compute each upper problem's hypergradient at the initial state or after N outer steps, without a run"
 
 
@@ -37,8 +40,8 @@ def add_command(command) -> None:
                    help="cast the modules and every floating batch to this dtype; default: as the program builds them")
     p.add_argument("--seed", type=int, help="random seed; default: the train block's")
     p.add_argument("--check", action="store_true",
-                   help="compare with the hypergradients at the same state with every edge that does not unroll "
-                        "solved by CG to convergence (relative error per upper problem)")
+                   help="compare with the hypergradients at the same state with every edge solved by CG to "
+                        "convergence (relative error per upper problem)")
     p.add_argument("--set", action="append", metavar="PATH=VALUE",
                    help="change a field (PROBLEM.FIELD, UPPER->LOWER.FIELD, train.FIELD, a setting) or one "
                         "argument of a call (PROBLEM.optimizer.lr) for this computation; all are applied "
@@ -53,33 +56,54 @@ def cmd_hypergrad(args, out: Output) -> int:
     if compiled is None:
         return EXIT_ERRORS
     from mloc.runtime.engine import RunConfig
-    from mloc.runtime.launch import build
+    from mloc.runtime.launch import _user_error, build
     from mloc.runtime.metrics import NonFiniteError
     ns = load_generated(compiled.source, str(Path(args.file).resolve().with_suffix(".generated.py")))
     base: RunConfig = ns["DEFAULTS"]
     config = replace(base, seed=args.seed if args.seed is not None else base.seed, device="cpu", dtype=args.dtype)
-    program = build(ns, config)
+    # the program's own code raising is E702 (exit 1), as under `mloc run`; mloc's is E900
     try:
-        trained(program, args.after)
+        program = build(ns, config)
+    except Exception as err:  # noqa: BLE001 - user code raising while the program is built
+        return _user_error(err, "building the program", config.dtype, after=NOTHING_WRITTEN)
+    where = Doing("the first step of --after" if args.after else "the hypergradients")
+    try:
+        trained(program, args.after, where)
         state = _state(program) if args.check else None
+        where.text = "the hypergradients" + (f" after {args.after} steps" if args.after else "")
         grads = program.hypergradients()
+        if args.check:
+            where.text = "the CG reference of --check"
+            check = _reference_errors(ns, config, compiled, grads, state)
+        else:
+            check = Check({}, [], {}, [])
     except NonFiniteError as e:
         out.err(f"error: {e}, within the {args.after} steps of --after\n  = help: {e.help}")
         return EXIT_ERRORS
+    except Exception as err:  # noqa: BLE001 - re-raised (E900) unless the program's code raised it
+        return _user_error(err, where.text, config.dtype, program.device, after=NOTHING_WRITTEN)
     finally:
         program.close()
-    errors, curvature = _reference_errors(ns, config, compiled, grads, state) if args.check else ({}, [])
-    _print(out, args, grads, errors)
+    _print(out, args, grads, check)
     if args.check:      # after the values: on stdout, or on stderr beside --json's one object
-        for line in _verdict(errors, curvature, config.dtype or "float32"):
+        for line in check.notes + _verdict(check, config.dtype or "float32"):
             (out.err if args.json else out.out)(line)
     return EXIT_OK
 
 
-def trained(program, steps: int) -> None:
+class Doing:
+    """What `mloc hypergrad` is computing, for an error in the program's code (E702)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def trained(program, steps: int, where: Doing | None = None) -> None:
     """`steps` outer steps of `program`'s schedule, then its finiteness check (as the Python
-    API's `Session.run`; raises NonFiniteError)."""
-    for _ in range(steps):
+    API's `Session.run`; raises NonFiniteError). `where` is kept at the step being taken."""
+    for k in range(steps):
+        if where is not None:
+            where.text = f"step {k + 1} of --after {steps}"
         program.outer_step()
     program.guard.check()
 
@@ -90,10 +114,13 @@ def _state(program) -> tuple[dict, dict]:
     return program.state_dict(), {name: lv.batch for name, lv in program.live.items()}
 
 
-def _print(out: Output, args, grads: dict, errors: dict[str, float]) -> None:
+def _print(out: Output, args, grads: dict, check: "Check") -> None:
+    errors = check.errors
     if args.json:
         out.out(json.dumps({up: {k: v.tolist() for k, v in g.items()} | (
-            {"_relative_error": errors[up]} if up in errors else {}) for up, g in grads.items()}))
+            {"_relative_error": errors[up]} if up in errors else {}) | (
+            {"_no_reference": check.unreferenced[up]} if up in check.unreferenced else {})
+            for up, g in grads.items()}))
         return
     if args.after:
         out.out(f"after {args.after} outer step{'s' * (args.after != 1)}:")
@@ -103,14 +130,17 @@ def _print(out: Output, args, grads: dict, errors: dict[str, float]) -> None:
             out.out(f"  {k:<40} norm {float(v.norm()):.6e}  shape {list(v.shape)}")
         if up in errors:
             out.out(f"  relative error against CG to convergence: {errors[up]:.3e}")
+        elif up in check.unreferenced:
+            out.out(f"  no reference: {check.unreferenced[up]}")
 
 
 AGREE, CLOSE = 1e-3, 1e-1      # relative error: the method agrees with the reference / approximates it
 
 
-def _verdict(errors: dict[str, float], curvature: list, dtype: str) -> list[str]:
+def _verdict(check: "Check", dtype: str) -> list[str]:
     """What `--check` concludes: one line per lower problem whose Hessian is not positive
     definite (the reference is then meaningless), then the verdict line."""
+    errors, curvature = check.errors, check.curvature
     rtol = 1e-8 if dtype == "float64" else 1e-4
     bad = [c for c in curvature if c.indefinite(rtol)]
     lines = []
@@ -127,6 +157,9 @@ def _verdict(errors: dict[str, float], curvature: list, dtype: str) -> list[str]
     if bad:
         lines.append(f"verdict: no verdict: the CG reference is meaningless (non-convex lower problem: "
                      f"{', '.join(f'`{c.problem}`' for c in bad)})")
+    elif not errors and check.unreferenced:
+        lines.append(f"verdict: no verdict: no reference applies to "
+                     f"{', '.join(f'`{u}`' for u in check.unreferenced)} (see above)")
     elif not errors:
         lines.append("verdict: nothing to compare (no upper problem)")
     else:
@@ -138,27 +171,65 @@ def _verdict(errors: dict[str, float], curvature: list, dtype: str) -> list[str]
     return lines
 
 
-def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict,
-                      state: tuple[dict, dict]) -> tuple[dict[str, float], list]:
+@dataclass(frozen=True)
+class Check:
+    """What `--check` found: the relative error of each upper problem that has a reference,
+    the curvature of the lower problems solved by CG there, the upper problems no reference
+    applies to (why, in words), and notes on what the reference of an unrolled edge means."""
+
+    errors: dict[str, float]
+    curvature: list
+    unreferenced: dict[str, str]
+    notes: list[str]
+
+
+def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict, state: tuple[dict, dict]) -> Check:
     """Relative error of each upper's hypergradient against the same program, at the same
-    state and batches, with every edge whose method does not unroll (`caps.unrolls`, as
-    planned) solved by CG to convergence: 2·d iterations for a lower problem with d
-    parameters (as the trace counted them) (CG is exact after d in exact arithmetic; the
-    runtime masks converged steps rather than stopping, so the count is bounded), at most 1000.
-    Also the curvature of each such edge's lower problem there (`mloc.runtime.curvature`):
+    state and batches, with every edge solved by CG to convergence: the implicit-function
+    hypergradient ``-J_xᵀ H⁻¹ v`` at the current point, independent of the method checked.
+    2·d iterations for a lower problem with d parameters (as the trace counted them) (CG is
+    exact after d in exact arithmetic; the runtime masks converged steps rather than
+    stopping, so the count is bounded), at most 1000.
+
+    An unrolled edge (``itd``) is compared with it too: ``itd`` is the exact derivative of
+    its K unrolled steps, which approaches the implicit one as the lower problem converges,
+    so the error measures that distance (a note says so). No implicit reference exists for
+    an edge into a lower problem that starts from its upper's parameters (``init``, MAML):
+    the lower's loss does not read the upper, its solution depends on it only through the
+    starting point; the uppers above such an edge get no error, and a line says why.
+
+    Also the curvature of each CG-solved lower problem there (`mloc.runtime.curvature`):
     CG's answer is a reference only where that Hessian is positive definite."""
     from mloc.builtins import METHODS
     from mloc.runtime import Edge, cg
     from mloc.runtime.curvature import lower_curvature
     from mloc.runtime.launch import build
 
-    unrolled = {(e.upper, e.lower) for e in compiled.plan.edges if METHODS[e.method].caps.unrolls}
+    specs = {spec.name: spec for spec in ns["PROBLEMS"]}
+    starts = {(e.upper, e.lower) for e in compiled.plan.edges
+              if specs[e.lower].init == e.upper and e.upper not in specs[e.lower].reads}
+    unrolled = [(e.upper, e.lower) for e in compiled.plan.edges
+                if METHODS[e.method].caps.unrolls and (e.upper, e.lower) not in starts]
     sizes = compiled.sizes.params
 
     def reference(e):
-        if (e.upper, e.lower) in unrolled:
+        if (e.upper, e.lower) in starts:
             return e
         return Edge(e.upper, e.lower, cg(iters=min(2 * sizes[e.lower], 1000), tol=1e-14))
+
+    below = _below(ns["EDGES"])
+    unreferenced = {}
+    for up in grads:
+        cut = sorted((u, lo) for u, lo in starts if u == up or u in below.get(up, ()))
+        if cut:
+            unreferenced[up] = (
+                "; ".join(f"`{lo}` starts from `{u}`'s parameters (init), and its loss does not read them"
+                          for u, lo in cut)
+                + ": the lower solution depends on them only through its starting point, so no implicit "
+                  "(CG) hypergradient exists to compare with; itd is the exact derivative of the unrolled steps")
+    notes = [f"note: `{u} -> {lo}` unrolls (itd): its reference is the implicit hypergradient at the current "
+             f"point (CG to convergence), which the unrolled derivative approaches only as `{lo}` converges; "
+             "the error measures that distance" for u, lo in unrolled]
 
     # other methods, other compositions: the runtime composes them itself
     program = build({**ns, "EDGES": tuple(reference(e) for e in ns["EDGES"]), "COMPOSITION": None}, config)
@@ -168,13 +239,32 @@ def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict,
         for name, batch in batches.items():
             program.live[name].batch = batch
         ref = program.hypergradients()
-        lowers = sorted({e.lower for e in ns["EDGES"] if (e.upper, e.lower) not in unrolled})
+        lowers = sorted({e.lower for e in ns["EDGES"] if (e.upper, e.lower) not in starts})
         curvature = [lower_curvature(program, name) for name in lowers]
     finally:
         program.close()
     out = {}
     for up, g in grads.items():
+        if up in unreferenced:
+            continue
         num = math.sqrt(sum(float((g[k] - ref[up][k]).pow(2).sum()) for k in g))
         den = math.sqrt(sum(float(ref[up][k].pow(2).sum()) for k in g)) or 1.0
         out[up] = num / den
-    return out, curvature
+    return Check(out, curvature, unreferenced, notes)
+
+
+def _below(edges) -> dict[str, set[str]]:
+    """Every problem below each upper (transitively), from the hierarchy edges."""
+    lowers: dict[str, set[str]] = {}
+    for e in edges:
+        lowers.setdefault(e.upper, set()).add(e.lower)
+    out = {}
+    for up in lowers:
+        seen, todo = set(), list(lowers[up])
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo += lowers.get(n, ())
+        out[up] = seen
+    return out

@@ -107,6 +107,7 @@ _ALL = (
     Code("W105", "schedule-outlasts-run", "a run (`--steps N`) that ends before a problem's learning-rate schedule does"),
     Code("W106", "identity-roots", "Shampoo steps preconditioned before its first roots arrive (by the initial identities)"),
     Code("W107", "schedule-starts-momentum", "a scheduler cycles a momentum the optimizer declares 0 (OneCycleLR/CyclicLR on `sgd` without momentum): it trains with momentum"),
+    Code("W108", "unused-parameters", "trainable parameters that no loss the problem's gradient comes from reaches"),
     Code("E900", "internal-error", "a bug in mloc"),
 )
 

@@ -328,6 +328,15 @@ EXPLANATIONS: dict[str, Explanation] = {
               "`torch.optim.SGD`. mloc applies it, and says so.",
               "schedule = torch.optim.lr_scheduler.CyclicLR(base_lr=0.01, max_lr=0.1)   # optimizer: sgd(lr=0.01)",
               "schedule = torch.optim.lr_scheduler.CyclicLR(base_lr=0.01, max_lr=0.1, cycle_momentum=false)"),
+    "W108": E("A trainable parameter of a problem reaches no loss its gradient comes from (its own "
+              "loss and, for an upper problem, the losses of the problems below it): a BatchNorm or a "
+              "head defined in `__init__` but never called in `forward`, an embedding used only under "
+              "`no_grad`. Every hypergradient method gives it a zero gradient, and its optimizer leaves "
+              "it as it is, with no weight decay or momentum step, as a hand-written loop with "
+              "`torch.optim` leaves a parameter whose `.grad` is None. If that is intended, declare "
+              "it `frozen`; otherwise call it in the loss.",
+              "problem net { module = lib.Net()   # Net defines self.aux = nn.Linear(8, 2), never called",
+              'problem net { module = lib.Net()   frozen = ["aux.*"]'),
     "E900": E("A bug in mloc, not in your program: an internal invariant broke. Please report it "
               "with the .mlo file and its Python module; `MLOC_DEBUG=1` shows the traceback.",
               "MLOC_DEBUG=1 mloc compile prog.mlo", ""),

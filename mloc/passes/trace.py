@@ -16,6 +16,9 @@ problems a loss *names* with the problems whose parameters *reach* it:
   (`mloc.runtime.schedules.bind`, what the build does): what torch refuses there (cycling
   the momentum of an optimizer without one, bad arguments), a scheduler that reads a
   metric and a setting the optimizer cannot take are E710 at the schedule;
+- a trainable parameter that reaches no loss its problem's gradient comes from (its own,
+  and for an upper problem those below it: a layer defined but never called) is W108,
+  which suggests `frozen` (it trains as a hand loop would: zero gradient, left untouched);
 - each evaluation is tried once on the real modules' initial state
   (`mloc.passes.evaluations`): E702 if it raises, E707 if it returns something that is not
   a metric, E603 for a watched metric it does not return;
@@ -30,12 +33,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import networkx as nx
+
 from mloc.diagnostics import Diagnostic, fold_repeats
 from mloc.ir.graph import ProgramGraph
 from mloc.passes.evaluations import try_evaluations
 from mloc.passes.loader import evaluate, import_modules, program_path
 from mloc.passes.plan import Sizes, format_bytes
-from mloc.passes.trace_checks import check_batch, check_data, init_mismatch, no_batch, not_a_loss, raised
+from mloc.passes.trace_checks import (check_batch, check_data, init_mismatch, no_batch, not_a_loss, raised,
+                                      unused_warning)
 
 
 _raised = raised      # E702 with the user's own file:line frames (`mloc.passes.trace_checks`)
@@ -75,11 +81,12 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
     _check_python_optimizers(g, modules, diags)
     with program_path(Path(g.info.source_path).resolve().parent):
         _check_schedules(g, diags, warnings)
+    reached: dict[str, set[tuple[str, str]]] = {}     # per loss: (problem, parameter) reaching it
     traced = {}      # problem -> the diagnostics of its loss (None: not traced)
     for p in g.problems():
         if p.name in batches and all(r in modules for r in p.loss.read_names()):
             before = len(diags)
-            _check_loss(g, p, mods, modules, batches[p.name], sizes, diags)
+            _check_loss(g, p, mods, modules, batches[p.name], sizes, diags, reached)
             traced[p.name] = diags[before:]
         if p.project is not None and p.name in modules:
             _check_project(g, p, mods, modules, diags)
@@ -89,9 +96,38 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
             if found is not None:     # the breach explains the E701s of that loss (a skipped stage)
                 diags[:] = [d for d in diags if not any(d is e for e in traced[found[0]])] + [found[1]]
     if not diags:
+        warnings += unused_parameters(g, modules, reached)
         with program_path(Path(g.info.source_path).resolve().parent):
             diags += try_evaluations(g, mods, _raised)
     return sizes, fold_repeats(diags + warnings)     # one missing package: one error, not one per call
+
+
+def unused_parameters(g: ProgramGraph, modules: dict, reached: dict[str, set[tuple[str, str]]]) -> list[Diagnostic]:
+    """W108 for each problem with trainable parameters that no loss its gradient comes from
+    reaches: its own loss and, for an upper problem, the losses of the problems below it
+    (its hypergradient flows through them). Such a parameter gets a zero gradient by every
+    method and the optimizer leaves it as it is (no weight decay, no momentum), as a hand
+    loop leaves a parameter whose `.grad` is None; the warning says so, and how to declare
+    it `frozen`. A problem that starts from `p`'s parameters (`init = p`, MAML) evaluates
+    them under its own names; problems with an `init` (their parameters are offsets) are
+    skipped."""
+    from mloc.runtime.binding import select_parameters
+
+    out = []
+    for p in g.problems():
+        if p.name not in modules or p.init is not None:
+            continue
+        sources = {p.name} | set(nx.descendants(g.hierarchy(), p.name))
+        if not sources <= set(reached):
+            continue
+        trainable = select_parameters(modules[p.name], p.trainable, p.frozen)
+        # a problem that starts from p's parameters (`init = p`) evaluates them as its own
+        starts = {q.name for q in g.problems() if q.init is not None and q.init[0] == p.name}
+        hit = {name for s in sources for owner, name in reached[s] if owner == p.name or owner in starts}
+        unused = [n for n in trainable if n not in hit]
+        if unused:
+            out.append(unused_warning(p, unused, [n for n, _ in modules[p.name].named_parameters()]))
+    return out
 
 
 def describe_sizes(sizes: Sizes) -> str:
@@ -196,7 +232,7 @@ def _probe(g, p, mods, modules: dict, data, meta_batch):
     return intro.probe_loss(fn, [real[r] for r in reads], next(iter(data)), reads), real
 
 
-def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
+def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: dict) -> None:
     from mloc.runtime import introspect as intro
 
     reads = p.loss.read_names()
@@ -219,6 +255,7 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list) -> None:
         diags.append(_raised(p.loss.span, f"the loss of `{p.name}`", err))
         return
     owners = {id(t): n for n, m in used.items() for t in m.parameters()}
+    reached[p.name] = {(n, k) for n, m in used.items() for k, t in m.named_parameters() if id(t) in probe.leaves}
     if probe.shape != () or not probe.floating:
         diags.append(not_a_loss(p, probe))
         return

@@ -10,7 +10,9 @@
   single examples, and a lone tensor its rows, not batches: a warning (W104);
 - `init_mismatch`: which parameters of two modules joined by `init` differ, by name and by
   shape (E705);
-- `not_a_loss`: E703's message for a loss that returned a Python number (`.item()`).
+- `not_a_loss`: E703's message for a loss that returned a Python number (`.item()`);
+- `unused_warning`: W108's message for trainable parameters no loss reaches, with the
+  `frozen` globs that declare them.
 
 Nothing here imports torch: values are recognised by their classes' qualified names.
 """
@@ -149,3 +151,30 @@ def not_a_loss(p, probe) -> Diagnostic:
     return Diagnostic("E703", f"the loss of `{p.name}` returns {what}, not a scalar", p.loss.span,
                       help="reduce it, e.g. with `.mean()` or `.sum()`" if probe.shape else
                            "compute it in floating point (an integer or boolean tensor has no gradient)")
+
+
+def unused_warning(p, unused: list[str], names: list[str]) -> Diagnostic:
+    """W108 at `p`'s module for its trainable parameters `unused` (of all its parameter
+    `names`, in order): the `frozen` globs are the shortest module prefixes all of whose
+    parameters are unused (`norm.*`), else the names themselves."""
+    dead = set(unused)
+    globs: list[str] = []
+    for n in unused:
+        parts = n.split(".")
+        glob = n
+        for k in range(1, len(parts)):
+            prefix = ".".join(parts[:k]) + "."
+            if all(m in dead for m in names if m.startswith(prefix)):
+                glob = prefix + "*"
+                break
+        if glob not in globs:
+            globs.append(glob)
+    shown = ", ".join(f"`{n}`" for n in unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+    count = f"{len(unused)} parameter{'s' * (len(unused) != 1)}"
+    frozen = "frozen = [" + ", ".join(f'"{g}"' for g in globs) + "]"
+    return Diagnostic(
+        "W108", f"{count} of `{p.name}` reach no loss its gradient comes from: {shown}", p.module.span,
+        label="never used by the loss",
+        help=f"they get a zero gradient and the optimizer leaves them as they are (as a hand loop leaves a "
+             f"`.grad` of None); if that is intended, say so with `{frozen}` in `{p.name}`, else call them "
+             "in the loss (a layer defined but not called in `forward`?)")

@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from mloc.runtime.commit import Pipeline
+from mloc.runtime.tree import absent, marked
 
 
 class Accumulator:
@@ -25,6 +26,7 @@ class Accumulator:
     def __init__(self, draw: Callable[[], None], source: Callable, pipeline: Pipeline):
         self.draw, self.source, self.pipeline = draw, source, pipeline
         self.sum: list[torch.Tensor] | None = None
+        self.absent: set[int] = set()     # parameters no micro-step's gradient reached
         self.losses: list[torch.Tensor] = []
         self.count = 0
 
@@ -35,7 +37,9 @@ class Accumulator:
         with torch.no_grad():
             if self.sum is None:
                 self.sum = [g.detach().clone() for g in grads]
+                self.absent = set(absent(grads))
             else:
+                self.absent &= set(absent(grads))   # no gradient in any micro-step
                 for s, g in zip(self.sum, grads):
                     s.add_(g)
         if loss is not None:
@@ -47,7 +51,7 @@ class Accumulator:
         if not self.count:
             raise RuntimeError("apply without an accumulated micro-step")
         with torch.no_grad():
-            grads = tuple(s.div_(self.count) for s in self.sum)
+            grads = marked([s.div_(self.count) for s in self.sum], sorted(self.absent))
             loss = torch.stack(self.losses).mean() if len(self.losses) == self.count else None
-        self.sum, self.losses, self.count = None, [], 0
+        self.sum, self.losses, self.count, self.absent = None, [], 0, set()
         self.pipeline.run(grads, loss)

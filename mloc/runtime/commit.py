@@ -22,7 +22,9 @@ finite     watches the loss (or, for a source without one, the gradients, as    
            logged step, also queues the gradients' 2-norm for the metrics
 commit     the schedule (the rate, and what else a torch scheduler drives), then   always
            the optimizer's step in place
-           (:func:`optimizer_commit`); under loss scaling through
+           (:func:`optimizer_commit`; a parameter no gradient reached, marked
+           by the source, is left as it was, with its optimizer state, as
+           ``torch.optim`` skips a ``.grad`` of None); under loss scaling through
            ``GradScaler.step``, which skips it when the unscaled gradients are
            not finite, then ``GradScaler.update``
 project    the program's ``project`` call on the problem's module, under         project
@@ -44,8 +46,9 @@ from torch import Tensor
 
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.metrics import FiniteGuard
+from mloc.runtime.optim.base import commit_present
 from mloc.runtime.precision import ScaledStep
-from mloc.runtime.tree import Params
+from mloc.runtime.tree import Params, absent, marked
 
 Seed = Callable[[Tensor], Tensor]
 """What a source applies to its loss before differentiating it (the loss scaler's ``scale``)."""
@@ -105,15 +108,19 @@ def optimizer_commit(lv: Any) -> Callable[[Params], None]:
     problem, spec = lv.problem, lv.spec
     no_grad = torch.no_grad()      # one context object, entered once per commit
     schedule, drive, lr, base = lv.schedule, lv.drive, lv.lr, spec.lr
-    params, step = problem.params, problem.optimizer.commit
+    params, step, optimizer = problem.params, problem.optimizer.commit, problem.optimizer
 
     def commit(grads: Params) -> None:
         if schedule is not None:
             lr.fill_(base * schedule(lv.steps))
             if drive is not None:
                 drive(schedule.values(lv.steps))
+        missing = absent(grads)
         with no_grad:
-            problem.state = step(grads, problem.state, params)
+            if missing:     # parameters no gradient reached: left as torch.optim leaves them
+                problem.state = commit_present(optimizer, grads, problem.state, params, missing)
+            else:
+                problem.state = step(grads, problem.state, params)
     return commit
 
 
@@ -153,7 +160,7 @@ def _on_grad(params: Params, acts: tuple[Callable[[], None], ...], then: Run) ->
             p.grad = g
         for act in acts:
             act()
-        then(tuple(p.grad for p in params), loss)
+        then(marked([p.grad for p in params], absent(grads)), loss)
         for p in params:
             p.grad = None
     return run

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mloc.runtime import tree
 from mloc.runtime.buffers import buffers_of, frozen
 
 
@@ -41,16 +42,26 @@ class Curvature:
 
 def lower_curvature(program, name: str, *, full: int = 400, iters: int = 50, seed: int = 0) -> Curvature:
     """The curvature of `name`'s loss at `program`'s current state and batch."""
+    # Every Hessian-vector product runs inside `frozen`: BatchNorm's forward updates its
+    # running statistics in place and its backward node saves them, so restoring them
+    # (an in-place copy) while the gradient's graph is still differentiated would fail
+    # autograd's version check ("modified by an inplace operation"); restored once, after.
+    with frozen(buffers_of(program.modules.values())):
+        return _curvature(program, name, full, iters, seed)
+
+
+def _curvature(program, name: str, full: int, iters: int, seed: int) -> Curvature:
     lv = program.live[name]
     theta = tuple(lv.problem.params)
     args = [program.live[r].problem.params for r in lv.problem.reads]
-    with frozen(buffers_of(program.modules.values())):
-        loss = lv.problem.loss(*args)
-        grads = torch.autograd.grad(loss, theta, create_graph=True)
+    loss = lv.problem.loss(*args)
+    grads = tree.dense(torch.autograd.grad(loss, theta, create_graph=True, allow_unused=True), theta)
     flat = torch.cat([g.reshape(-1) for g in grads])
     d = flat.numel()
 
     def hvp(v: torch.Tensor) -> torch.Tensor:
+        if not flat.requires_grad:      # a loss linear in θ (or not reaching it): H = 0
+            return torch.zeros_like(v)
         out = torch.autograd.grad(flat, theta, grad_outputs=v, retain_graph=True, allow_unused=True)
         return torch.cat([(o if o is not None else torch.zeros_like(t)).reshape(-1) for o, t in zip(out, theta)])
 

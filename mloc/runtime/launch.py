@@ -209,7 +209,8 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
             "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
-def _user_error(err: Exception, when: str, dtype: str | None = None, device=None) -> int:
+def _user_error(err: Exception, when: str, dtype: str | None = None, device=None,
+                after: str = "the checkpoint on disk (if any) is the last good state") -> int:
     """Report an exception raised by the program's code (exit 1); re-raise mloc's own. In a
     ``--dtype`` run a dtype mismatch gets a note, and on a device other than the CPU a device
     mismatch: mloc casts and moves what it passes to the code (the modules, the batches, an
@@ -222,8 +223,7 @@ def _user_error(err: Exception, when: str, dtype: str | None = None, device=None
         print(f"  --> {line}", file=sys.stderr)
     for note in _mismatch_notes(str(err), dtype, device):
         print(f"  = note: {note}", file=sys.stderr)
-    print("  = help: fix the code at the last location above; the checkpoint on disk (if any) is the "
-          "last good state", file=sys.stderr)
+    print(f"  = help: fix the code at the last location above; {after}", file=sys.stderr)
     return 1
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from mloc.runtime import optim
+from mloc.runtime import optim, tree
 from mloc.runtime.tree import Params
 
 
@@ -80,17 +80,32 @@ class LowerOp:
         return self.problem.loss(*args)
 
     def grad(self) -> Params:
-        """``g = ∇_θ L`` at the current point, with its graph (computed once)."""
+        """``g = ∇_θ L`` at the current point, with its graph (computed once). A parameter
+        the loss never reaches (a layer defined but not called) has ``g = 0``: its rows and
+        columns of ``H`` and ``J`` are zero, so every method gives it a zero hypergradient."""
         if self._grad is None:
             loss = self.problem.loss(*self.args)
-            self._grad = torch.autograd.grad(loss, self.theta, create_graph=True)
+            g = torch.autograd.grad(loss, self.theta, create_graph=True, allow_unused=True)
+            self._grad = tree.dense(g, self.theta)
         return self._grad
 
     def hvp(self, p: Params, create_graph: bool = False) -> Params:
         """``H p`` with ``H = ∇²_θθ L`` (one backward through ``g``); averaged across
-        data-parallel replicas, so every replica applies the Hessian of the whole batch."""
-        hp = torch.autograd.grad(self.grad(), self.theta, p, retain_graph=True,
-                                 create_graph=create_graph)
+        data-parallel replicas, so every replica applies the Hessian of the whole batch.
+        Rows of ``g`` that are constant in ``θ`` (an unused parameter's zeros, a loss
+        linear in a parameter) contribute nothing: zeros where nothing reaches."""
+        g = self.grad()
+        outs, cots = g, p
+        for t in g:
+            if not t.requires_grad:
+                keep = [i for i, t in enumerate(g) if t.requires_grad]
+                outs, cots = [g[i] for i in keep], [p[i] for i in keep]
+                break
+        if not outs:
+            hp = tree.zeros(self.theta)
+        else:
+            hp = tree.dense(torch.autograd.grad(outs, self.theta, cots, retain_graph=True,
+                                                create_graph=create_graph, allow_unused=True), self.theta)
         reduce = self.problem.reduce
         return hp if reduce is None or create_graph else reduce(hp)
 

@@ -1,7 +1,9 @@
 """Gradient sources: where a problem's step gets the gradients its commit pipeline takes.
 
 A source is ``source(seed) -> (grads, loss)``: ``grads`` has one dense tensor per
-parameter of the problem (zeros for a parameter the loss does not reach), ``loss`` is the
+parameter of the problem (zeros for a parameter the loss does not reach, whose index the
+tuple records: :class:`~mloc.runtime.tree.Dense`, so the commit leaves that parameter as
+``torch.optim`` leaves a ``.grad`` of None), ``loss`` is the
 detached loss the step watched, or None. ``seed`` (from the problem's
 :class:`~mloc.runtime.commit.Pipeline`; None: nothing) is applied to the loss before
 anything is differentiated: the fp16 loss scale, so the gradients come out scaled by it.
@@ -47,7 +49,7 @@ def plain_gradient(params: Params, loss_at_own: Callable[[], Tensor],
         loss = evaluate()
         grads = grad(loss if seed is None else seed(loss), params, allow_unused=True)
         for g in grads:
-            if g is None:   # rare: part of the problem's parameters is unused
+            if g is None:   # rare: part of the problem's parameters is unused (marked absent)
                 grads = tree.dense(grads, params)
                 break
         return grads, loss.data     # detached (the cheapest way)
@@ -71,21 +73,18 @@ def hypergradient(hypergrad: Callable, name: str, params: Params, autocast: Call
 
     def returned(seed: Seed | None) -> Params:
         grads = compute(seed)
-        if grads is None:   # parameters with no path to the loss get zeros
-            return tree.zeros(params)
-        for g in grads:
-            if g is None:
-                return tree.dense(grads, params)
-        return grads
+        if grads is None:   # parameters with no path to the loss get zeros (marked absent)
+            return tree.dense((None,) * len(params), params)
+        return tree.dense(grads, params)
 
     def accumulated(seed: Seed | None) -> Params:
         for p in params:
             p.grad = None
         compute(seed)
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        return tuple(p.grad for p in params)
+        missing = [i for i, p in enumerate(params) if p.grad is None]
+        for i in missing:
+            params[i].grad = torch.zeros_like(params[i])
+        return tree.marked([p.grad for p in params], missing)
 
     take = accumulated if into_grad else returned
 

@@ -83,9 +83,41 @@ def zeros(like: Sequence[Tensor]) -> Params:
     return tuple([torch.zeros_like(p) for p in like])
 
 
+class Dense(tuple):
+    """Gradients made dense: the entries autograd left undefined (``None``: no path from the
+    loss to that parameter) are zeros, and ``absent`` holds their indices. A commit leaves
+    those parameters and their optimizer state as they were
+    (:func:`mloc.runtime.optim.commit_present`), as ``torch.optim`` skips a parameter whose
+    ``.grad`` is None: weight decay and momentum do not move a parameter nothing reaches."""
+
+    absent: tuple[int, ...] = ()
+
+
+def absent(grads: Sequence) -> tuple[int, ...]:
+    """The indices of ``grads`` that had no gradient (:class:`Dense`; ``()`` for any other)."""
+    return getattr(grads, "absent", ())
+
+
+def marked(grads: Sequence[Tensor], missing: Sequence[int]) -> Params:
+    """``grads`` (dense) as a tuple that says which entries had no gradient (:class:`Dense`);
+    a plain tuple when none."""
+    if not missing:
+        return tuple(grads)
+    out = Dense(grads)
+    out.absent = tuple(missing)
+    return out
+
+
 def dense(grads: Sequence[Tensor | None], like: Sequence[Tensor]) -> Params:
-    """Like :func:`fill_none`, but all zeros rather than ``None`` when nothing was used."""
-    return fill_none(grads, like) or zeros(like)
+    """Like :func:`fill_none`, but all zeros rather than ``None`` when nothing was used; the
+    entries that were ``None`` are remembered (:class:`Dense`)."""
+    for g in grads:  # a plain loop: this sits on the hot path
+        if g is None:
+            break
+    else:
+        return tuple(grads)
+    return marked([torch.zeros_like(p) if g is None else g for g, p in zip(grads, like)],
+                  [i for i, g in enumerate(grads) if g is None])
 
 
 # --- pytrees --------------------------------------------------------------------------------

@@ -25,6 +25,18 @@ class Renamed(nn.Module):
         return self.lin(x)
 
 
+class Headed(nn.Module):
+    """`Net` with a head `aux` it never calls (W108)."""
+
+    def __init__(self, width=4):
+        super().__init__()
+        self.fc = nn.Linear(width, 1)
+        self.aux = nn.Linear(width, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
 class Scale(nn.Module):
     def __init__(self, width=4):
         super().__init__()

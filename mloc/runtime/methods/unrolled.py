@@ -28,15 +28,22 @@ from dataclasses import dataclass
 import torch
 
 from mloc.runtime import tree
-from mloc.runtime.optim import apply_updates
+from mloc.runtime.optim import apply_updates, keep_absent
 
 _MODES = ("reverse", "forward", "recompute")
 
 
 def _step(op, theta, state, create_graph):
-    g = torch.autograd.grad(op.loss_at(theta), theta, create_graph=create_graph)
-    updates, state = op.problem.optimizer.update(g, state, theta)
-    return apply_updates(theta, updates), state
+    """One unrolled step. A parameter the loss does not reach stays where it is, with its
+    optimizer state, as in the committed step (``optim.commit_present``)."""
+    g = tree.dense(torch.autograd.grad(op.loss_at(theta), theta, create_graph=create_graph,
+                                       allow_unused=True), theta)
+    updates, new = op.problem.optimizer.update(g, state, theta)
+    missing = tree.absent(g)
+    if not missing:
+        return apply_updates(theta, updates), new
+    theta = tuple(t if i in missing else t + u for i, (t, u) in enumerate(zip(theta, updates)))
+    return theta, keep_absent(new, state, missing, len(theta))
 
 
 def _detached(theta, state):

@@ -38,10 +38,11 @@ optimizers here all three do nothing.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 from torch import Tensor
 
+from mloc.runtime import tree
 from mloc.runtime.tree import Params
 
 
@@ -138,6 +139,70 @@ class Optimizer(ABC):
 
     def close(self) -> None:
         """The run ends, normally or not: stop background workers."""
+
+
+def per_parameter(state: Any, n: int) -> tuple[str, ...]:
+    """The fields of ``state`` that hold one entry per parameter: every optimizer's state is
+    a NamedTuple whose per-parameter fields are tuples aligned with the parameters (a
+    momentum buffer each, Adam's moments, ``torch.optim``'s dict each); the others are
+    counts or ``()``."""
+    fields = getattr(state, "_fields", ())
+    return tuple(f for f in fields if isinstance(getattr(state, f), (tuple, list)) and len(getattr(state, f)) == n)
+
+
+def keep_absent(new: Any, old: Any, absent: Sequence[int], n: int) -> Any:
+    """``new`` (a state after a step) with the per-parameter entries at ``absent`` taken
+    from ``old``, out of place (the unrolled steps of ``itd``)."""
+    if not absent:
+        return new
+    changes = {}
+    for f in per_parameter(new, n):
+        if len(getattr(old, f, ())) != n:
+            continue
+        entries = list(getattr(new, f))
+        for i in absent:
+            entries[i] = getattr(old, f)[i]
+        changes[f] = type(getattr(new, f))(entries)
+    return new._replace(**changes) if changes else new
+
+
+def commit_present(optimizer: "Optimizer", grads: Params, state: Any, params: Params,
+                   absent: Sequence[int]) -> Any:
+    """``optimizer.commit(grads, state, params)``, except that the parameters at ``absent``
+    (no gradient reached them: their ``grads`` are zeros) end as they were, with their
+    per-parameter state (:func:`per_parameter`): what ``torch.optim`` does for a parameter
+    whose ``.grad`` is None (no weight decay, no momentum, no state update). Called under
+    ``torch.no_grad``; what it costs is one copy of those parameters and entries."""
+    if not absent:
+        return optimizer.commit(grads, state, params)
+    n = len(params)
+    kept = [params[i].clone() for i in absent]
+    fields = per_parameter(state, n)
+    saved = {f: [tree.clone(getattr(state, f)[i]) for i in absent] for f in fields}
+    new = optimizer.commit(grads, state, params)
+    for i, t in zip(absent, kept):
+        params[i].copy_(t)
+    changes = {}
+    for f in per_parameter(new, n):
+        if f not in saved:
+            continue
+        entries = list(getattr(new, f))
+        for i, old in zip(absent, saved[f]):
+            entries[i] = _restored(entries[i], old)
+        changes[f] = type(getattr(new, f))(entries)
+    return new._replace(**changes) if changes else new
+
+
+def _restored(entry: Any, saved: Any) -> Any:
+    """``entry`` with ``saved``'s values: copied into its tensors where the structure is
+    the same (so whatever holds them, a ``torch.optim`` optimizer, sees them), else
+    ``saved`` itself."""
+    now, then = tree.tensors(entry), tree.tensors(saved)
+    if len(now) == len(then) and all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(now, then)):
+        for a, b in zip(now, then):
+            a.copy_(b)
+        return entry
+    return saved
 
 
 def apply_updates(params: Params, updates: Params) -> Params:
