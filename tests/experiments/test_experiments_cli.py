@@ -112,7 +112,8 @@ def test_sweep_runs_each_point_and_survives_a_failing_one(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "01-lr=-1,seed=3: failed (exit 1)" in proc.stderr and "1 of 2 runs finished" in proc.stderr
     table = proc.stdout.splitlines()
-    assert table[0].split()[:2] == ["SET", "RUNS"] and table[0].split()[2:] == ["final", "accuracy", "best", "accuracy"]
+    assert table[0].split()[:2] == ["SET", "RUNS"] and table[0].split()[2:] == ["final", "accuracy", "best", "accuracy", "(max,", "by",
+                                                                                     "name)"]
     assert table[1].split()[:2] == ["net.optimizer.lr=0.1", "1/1"] and table[2].split()[:2] == ["net.optimizer.lr=-1", "0/1"]
     summary = json.loads((out / "sweep.json").read_text())
     assert summary["threads"] == 1 and summary["seeds"] == [3]
