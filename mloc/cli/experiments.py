@@ -11,9 +11,18 @@ They read what a run folder holds (``metrics.jsonl``, whose schema is in
 (:func:`mloc.runtime.loggers.scalars`): ``PROBLEM/loss``, ``PROBLEM/lr``,
 ``PROBLEM/grad_norm``, ``eval/METRIC``.
 
-**Best** is ``summary.json``'s ``best`` when the run has one (``checkpoint best on``);
-otherwise the best evaluation in ``metrics.jsonl``: the largest, or the smallest for a
-metric whose name holds ``loss`` or ``err``. **Status**: ``running`` while ``.lock``
+**Best** follows the metric's **direction** (:meth:`Run.direction`): the one the program
+declares (``checkpoint best on max|min METRIC`` or ``stop when max|min METRIC ...``, which
+``config.json`` records and ``summary.json``'s ``best`` names); for a metric it declares none
+for, the **name rule** (:func:`mode_by_name`): ``min`` for a name holding ``loss``, ``err``,
+``mse``, ``mae``, ``nll`` or ``perplexity``, ``max`` for one holding ``acc``, ``f1``,
+``auc``, ``precision`` or ``recall``, and no best at all for any other name (or one that
+matches both). The tables say which: ``(max)`` declared, ``(min, by name)`` from the name.
+The best value is ``summary.json``'s ``best`` for the metric it names (the value the run
+itself reported, kept in ``best.pt``); otherwise the highest (``max``) or lowest (``min``)
+evaluation in ``metrics.jsonl``, NaN never best, a tie kept at the earlier step. `mloc runs`
+shows the declared metric's best, else the first evaluation's that has a direction.
+**Status**: ``running`` while ``.lock``
 names a live process; else ``summary.json``'s status (``interrupted`` also for a run
 aborted by a second Ctrl-C, and ``interrupted (resumable)`` when a checkpoint is there); else ``finished`` when the last
 record is a ``summary`` at the configured last step, ``crashed`` otherwise.
@@ -22,6 +31,7 @@ record is a ``summary`` at the configured last step, ``crashed`` otherwise.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,28 +92,48 @@ class Run:
             return {k: v[-1][1] for k, v in evals.items()}
         return {k: v[-1][1] for k, v in self.curves().items() if k.endswith("/loss")}
 
-    def best(self) -> dict | None:
-        """``{"metric", "mode", "step", "value"}`` (see the module docstring), or None."""
-        if self.summary and isinstance(self.summary.get("best"), dict):
-            return self.summary["best"]
-        evals = self.evals()
-        if not evals:
-            return None
-        metric = next(iter(evals))
-        mode = mode_of(metric)
-        step, value = (min if mode == "min" else max)(evals[metric], key=lambda sv: (sv[1] if mode == "max" else
-                                                                                      -sv[1], -sv[0]))
-        return {"metric": metric, "mode": mode, "step": step, "value": value}
+    def direction(self, metric: str) -> tuple[str, bool] | None:
+        """``(mode, declared)`` for ``metric`` (the module docstring): the direction the
+        program declares (``declared`` True), else the name rule's; None for neither."""
+        best = self.summary.get("best") if self.summary else None
+        if isinstance(best, dict) and best.get("metric") == metric and best.get("mode") in MODES:
+            return best["mode"], True
+        declared = (self.config.get("program") or {}).get("directions") or {}
+        if declared.get(metric) in MODES:
+            return declared[metric], True
+        mode = mode_by_name(metric)
+        return None if mode is None else (mode, False)
 
-    def best_of(self, metric: str) -> float | None:
-        """The best value of evaluation ``metric`` (its mode as in :meth:`best`)."""
-        b = self.best()
-        if b and b.get("metric") == metric:
-            return b.get("value")
-        values = [v for _, v in self.evals().get(metric, [])]
-        if not values:
+    def best(self) -> dict | None:
+        """``{"metric", "mode", "declared", "step", "value"}`` of the metric `mloc runs` shows
+        (the declared one, else the first evaluation with a direction), or None."""
+        best = self.summary.get("best") if self.summary else None
+        declared = (self.config.get("program") or {}).get("directions") or {}
+        candidates = ([best["metric"]] if isinstance(best, dict) and "metric" in best else []) + \
+            list(declared) + list(self.evals())
+        for metric in dict.fromkeys(candidates):
+            found = self.best_of(metric)
+            if found is not None:
+                return found
+        return None
+
+    def best_of(self, metric: str) -> dict | None:
+        """``{"metric", "mode", "declared", "step", "value"}``: the best evaluation of
+        ``metric`` in its direction (module docstring); None without a direction or a value."""
+        direction = self.direction(metric)
+        if direction is None:
             return None
-        return min(values) if mode_of(metric) == "min" else max(values)
+        mode, declared = direction
+        best = self.summary.get("best") if self.summary else None
+        if isinstance(best, dict) and best.get("metric") == metric and isinstance(best.get("value"), (int, float)):
+            return {"metric": metric, "mode": mode, "declared": declared, "step": best.get("step"),
+                    "value": best["value"]}
+        points = [(s, v) for s, v in self.evals().get(metric, []) if not math.isnan(v)]
+        if not points:
+            return None
+        sign = 1.0 if mode == "max" else -1.0
+        step, value = max(points, key=lambda sv: (sign * sv[1], -sv[0]))     # a tie: the earlier step
+        return {"metric": metric, "mode": mode, "declared": declared, "step": step, "value": value}
 
     def status(self) -> str:
         from mloc.runtime.runfolder import lock_owner
@@ -123,9 +153,23 @@ class Run:
         return "crashed"
 
 
-def mode_of(metric: str) -> str:
-    """``min`` for a metric named like a loss or an error, else ``max``."""
-    return "min" if re.search(r"loss|err", metric, re.I) else "max"
+MODES = ("max", "min")
+_MIN_NAMES = re.compile(r"loss|err|mse|mae|nll|perplexity", re.I)
+_MAX_NAMES = re.compile(r"acc|f1|auc|precision|recall", re.I)
+BY_NAME = ("by name: min for a name holding loss, err, mse, mae, nll or perplexity, max for acc, f1, auc, "
+           "precision or recall; `checkpoint best on max|min METRIC` declares it")
+
+
+def mode_by_name(metric: str) -> str | None:
+    """The name rule for a metric whose direction the program does not declare (module
+    docstring): ``min``, ``max``, or None when the name says neither, or both."""
+    low, high = bool(_MIN_NAMES.search(metric)), bool(_MAX_NAMES.search(metric))
+    return "min" if low and not high else "max" if high and not low else None
+
+
+def mode_label(mode: str, declared: bool) -> str:
+    """How a table names a direction: ``max`` (declared) or ``min, by name``."""
+    return mode if declared else f"{mode}, by name"
 
 
 def load_run(directory: Path) -> Run:
@@ -216,7 +260,8 @@ def cmd_plot(args, out: Output) -> int:
 
 def write_figure(panels: list[tuple[str, dict]], path: Path) -> None:
     """One matplotlib figure, a panel per row (a log scale for the losses), saved as
-    ``path`` (its suffix: png, svg or pdf)."""
+    ``path`` (its suffix: png, svg or pdf). Evaluations, and any curve of one point (which
+    a line alone would not show), get a marker at each point."""
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise UsageError(f"cannot write {path}: the output must end in .png, .svg or .pdf")
     try:
@@ -236,8 +281,10 @@ def write_figure(panels: list[tuple[str, dict]], path: Path) -> None:
             run, _, curve = label.rpartition(": ")
             curves += [curve] if curve not in curves else []
             color = f"C{runs.index(run) % 10}" if run else None
+            marked = title == "evaluations" or curve.startswith("eval/") or len(points) == 1
             ax.plot([x for x, _ in points], [y for _, y in points], label=label, linewidth=1.2, color=color,
-                    linestyle=styles[curves.index(curve) % len(styles)] if run else "-")
+                    linestyle=styles[curves.index(curve) % len(styles)] if run else "-",
+                    marker="o" if marked else None, markersize=4)
         if title == "losses" and all(y > 0 for s in series.values() for _, y in s):
             ax.set_yscale("log")
         ax.set_title(title, fontsize=10)
@@ -260,18 +307,22 @@ def cmd_runs(args, out: Output) -> int:
     root = Path(args.dir)
     if not root.is_dir():
         raise UsageError(f"no such folder: {root}", help="runs are written under runs/ (mloc run --out DIR elsewhere)")
-    rows = [("RUN", "PROGRAM", "SET", "STEPS", "BEST", "STATUS")]
+    rows, by_name = [("RUN", "PROGRAM", "SET", "STEPS", "BEST", "STATUS")], False
     for d in find_runs(root):
         run = load_run(d)
         program = run.config.get("program") or {}
         best = run.best()
+        by_name |= bool(best) and not best["declared"]
         rows.append((str(d), program.get("name") or Path(program.get("file") or "?").stem, " ".join(program.get("set") or ()) or "-",
                      f"{run.steps_done}/{run.config.get('steps', '?')}",
-                     f"{best['metric']}={best['value']:.4g}@{best['step']}" if best else "-", run.status()))
+                     f"{best['metric']}={best['value']:.4g}@{best['step']} ({mode_label(best['mode'], best['declared'])})"
+                     if best else "-", run.status()))
     if len(rows) == 1:
         out.err(f"no runs under {root}")
         return EXIT_OK
     out.out(table(rows))
+    if by_name:                        # the rule, under the table (on stderr: the table stays parseable)
+        out.err(f"({BY_NAME})")
     return EXIT_OK
 
 

@@ -7,7 +7,8 @@ Each point of the grid (every combination of the ``--set`` axes, each seed) is o
 ``mloc run`` in a process of its own, with ``--threads`` torch threads (default 1:
 ``--jobs`` runs side by side on as many cores, no oversubscription) and ``--quiet``, in its
 own run folder ``OUT/NN-NAME=VALUE,...,seed=S`` (its output in ``OUT/logs/``). A run that
-fails is reported with its last lines and the others go on; the exit code is then 1.
+fails is reported with the error it reported (:func:`failure`) and the others go on; the
+exit code is then 1.
 The table (and ``OUT/sweep.json``) gives, per point, each evaluation's final and best value
 (:class:`mloc.cli.experiments.Run`) as mean ± sample standard deviation (n - 1) over the
 seeds whose run finished.
@@ -19,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -26,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mloc.cli.experiments import load_run, table
+from mloc.cli.experiments import BY_NAME, load_run, mode_label, table
 from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError, io_error, make_dirs
 
 
@@ -180,9 +182,9 @@ def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output) -> None:
                 if job.code == 0:
                     out.err(f"[{done}/{len(jobs)}] {job.name}: done in {took:.1f} s")
                 else:
-                    tail = _tail(root / "logs" / f"{job.name}.log")
+                    error = failure(root / "logs" / f"{job.name}.log", job.dir, job.code)
                     out.err(f"[{done}/{len(jobs)}] {job.name}: failed (exit {job.code}) after {took:.1f} s; see "
-                            f"{root / 'logs' / (job.name + '.log')}" + "".join(f"\n    {line}" for line in tail))
+                            f"{root / 'logs' / (job.name + '.log')}" + "".join(f"\n    {line}" for line in error))
     except BaseException:                  # Ctrl-C, or a log that cannot be opened: stop them all
         for job in running:
             job.proc.terminate()
@@ -191,11 +193,41 @@ def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output) -> None:
         raise
 
 
-def _tail(log: Path, lines: int = 3) -> list[str]:
+_HEADLINE = re.compile(r"^error(\[[A-Z]\d+\])?: ")
+
+
+def failure(log: Path, run_dir: Path, code: int, most: int = 3) -> list[str]:
+    """What a failed run reported, to show under its line: each diagnostic's headline in its
+    output (``error[E702]: the program's code raised ...``, up to ``most`` of them) with its
+    locations (``-->``), notes and help; else the error its ``summary.json`` records; else
+    the last lines of its output. A run killed by a signal says which first."""
+    lines = [f"killed by {signal.Signals(-code).name}"] if code < 0 and -code in signal.valid_signals() else []
     try:
-        return log.read_text(errors="replace").strip().splitlines()[-lines:]
+        text = log.read_text(errors="replace").splitlines()
     except OSError:                 # removed or unreadable meanwhile: the failure is still reported
-        return []
+        text = []
+    blocks: list[list[str]] = []
+    current: list[str] | None = None          # the diagnostic being read; a blank line ends it
+    for line in text:
+        if _HEADLINE.match(line):
+            current = [line.rstrip()]
+            blocks.append(current)
+        elif not line.strip():
+            current = None
+        elif current is not None and line.strip().startswith(("-->", "= help:", "= note:")):
+            current.append(line.rstrip())
+    if blocks:
+        shown = [line for b in blocks[:most] for line in b]
+        more = len(blocks) - most
+        return lines + shown + ([f"... and {more} more error{'s' * (more != 1)}"] if more > 0 else [])
+    from mloc.runtime.selection import SUMMARY
+    try:
+        error = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8")).get("error")
+    except (OSError, ValueError, AttributeError):
+        error = None
+    if isinstance(error, str) and error:
+        return lines + [f"error: {error}"]
+    return lines + [line for line in text if line.strip()][-3:]
 
 
 def _mean_std(values: list[float]) -> str:
@@ -208,31 +240,44 @@ def _mean_std(values: list[float]) -> str:
 
 def sweep_table(jobs: list[Job], by_seed: bool) -> tuple[str, list[dict]]:
     """The table `mloc sweep` prints (a row per grid point: its runs' final and best metrics
-    as mean ± sample std over the seeds that finished) and the same as data."""
+    as mean ± sample std over the seeds that finished) and the same as data. A metric's
+    best follows its direction (:meth:`mloc.cli.experiments.Run.best_of`), named in its
+    column's header (``best acc (max)``, ``best test_loss (min, by name)``); a metric
+    without one has no best column."""
     groups: dict[tuple[str, ...], list[Job]] = {}
     for j in jobs:
         groups.setdefault(j.point, []).append(j)
-    summary, metrics = [], []
+    summary, metrics, modes = [], [], {}
     for point, members in groups.items():
         ok = [load_run(j.dir) for j in members if j.code == 0]
         finals = [r.final() for r in ok]
         for name in (k for f in finals for k in f):
             if name not in metrics:
                 metrics.append(name)
+        bests = {m: [b for r in ok if (b := r.best_of(m)) is not None] for m in metrics}
+        for m, found in bests.items():
+            if found and m not in modes:
+                modes[m] = (found[0]["mode"], found[0]["declared"])
         summary.append({"set": list(point), "runs": [j.name for j in members], "finished": len(ok),
                         "final": {m: [f[m] for f in finals if m in f] for m in metrics},
-                        "best": {m: [b for r in ok if (b := r.best_of(m)) is not None] for m in metrics}})
+                        "best": {m: [b["value"] for b in found] for m, found in bests.items() if found},
+                        "direction": {m: {"mode": found[0]["mode"], "declared": found[0]["declared"]}
+                                      for m, found in bests.items() if found}})
     for row in summary:                               # metrics first seen in a later group
-        for key in ("final", "best"):
-            for m in metrics:
-                row[key].setdefault(m, [])
+        for m in metrics:
+            row["final"].setdefault(m, [])
+    ranked = [m for m in metrics if m in modes]
     header = ["SET", "RUNS"] + [f"final {m}" for m in metrics] + \
-             [f"best {m}" for m in metrics if any(row["best"][m] for row in summary)]
+             [f"best {m} ({mode_label(*modes[m])})" for m in ranked]
     rows = [tuple(header)]
     for row in summary:
         cells = [" ".join(row["set"]) or "(as written)", f"{row['finished']}/{len(row['runs'])}"]
         cells += [_mean_std(row["final"][m]) for m in metrics]
-        cells += [_mean_std(row["best"][m]) for m in metrics if any(r["best"][m] for r in summary)]
+        cells += [_mean_std(row["best"].get(m, [])) for m in ranked]
         rows.append(tuple(cells))
-    note = "mean ± std over seeds (sample std, n-1)" if by_seed else "one run per point"
-    return table(rows) + f"\n({note})", summary
+    notes = ["mean ± std over seeds (sample std, n-1)" if by_seed else "one run per point"]
+    notes += [BY_NAME] if any(not d for _, d in modes.values()) else []
+    unranked = [m for m in metrics if m not in modes]
+    notes += [f"no best for {', '.join(unranked)}: neither the program nor the name says whether higher or "
+              "lower is better; declare it with `checkpoint best on max|min METRIC`"] if unranked else []
+    return table(rows) + "".join(f"\n({n})" for n in notes), summary

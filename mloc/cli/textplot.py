@@ -4,7 +4,8 @@
 series gets a marker, points are placed by linear scaling of x and y to the grid's
 columns and rows (y grows upwards; a later series overdraws an earlier one where they
 meet) and joined by dots, and the y range is printed on the axis, the x range under it, the markers in a
-legend.
+legend. A panel whose points all have one x (a run with one evaluation) draws them in the
+middle column with that x under them, not at the left edge of a made-up range.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ def plot(title: str, series: dict[str, list[tuple[float, float]]], width: int = 
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
     if y1 == y0:
         y0, y1 = y0 - 0.5, y1 + 0.5
-    x1 = x1 if x1 > x0 else x0 + 1
+    single = x1 == x0                       # one x: the middle column
     grid = [[" "] * width for _ in range(height)]
     def cell(x: float, y: float) -> tuple[int, int]:
-        return (height - 1 - round((y - y0) / (y1 - y0) * (height - 1)), round((x - x0) / (x1 - x0) * (width - 1)))
+        col = (width - 1) // 2 if single else round((x - x0) / (x1 - x0) * (width - 1))
+        return height - 1 - round((y - y0) / (y1 - y0) * (height - 1)), col
 
     for i, values in enumerate(points.values()):
         mark = MARKERS[i % len(MARKERS)]
@@ -48,6 +50,10 @@ def plot(title: str, series: dict[str, list[tuple[float, float]]], width: int = 
         lines.append(f"{label:>{pad}} |{''.join(row)}")
     lines.append(" " * pad + " +" + "-" * width)
     left, right = f"{x0:g}", f"{x1:g}"
-    lines.append(" " * (pad + 2) + left + right.rjust(width - len(left)) + "  (step)")
+    if single:
+        axis = left.center(2 * ((width - 1) // 2) + 1).ljust(width)
+    else:
+        axis = left + right.rjust(width - len(left))
+    lines.append(" " * (pad + 2) + axis + "  (step)")
     lines += [f"  {MARKERS[i % len(MARKERS)]} {label}" for i, label in enumerate(points)]
     return "\n".join(lines)

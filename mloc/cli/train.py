@@ -149,7 +149,7 @@ def _run_errors() -> tuple:
 
 
 def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
-    from mloc.runtime.launch import RunOptions, check_resume, run, run_record
+    from mloc.runtime.launch import RunOptions, check_resume, program_record, run, run_record
     from mloc.runtime.runfolder import RunFolder, RunIOError, write_config
     ns = load_generated(compiled.source, str((choice.dir / "train.py").resolve()))
     options = RunOptions(steps=args.steps, seed=args.seed, device=args.device, precision=args.precision,
@@ -160,8 +160,7 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
     resolve_device(config.device, 0, args.nproc)    # a device for every process, before any folder or worker
     if options.resume is not None:
         check_resume(options.resume, ns["NAME"], config.steps)
-    program = {"file": str(Path(args.file).resolve()), "name": ns["NAME"], "sha256": _sha256(Path(args.file)),
-               "set": list(ns.get("OVERRIDES", ()))}
+    program = program_record(ns, file=str(Path(args.file).resolve()), sha256=_sha256(Path(args.file)))
     with RunFolder(choice) as folder:
         try:
             train = write_outputs(compiled, folder.dir)

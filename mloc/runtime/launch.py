@@ -171,8 +171,9 @@ def _main(ns: dict, options: RunOptions, config: RunConfig) -> int:
     resolve_device(config.device)       # before the folder: a device that is not there leaves nothing
     choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])
     with RunFolder(choice) as folder:
-        write_config(folder.dir, run_record(config, {"file": ns.get("__file__")}, options.resume,
-                                            threads=options.threads, loggers=options.logger or ()))
+        program = program_record(ns, file=ns.get("__file__"))
+        write_config(folder.dir, run_record(config, program, options.resume, threads=options.threads,
+                                            loggers=options.logger or ()))
         return run(ns, config, folder.dir, folder.dir if options.resume else None, options.quiet,
                    owner=folder.owner, threads=options.threads, loggers=options.logger or ())
 
@@ -193,6 +194,16 @@ def usable_loggers(values) -> tuple[str, ...]:
     names = parse_loggers(values)
     check_loggers(names)
     return names
+
+
+def program_record(ns: dict, **fields) -> dict:
+    """What ``config.json`` records about the program (its "program"), from train.py's
+    namespace: its name, the ``--set``s it was compiled with, the direction of each metric it
+    declares one for (:func:`~mloc.runtime.selection.directions`), and ``fields`` (``file``,
+    ``sha256``). `mloc runs` lists a run under this name, for `mloc run` and `python train.py` alike."""
+    from mloc.runtime.selection import directions
+    return {"name": ns["NAME"], "set": list(ns.get("OVERRIDES", ())),
+            "directions": directions(ns.get("SELECTION")), **fields}
 
 
 def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: int = 1,

@@ -144,6 +144,15 @@ class Selection:
         self.final = {k: float(v) for k, v in (state.get("final") or {}).items()}
 
 
+def directions(spec: dict | None) -> dict[str, str]:
+    """``{metric: "max" | "min"}``: the direction train.py's ``SELECTION`` declares for each
+    metric it watches (``checkpoint best on MODE METRIC``, ``stop when [MODE] METRIC``; the
+    checker made the two agree, E604). ``config.json`` records it, so that `mloc runs` and
+    `mloc sweep` rank a metric's values the way the program does."""
+    spec = spec or {}
+    return {t["metric"]: t["mode"] for t in (spec.get("best"), spec.get("stop")) if t}
+
+
 def agree(dist, flag: bool) -> bool:
     """Rank 0's ``flag`` on every rank (one broadcast; nothing on a single process)."""
     if dist.world == 1:

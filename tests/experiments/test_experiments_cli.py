@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mloc.cli import main
-from mloc.cli.experiments import load_run, mode_of
+from mloc.cli.experiments import load_run, mode_by_name
 from mloc.cli.sweep import grid, split_values
 from tests.conftest import ROOT
 
@@ -50,11 +50,11 @@ def test_grid_values_split_at_top_level_commas_only():
 
 def test_best_and_status_from_the_folder(tmp_path):
     done = load_run(fake_run(tmp_path / "a", [0.5, 0.9, 0.7]))
-    assert done.best() == {"metric": "acc", "mode": "max", "step": 20, "value": 0.9}
+    assert done.best() == {"metric": "acc", "mode": "max", "declared": False, "step": 20, "value": 0.9}
     assert done.final() == {"acc": 0.7} and done.status() == "finished" and done.steps_done == 30
     assert load_run(fake_run(tmp_path / "b", [0.5], steps=100, finished=False)).status() == "crashed"
     assert load_run(fake_run(tmp_path / "c", [0.5], finished=False, lock=os.getpid())).status() == "running"
-    assert mode_of("val_loss") == "min" and mode_of("acc") == "max"
+    assert mode_by_name("val_loss") == "min" and mode_by_name("acc") == "max" and mode_by_name("score") is None
     (tmp_path / "a" / "summary.json").write_text(json.dumps(
         {"status": "stopped_early", "steps_done": 30, "best": {"metric": "acc", "mode": "max", "step": 10, "value": 0.95},
          "final": {"acc": 0.7}}))
@@ -66,12 +66,13 @@ def test_runs_lists_every_run_under_a_folder(tmp_path, capsys):
     fake_run(tmp_path / "small" / "2", [0.4], steps=100, finished=False)
     os.symlink("2", tmp_path / "small" / "latest")
     assert main(["runs", str(tmp_path)]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    printed = capsys.readouterr()
+    lines = printed.out.splitlines()
     assert lines[0].split() == ["RUN", "PROGRAM", "SET", "STEPS", "BEST", "STATUS"]
-    assert len(lines) == 3                                         # `latest` is not listed twice
+    assert len(lines) == 3 and printed.err.startswith("(by name: ")   # `latest` is not listed twice
     assert lines[1].split() == [str(tmp_path / "small" / "1"), "small", "net.optimizer.lr=0.05", "20/20",
-                                "acc=0.9@20", "finished"]
-    assert lines[2].split()[-3:] == ["10/100", "acc=0.4@10", "crashed"]
+                                "acc=0.9@20", "(max,", "by", "name)", "finished"]
+    assert lines[2].split()[-6:] == ["10/100", "acc=0.4@10", "(max,", "by", "name)", "crashed"]
     assert main(["runs", str(tmp_path / "nothing")]) == 2
 
 
@@ -111,7 +112,8 @@ def test_sweep_runs_each_point_and_survives_a_failing_one(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "01-lr=-1,seed=3: failed (exit 1)" in proc.stderr and "1 of 2 runs finished" in proc.stderr
     table = proc.stdout.splitlines()
-    assert table[0].split()[:2] == ["SET", "RUNS"] and table[0].split()[2:] == ["final", "accuracy", "best", "accuracy"]
+    assert table[0].split()[:2] == ["SET", "RUNS"] and table[0].split()[2:] == ["final", "accuracy", "best", "accuracy", "(max,", "by",
+                                                                                     "name)"]
     assert table[1].split()[:2] == ["net.optimizer.lr=0.1", "1/1"] and table[2].split()[:2] == ["net.optimizer.lr=-1", "0/1"]
     summary = json.loads((out / "sweep.json").read_text())
     assert summary["threads"] == 1 and summary["seeds"] == [3]
