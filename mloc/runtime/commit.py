@@ -15,22 +15,42 @@ unscale    ``GradScaler.unscale_``: divides by the loss scale the source        
            applied through ``seed`` (dynamic loss scaling, Micikevicius et al.,
            ICLR 2018)
 clip       ``clip_grad_norm_`` (the total 2-norm, foreach)                      clip_grad_norm
-finite     watches the loss (or, for a source without one, the gradients, as     always
-           the problem's "hypergradient") for NaN/Inf on the device, without a
-           host sync (:class:`~mloc.runtime.metrics.FiniteGuard`); under loss
-           scaling only the loss: an overflow is the scaler's business; on a
-           logged step, also queues the gradients' 2-norm for the metrics
+finite     watches the loss and the gradients (an upper problem's: its            always
+           "hypergradient") for NaN/Inf on the device, without a host sync
+           (:class:`~mloc.runtime.metrics.FiniteGuard`); under loss scaling
+           only the loss: an overflow is the scaler's business; on a logged
+           step, also queues the gradients' 2-norm for the metrics
 commit     the learning-rate schedule, then the optimizer's step in place        always
            (:func:`optimizer_commit`); under loss scaling through
            ``GradScaler.step``, which skips it when the unscaled gradients are
            not finite, then ``GradScaler.update``
 project    the program's ``project`` call on the problem's module, under         project
            ``no_grad`` (Betty's ``param_callback``: e.g. clamp λ ≥ 1e-8)
+committed  watches everything the step committed, the parameters and the         always
+           optimizer state's floating tensors (``Optimizer.committed``), for
+           NaN/Inf (:func:`committed_watcher`)
 ========== ==================================================================== ============
 
+**What the watches promise.** Every tensor a step commits is checked, whatever made it
+non-finite: the loss, one gradient entry under a finite loss, the hypergradient, an
+optimizer statistic that overflowed on finite gradients (Adam's ``g²``), a root Shampoo
+installed, the user's ``project``. The check is the guard's: each watch queues one fused
+kernel on the device (``_amp_foreach_non_finite_check_and_unscale_`` with factor 1, which
+sets a flag and changes nothing; the loss costs no kernel: it is kept as it is), and the
+flags are read together at the next log step or checkpoint, one host synchronisation per
+log interval as before; none per step. A step that failed is named (step, problem, what,
+in watch order: loss, gradient, committed state) and no checkpoint is written after it, so
+the checkpoint the report names is the last one before it, all finite. The step itself
+is not undone in memory: masking it on the device (``torch.where(ok, new, old)``) needs a
+copy of the parameters and optimizer state before every commit and one selection per
+tensor after it, ~3 × the commit's kernels on the CPU for a small model, and the run stops
+at the next check anyway; nothing reads the state in between without a check first
+(logs, evaluations, ``best.pt``, checkpoints: :meth:`mloc.runtime.engine.Program.state_dict`
+checks and verifies the whole state).
+
 The step counter of the problem is advanced last. An fp32 single-process step is thus
-``finite`` and ``commit`` on the gradients as the source returned them: the lines a
-hand-written loop runs, plus keeping the detached loss.
+``finite``, ``commit`` and ``committed`` on the gradients as the source returned them:
+the lines a hand-written loop runs, plus keeping the detached loss and two fused checks.
 """
 
 from __future__ import annotations
@@ -42,7 +62,7 @@ import torch
 from torch import Tensor
 
 from mloc.runtime.distributed import DistContext
-from mloc.runtime.metrics import FiniteGuard
+from mloc.runtime.metrics import COMMITTED, FiniteGuard
 from mloc.runtime.precision import ScaledStep
 from mloc.runtime.tree import Params
 
@@ -91,7 +111,8 @@ def build_pipeline(lv: Any, dist: DistContext, guard: FiniteGuard, clock: Any) -
     run = _finite(lv, guard, clock, commit, watch_grads=scaler is None)
     if acts:
         run = _on_grad(params, tuple(acts.values()), run)
-    stages = ((".grad", *acts) if acts else ()) + ("finite", "commit") + (("project",) if project else ())
+    stages = (((".grad", *acts) if acts else ()) + ("finite", "commit") + (("project",) if project else ())
+              + ("committed",))
     return Pipeline(stages, seed, bool(acts), run)
 
 
@@ -121,22 +142,40 @@ def _projected(commit: Callable[[Params], None], project: Callable, module) -> C
     return run
 
 
+def committed_watcher(lv: Any, guard: FiniteGuard) -> Callable[[int], None]:
+    """``keep(step)``: queue one fused NaN/Inf check of everything a step of ``lv``'s problem
+    committed, its parameters and ``Optimizer.committed(state)`` (named
+    :data:`~mloc.runtime.metrics.COMMITTED`). For every writer of a problem's parameters and
+    state: the pipeline's commit, a meta-batch's vectorized solve."""
+    problem = lv.problem
+    params, committed = problem.params, problem.optimizer.committed
+    keep = guard.grads_watcher(lv.spec.name, COMMITTED)
+
+    def watch(step: int) -> None:
+        keep(step, params + committed(problem.state))
+    return watch
+
+
 def _finite(lv: Any, guard: FiniteGuard, clock: Any, commit: Callable[[Params], None],
             watch_grads: bool) -> Run:
-    """The finite stage, then ``commit``, then the step counter."""
+    """The finite stage, then ``commit``, then the committed stage and the step counter."""
     name = lv.spec.name
-    keep_loss, keep_grads = guard.loss_watcher(name), guard.grads_watcher(name, "hypergradient")
     upper = bool(getattr(getattr(clock, "hierarchy", None), "lowers", {}).get(name))
+    keep_loss = guard.loss_watcher(name)
+    keep_grads = guard.grads_watcher(name, "hypergradient" if upper else "gradient") if watch_grads else None
+    keep_state = committed_watcher(lv, guard)
     keep_norm = guard.norms.watcher(name, "hypergrad_norm" if upper else "grad_norm")   # logged steps only
 
     def run(grads: Params, loss: Tensor | None) -> None:
+        step = clock.step_count + 1
         if loss is not None:
             lv.last_loss = loss
-            keep_loss(clock.step_count + 1, loss)
-        elif watch_grads:
-            keep_grads(clock.step_count + 1, grads)
+            keep_loss(step, loss)
+        if keep_grads is not None:
+            keep_grads(step, grads)
         keep_norm(grads)
         commit(grads)
+        keep_state(step)
         lv.steps += 1
     return run
 

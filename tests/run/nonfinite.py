@@ -10,7 +10,7 @@ is ``inject``:
 - ``"grad"``: the loss is finite, one entry of the gradient of the logits is NaN (so are
   the parameters' gradients it reaches);
 - ``"inf"``: the loss is finite, one entry of the gradient of the logits is +Inf;
-- ``"huge"``: the loss and the gradient are finite, one entry is 1e20, whose square
+- ``"huge"``: the loss and the gradient are finite, one entry is 1e30, whose square
   overflows float32 (an optimizer statistic, a second moment or a Shampoo statistic,
   becomes Inf while everything the step received was finite).
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from small import Net, Weights  # noqa: F401
 
-VALUES = {"grad": float("nan"), "inf": float("inf"), "huge": 1e20}
+VALUES = {"grad": float("nan"), "inf": float("inf"), "huge": 1e30}
 
 
 def data(seed: int = 0, batch_size: int = 16, at: int = 0, batches: int = 24):

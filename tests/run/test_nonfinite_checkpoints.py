@@ -2,7 +2,7 @@
 
 NaN and Inf are injected into one step of a small bilevel program (``tests/run/nonfinite.py``:
 a poisoned batch at step ``at`` makes the lower's loss NaN, one entry of its gradient NaN or
-Inf under a finite loss, one entry 1e20 so that a squared statistic overflows, or the
+Inf under a finite loss, one entry 1e30 so that a squared statistic overflows, or the
 upper's hypergradient NaN), and ``mloc run`` trains it with checkpoints and logs at other
 intervals than the bad step. Whatever the case: the run ends with exit 0 or 1 (never an
 internal error), ``checkpoint.pt`` and ``best.pt`` hold only finite parameters and optimizer
@@ -159,8 +159,8 @@ def test_a_nan_gradient_under_a_finite_loss_is_named_at_its_step_and_never_check
 
 @pytest.mark.parametrize("opt", RUNNABLE)
 def test_an_overflowing_statistic_is_named_at_its_step(tmp_path, capsys, opt):
-    """A finite gradient entry of 1e20 at step 4 under a finite loss: adam's, adamw's and
-    shampoo's squared statistics overflow to Inf (sgd's parameters move by ~1e19, finite).
+    """A finite gradient entry of 1e30 (of the logits) at step 4 under a finite loss: adam's, adamw's and
+    shampoo's squared statistics overflow to Inf (sgd's parameters move by ~1e29, finite).
     Such a step is named as the parameters or optimizer state at step 4, and step 4's
     checkpoint is not written (before: nothing was noticed until a loss turned NaN, and the
     checkpoints in between held an Inf statistic)."""
