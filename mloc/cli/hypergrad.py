@@ -64,7 +64,8 @@ def cmd_hypergrad(args, out: Output) -> int:
         state = _state(program) if args.check else None
         grads = program.hypergradients()
     except NonFiniteError as e:
-        out.err(f"error: {e}, within the {args.after} steps of --after\n  = help: {e.help}")
+        cause = f"\n  = note: {e.note}" if e.note else ""
+        out.err(f"error: {e}, within the {args.after} steps of --after{cause}\n  = help: {e.help}")
         return EXIT_ERRORS
     finally:
         program.close()

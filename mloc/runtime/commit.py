@@ -15,11 +15,11 @@ unscale    ``GradScaler.unscale_``: divides by the loss scale the source        
            applied through ``seed`` (dynamic loss scaling, Micikevicius et al.,
            ICLR 2018)
 clip       ``clip_grad_norm_`` (the total 2-norm, foreach)                      clip_grad_norm
-finite     watches the loss and the gradients (an upper problem's: its            always
-           "hypergradient") for NaN/Inf on the device, without a host sync
-           (:class:`~mloc.runtime.metrics.FiniteGuard`); under loss scaling
-           only the loss: an overflow is the scaler's business; on a logged
-           step, also queues the gradients' 2-norm for the metrics
+finite     watches the loss (or, for a source without one, the gradients, as     always
+           the problem's "hypergradient") for NaN/Inf on the device, without a
+           host sync (:class:`~mloc.runtime.metrics.FiniteGuard`); under loss
+           scaling only the loss: an overflow is the scaler's business; on a
+           logged step, also queues the gradients' 2-norm for the metrics
 commit     the learning-rate schedule, then the optimizer's step in place        always
            (:func:`optimizer_commit`); under loss scaling through
            ``GradScaler.step``, which skips it when the unscaled gradients are
@@ -39,18 +39,22 @@ kernel on the device (``_amp_foreach_non_finite_check_and_unscale_`` with factor
 sets a flag and changes nothing; the loss costs no kernel: it is kept as it is), and the
 flags are read together at the next log step or checkpoint, one host synchronisation per
 log interval as before; none per step. A step that failed is named (step, problem, what,
-in watch order: loss, gradient, committed state) and no checkpoint is written after it, so
-the checkpoint the report names is the last one before it, all finite. The step itself
-is not undone in memory: masking it on the device (``torch.where(ok, new, old)``) needs a
-copy of the parameters and optimizer state before every commit and one selection per
-tensor after it, ~3 × the commit's kernels on the CPU for a small model, and the run stops
-at the next check anyway; nothing reads the state in between without a check first
-(logs, evaluations, ``best.pt``, checkpoints: :meth:`mloc.runtime.engine.Program.state_dict`
-checks and verifies the whole state).
+in watch order: the loss or the hypergradient, then the committed state: a NaN gradient
+entry under a finite loss is named as the parameters or optimizer state it reached) and
+no checkpoint is written after it, so the checkpoint the report names is the last one
+before it, all finite. The step itself is not undone in memory: masking it on the device
+(``torch.where(ok, new, old)``) needs a copy of the parameters and optimizer state before
+every commit and a selection per tensor after it, ~2.5 × the commit itself on the CPU
+(a 64-256-10 MLP under SGD, one thread, CPU time: copy 3.7 µs and four ``where`` 16.7 µs,
+against 7.9 µs for the commit and 4.1 µs for the check), and the run stops at the next
+check anyway. Nothing reads the state in between without a check first: logs,
+evaluations, ``best.pt`` and checkpoints (:meth:`mloc.runtime.engine.Program.state_dict`
+checks the watches and verifies the whole state).
 
 The step counter of the problem is advanced last. An fp32 single-process step is thus
 ``finite``, ``commit`` and ``committed`` on the gradients as the source returned them:
-the lines a hand-written loop runs, plus keeping the detached loss and two fused checks.
+the lines a hand-written loop runs, plus keeping the detached loss (a lower problem) or
+checking the hypergradient (an upper one), and one fused check of what was committed.
 """
 
 from __future__ import annotations
@@ -160,10 +164,9 @@ def _finite(lv: Any, guard: FiniteGuard, clock: Any, commit: Callable[[Params], 
             watch_grads: bool) -> Run:
     """The finite stage, then ``commit``, then the committed stage and the step counter."""
     name = lv.spec.name
-    upper = bool(getattr(getattr(clock, "hierarchy", None), "lowers", {}).get(name))
-    keep_loss = guard.loss_watcher(name)
-    keep_grads = guard.grads_watcher(name, "hypergradient" if upper else "gradient") if watch_grads else None
+    keep_loss, keep_grads = guard.loss_watcher(name), guard.grads_watcher(name, "hypergradient")
     keep_state = committed_watcher(lv, guard)
+    upper = bool(getattr(getattr(clock, "hierarchy", None), "lowers", {}).get(name))
     keep_norm = guard.norms.watcher(name, "hypergrad_norm" if upper else "grad_norm")   # logged steps only
 
     def run(grads: Params, loss: Tensor | None) -> None:
@@ -171,7 +174,7 @@ def _finite(lv: Any, guard: FiniteGuard, clock: Any, commit: Callable[[Params], 
         if loss is not None:
             lv.last_loss = loss
             keep_loss(step, loss)
-        if keep_grads is not None:
+        elif watch_grads:
             keep_grads(step, grads)
         keep_norm(grads)
         commit(grads)

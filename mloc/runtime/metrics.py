@@ -133,6 +133,14 @@ class NonFiniteError(Exception):
         when = f"held NaN or Inf after step {step}" if held else f"became NaN or Inf at step {step}"
         super().__init__(f"the {what} of problem `{problem}` {when}")
         self.problem, self.step, self.what, self.held = problem, step, what, held
+        self.note = None
+        if held:
+            self.note = ("found in the state before writing a checkpoint, not by the watch of a step: "
+                         "something outside a step's commit wrote it")
+        elif what == COMMITTED:
+            self.note = ("its loss (or hypergradient) was finite at that step: a NaN or Inf gradient entry, "
+                         "or an optimizer statistic that overflowed (a second moment, a Shampoo statistic), "
+                         "reached what the step committed")
         self.help = ("lower the learning rate, check the data and the loss for divisions by zero or "
                      "logs of zero, or use fp32/bf16 instead of fp16; resume from the last checkpoint")
 

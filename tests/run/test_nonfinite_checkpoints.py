@@ -129,7 +129,8 @@ def _run_case(tmp_path: Path, capsys, opt, method, target, kind, at, checkpoint_
         else:
             assert "no checkpoint was written before it" in err
     if target == "net" and kind in ("grad", "inf", "loss"):   # the lower's own step: named at once
-        assert rc == 1 and (what, problem, step) == ("loss" if kind == "loss" else "gradient", "net", at), err
+        named = "loss" if kind == "loss" else "parameters or optimizer state"   # what the gradient reached
+        assert rc == 1 and (what, problem, step) == (named, "net", at), err
     return rc, err
 
 
@@ -149,11 +150,13 @@ def test_no_checkpoint_holds_a_non_finite_value_many(tmp_path, capsys, opt, meth
 @pytest.mark.parametrize("opt", RUNNABLE)
 def test_a_nan_gradient_under_a_finite_loss_is_named_at_its_step_and_never_checkpointed(tmp_path, capsys, opt):
     """The issue's case: at step 8 the loss is finite and one gradient entry is NaN, and a
-    checkpoint is due at step 8. The run stops naming the gradient at step 8; the checkpoint
-    on disk is step 6's, finite, and the report calls it the last good one (before: step 8's
-    checkpoint was written with NaN weights and the report blamed the loss at step 9)."""
+    checkpoint is due at step 8. The run stops naming step 8 (the parameters the gradient
+    reached; the note says the loss was finite); the checkpoint on disk is step 6's, finite,
+    and the report calls it the last good one (before: step 8's checkpoint was written with
+    NaN weights and the report blamed the loss at step 9)."""
     rc, err = _run_case(tmp_path, capsys, opt, "first_order", "net", "grad", 8, 2, 5)
-    assert rc == 1 and "the gradient of problem `net` became NaN or Inf at step 8" in err
+    assert rc == 1 and "the parameters or optimizer state of problem `net` became NaN or Inf at step 8" in err
+    assert "= note: its loss (or hypergradient) was finite at that step" in err
     assert load_checkpoint(tmp_path / "r" / "checkpoint.pt", None)["step"] == 6
 
 
