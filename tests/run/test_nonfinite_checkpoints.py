@@ -40,7 +40,10 @@ REPORT = re.compile(r"error: the (.+) of problem `(\w+)` became NaN or Inf at st
 
 
 def _call(name: str, lr: float) -> str:
-    """A call of the built-in optimizer ``name`` with its required arguments (lr) filled in."""
+    """A call of the built-in optimizer ``name`` with its required arguments (lr) filled in
+    (``name`` with arguments already: those, and the learning rate)."""
+    if "(" in name:
+        return name.replace("(", f"(lr={lr}, ", 1)
     args = {"lr": lr}
     for p in OPTIMIZERS[name].signature.params:
         if p.name not in args and repr(p.default) == "REQUIRED":
@@ -173,3 +176,16 @@ def test_an_overflowing_statistic_is_named_at_its_step(tmp_path, capsys, opt):
     if rc == 1 and "at step 4" in err:
         assert "the parameters or optimizer state of problem `net` became NaN or Inf at step 4" in err, err
         assert load_checkpoint(tmp_path / "r" / "checkpoint.pt", None)["step"] == 3
+
+
+@pytest.mark.parametrize("kind", ["grad", "huge"])
+def test_shampoo_with_asynchronous_stale_roots_never_checkpoints_a_non_finite_root(tmp_path, capsys, kind):
+    """Shampoo computing its roots in the background worker (``async_roots``, staleness 2,
+    preconditioning from step 1): after a NaN gradient (or an overflowing statistic) at
+    step 3 the root refreshed from those statistics is rejected and never installed, the
+    step is named, and no checkpoint, whose state includes the pending roots after the
+    worker drained, holds a NaN or Inf."""
+    opt = "shampoo(staleness=2, async_roots=true, start_preconditioning_step=1)"
+    rc, err = _run_case(tmp_path, capsys, opt, "first_order", "net", kind, 3, 1, 5)
+    assert rc == 1 and "of problem `net` became NaN or Inf at step 3" in err, err
+    assert load_checkpoint(tmp_path / "r" / "checkpoint.pt", None)["step"] == 2
