@@ -388,7 +388,8 @@ class FiniteGuard:
             flag = torch.zeros((), device=ts[0].device) if ts else torch.zeros(())
             try:
                 if ts:
-                    torch._amp_foreach_non_finite_check_and_unscale_(ts, flag, torch.ones((), device=flag.device))
+                    one = torch.ones((), device=flag.device)
+                    torch._amp_foreach_non_finite_check_and_unscale_(ts, flag, one)
             except (TypeError, RuntimeError):      # several devices or dtypes the kernel refuses
                 flag = torch.stack([~torch.isfinite(t).all().cpu() for t in ts]).any().float()
             flags.append(flag.cpu())

@@ -165,8 +165,9 @@ def test_a_nan_gradient_under_a_finite_loss_is_named_at_its_step_and_never_check
 
 @pytest.mark.parametrize("opt", RUNNABLE)
 def test_an_overflowing_statistic_is_named_at_its_step(tmp_path, capsys, opt):
-    """A finite gradient entry of 1e30 (of the logits) at step 4 under a finite loss: adam's, adamw's and
-    shampoo's squared statistics overflow to Inf (sgd's parameters move by ~1e29, finite).
+    """A finite gradient entry of 1e30 (of the logits) at step 4 under a finite loss: adam's,
+    adamw's and shampoo's squared statistics overflow to Inf (sgd's parameters move by ~1e29,
+    finite).
     Such a step is named as the parameters or optimizer state at step 4, and step 4's
     checkpoint is not written (before: nothing was noticed until a loss turned NaN, and the
     checkpoints in between held an Inf statistic)."""
