@@ -78,7 +78,8 @@ def cmd_hypergrad(args, out: Output) -> int:
         else:
             check = Check({}, [], {}, [])
     except NonFiniteError as e:
-        out.err(f"error: {e}, within the {args.after} steps of --after\n  = help: {e.help}")
+        cause = f"\n  = note: {e.note}" if e.note else ""
+        out.err(f"error: {e}, within the {args.after} steps of --after{cause}\n  = help: {e.help}")
         return EXIT_ERRORS
     except Exception as err:  # noqa: BLE001 - re-raised (E900) unless the program's code raised it
         return _user_error(err, where.text, config.dtype, program.device, after=NOTHING_WRITTEN)

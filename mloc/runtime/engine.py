@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from mloc.runtime import state as _state
+from mloc.runtime import tree
 from mloc.runtime.accumulate import Accumulator
 from mloc.runtime.buffers import buffers_of, frozen, guard_step, inference
 from mloc.runtime.build import Live, ProblemSpec, RunConfig, build, resolve_device
@@ -228,8 +229,20 @@ class Program:
 
     # --- state --------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The training state (:func:`mloc.runtime.state.snapshot`), what every checkpoint
+        holds (``checkpoint.pt``, ``best.pt``, ``Session.save``). Raises
+        :class:`~mloc.runtime.metrics.NonFiniteError` instead of returning a state with a
+        NaN or Inf: first the steps' watches are read (a failed step is named, with its
+        step), then the whole state is verified, parameters and every floating tensor of
+        the optimizer states (Shampoo's pending roots included, after the drain), in one
+        read. So no checkpoint ever holds a non-finite parameter or optimizer state,
+        whatever wrote it. Module buffers are not verified: a buffer may hold ``-inf`` on
+        purpose (an attention mask)."""
         for lv in self.live.values():        # background optimizer work lands in the state
             lv.problem.optimizer.drain()
+        self.guard.check()
+        self.guard.verify(self.step_count, {n: lv.problem.params + tree.tensors(lv.problem.state)
+                                            for n, lv in self.live.items()})
         return _state.snapshot(self.name, self.step_count, self.live, self.streams)
 
     def load_state_dict(self, state: dict) -> None:

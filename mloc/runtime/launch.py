@@ -377,6 +377,7 @@ def _say_nonfinite(err: NonFiniteError, program: Program, out: Path, log_every: 
     run's last, what summary.json counts), and the checkpoint to go back to if there is one."""
     done, path = program.step_count, out / CHECKPOINT
     kept = f"the last good checkpoint is {path}" if path.is_file() else "no checkpoint was written before it"
-    print(f"error: {err}{_rank(program)}\n  = note: found by the check after step {done} (the finiteness check "
+    cause = f"\n  = note: {err.note}" if err.note else ""
+    print(f"error: {err}{_rank(program)}{cause}\n  = note: found by the check after step {done} (the finiteness check "
           f"runs every {log_every} steps, at each log); the run stopped there, {done} steps done\n"
           f"  = help: {kept}; lower the learning rate, clip gradients or check the data", file=sys.stderr)

@@ -12,9 +12,11 @@ Ctrl-C or SIGTERM (:class:`Stop`) ends the run at the next step boundary (under
 as `checkpoint every` would write it, so `--resume` continues bitwise as if uninterrupted;
 `summary.json` says ``interrupted``. A second Ctrl-C raises KeyboardInterrupt at once.
 
-A checkpoint is written only after the finiteness check passed, so when a loss or
-hypergradient turns NaN/Inf the run stops with an error naming the problem and step, and
-the last checkpoint on disk is the last good one.
+A checkpoint is written only after the finiteness check passed, and evaluations run only
+after it: when a loss, a gradient, a hypergradient or anything a step committed (the
+parameters, an optimizer statistic, a root) turns NaN/Inf, the run stops with an error
+naming the problem and step, and the last checkpoint on disk is the last good one
+(:meth:`~mloc.runtime.engine.Program.state_dict` verifies the whole state besides).
 
 `metrics.jsonl` is one history: a run from step 0 starts it empty, a resumed run drops
 the records past its checkpoint's step (those the resumed steps write again). mloc's own
@@ -185,6 +187,8 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
                 progress(done, steps, last, rate)
         where.text = f"the evaluations after step {done}"
         due = [label for every, label, *_ in program.evaluations if done % every == 0 or done == steps]
+        if due and not logged:
+            guard.check()       # no evaluation (nor best.pt) of a state a failed step wrote
         results = program.evaluate(due) if due else {}
         for label, value in results.items():
             last[label] = value

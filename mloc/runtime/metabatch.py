@@ -42,6 +42,7 @@ import torch
 from torch.func import grad, vjp, vmap
 
 from mloc.runtime import tree
+from mloc.runtime.commit import committed_watcher
 from mloc.runtime.compose import method_caps
 from mloc.runtime.optim.base import apply_updates
 
@@ -69,6 +70,7 @@ class MetaBatch:
         self.U, self.L = live[upper], live[lower]
         self.method = program.hierarchy.methods[lower]
         self.fallback = _why_not(program, upper, lower)
+        self._keep_lower = None          # the NaN/Inf watch of what the solves commit to `lower`
         if self.fallback:
             print(f"note: `{upper}` solves its {tasks} tasks one after another, not with vmap: "
                   f"{self.fallback}", file=sys.stderr)
@@ -113,6 +115,9 @@ class MetaBatch:
         L.steps += self.tasks * self.steps
         L.last_loss = losses[-1, -1].detach()
         program.guard.loss_watcher(self.lower)(program.step_count + 1, losses.sum().detach())
+        if self._keep_lower is None:
+            self._keep_lower = committed_watcher(L, program.guard)
+        self._keep_lower(program.step_count + 1)
         program._pipeline(U).run(tuple(grads), None)
 
     def _task(self, x, lb_template, ub_template, holder):

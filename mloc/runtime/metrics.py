@@ -120,12 +120,27 @@ def _inexact(t: Tensor) -> bool:
     return t.is_floating_point() or t.is_complex()
 
 
-class NonFiniteError(Exception):
-    """The ``what`` (loss, gradient, ...) of ``problem`` was NaN or Inf at ``step``."""
+COMMITTED = "parameters or optimizer state"
+"""What the watch after every commit names (:func:`mloc.runtime.commit.committed_watcher`)."""
 
-    def __init__(self, problem: str, step: int, what: str):
-        super().__init__(f"the {what} of problem `{problem}` became NaN or Inf at step {step}")
-        self.problem, self.step, self.what = problem, step, what
+
+class NonFiniteError(Exception):
+    """The ``what`` (loss, gradient, ...) of ``problem`` was NaN or Inf at ``step``; ``held``:
+    found in the state after ``step`` (by :meth:`FiniteGuard.verify`, before a checkpoint),
+    not by the watch of the step that wrote it."""
+
+    def __init__(self, problem: str, step: int, what: str, held: bool = False):
+        when = f"held NaN or Inf after step {step}" if held else f"became NaN or Inf at step {step}"
+        super().__init__(f"the {what} of problem `{problem}` {when}")
+        self.problem, self.step, self.what, self.held = problem, step, what, held
+        self.note = None
+        if held:
+            self.note = ("found in the state before writing a checkpoint, not by the watch of a step: "
+                         "something outside a step's commit wrote it")
+        elif what == COMMITTED:
+            self.note = ("its loss (or hypergradient) was finite at that step: a NaN or Inf gradient entry, "
+                         "or an optimizer statistic that overflowed (a second moment, a Shampoo statistic), "
+                         "reached what the step committed")
         self.help = ("lower the learning rate, check the data and the loss for divisions by zero or "
                      "logs of zero, or use fp32/bf16 instead of fp16; resume from the last checkpoint")
 
@@ -360,6 +375,27 @@ class FiniteGuard:
         :meth:`check` first."""
         sums, self._sums = self._sums, {}
         return {self._names[code]: (total / count, count) for code, (total, count) in sums.items()}
+
+    def verify(self, step: int, named: dict[str, Sequence[Tensor]], what: str = COMMITTED) -> None:
+        """Raise :class:`NonFiniteError` (``held``) for the first problem of ``named`` (problem
+        -> tensors) whose floating tensors hold a NaN or Inf: one fused kernel per problem
+        into a flag of its own, one read for all. For the state a checkpoint is about to
+        hold (a checkpoint synchronises anyway): whatever wrote it, a step's commit, a
+        background job or user code, a non-finite state is never written."""
+        flags = []
+        for tensors in named.values():
+            ts = [t for t in tensors if _inexact(t)]
+            flag = torch.zeros((), device=ts[0].device) if ts else torch.zeros(())
+            try:
+                if ts:
+                    one = torch.ones((), device=flag.device)
+                    torch._amp_foreach_non_finite_check_and_unscale_(ts, flag, one)
+            except (TypeError, RuntimeError):      # several devices or dtypes the kernel refuses
+                flag = torch.stack([~torch.isfinite(t).all().cpu() for t in ts]).any().float()
+            flags.append(flag.cpu())
+        for problem, bad in zip(named, torch.stack(flags).tolist() if flags else ()):
+            if bad:
+                raise NonFiniteError(problem, step, what, held=True)
 
     def check(self) -> None:
         """Raise :class:`NonFiniteError` for the first non-finite watch, if any (one sync)."""

@@ -23,18 +23,18 @@ def test_an_fp32_single_process_pipeline_is_the_watch_and_the_commit():
     program = _stepped()
     for name in ("net", "weights"):
         pipeline = program.live[name].pipeline
-        assert pipeline.stages == ("finite", "commit")
+        assert pipeline.stages == ("finite", "commit", "committed")
         assert pipeline.seed is None and not pipeline.on_grad
 
 
 def test_clipping_and_loss_scaling_act_on_grad_in_order():
     program = _stepped("net.clip_grad_norm=0.5")
-    assert program.live["net"].pipeline.stages == (".grad", "clip", "finite", "commit")
-    assert program.live["weights"].pipeline.stages == ("finite", "commit")
+    assert program.live["net"].pipeline.stages == (".grad", "clip", "finite", "commit", "committed")
+    assert program.live["weights"].pipeline.stages == ("finite", "commit", "committed")
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**4)
     program = _stepped("net.clip_grad_norm=0.5", scaler=scaler)
     net = program.live["net"].pipeline
-    assert net.stages == (".grad", "unscale", "clip", "finite", "commit")
+    assert net.stages == (".grad", "unscale", "clip", "finite", "commit", "committed")
     assert net.seed == scaler.scale and net.on_grad
     assert all(p.grad is None for lv in program.live.values() for p in lv.problem.params)
 

@@ -77,6 +77,9 @@ class Adam(Optimizer):
             out.append(self.lr / c1 * ((1 - b1) / d - curv))
         return tuple(out)
 
+    def committed(self, state):
+        return state.mu + state.nu
+
     def commit(self, grads, state, params):
         """``torch.optim.adam._single_tensor_adam`` (``decoupled_weight_decay`` for AdamW),
         operation for operation; the step count is a Python int (``torch.optim`` reads its

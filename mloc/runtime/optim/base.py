@@ -87,6 +87,16 @@ class Optimizer(ABC):
             p.add_(u)
         return state
 
+    def committed(self, state: Any) -> tuple[Tensor, ...]:
+        """The floating-point tensors of ``state`` that a :meth:`commit` wrote: with the
+        parameters, what the commit pipeline checks for NaN/Inf after every step (one fused
+        kernel, :mod:`mloc.runtime.commit`). By default every floating tensor of the state
+        (found by walking it); an optimizer overrides this to skip the walk, and leaves out
+        tensors that background work may still be filling (Shampoo's pending roots: checked
+        when installed, and with the whole state before every checkpoint, after
+        :meth:`drain`)."""
+        return tuple(t for t in tree.tensors(state) if t.is_floating_point() or t.is_complex())
+
     def report(self, state: Any) -> dict[str, float]:
         """Numbers about the optimizer's own health, read at a log boundary (a host read at
         most) and written into its problem's ``train`` record beside the loss (Shampoo's

@@ -72,6 +72,9 @@ class SGD(Optimizer):
             c = 1 + self.momentum * c if self.nesterov else c
         return (self.lr * c,) * len(params)
 
+    def committed(self, state):
+        return state.momentum
+
     def commit(self, grads, state, params):
         """``torch.optim.sgd._single_tensor_sgd``, operation for operation (so a committed
         run is bit-identical to ``torch.optim.SGD(foreach=False)``)."""

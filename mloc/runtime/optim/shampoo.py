@@ -233,6 +233,15 @@ class Shampoo(Optimizer):
             upd = [u - lr * self.wd * p for u, p in zip(upd, params)]
         return mom, tuple(upd)
 
+    def committed(self, state):
+        """The statistics, the roots in use, the grafting accumulators and the momentum; not
+        the pending slots, whose roots a background job may still be writing (an accepted
+        root is finite by construction, :mod:`.roots`; it is checked here once installed,
+        and the whole state before every checkpoint)."""
+        out = [t for group in (state.stats, state.roots, state.graft) for ts in group for t in ts]
+        out.extend(state.momentum)
+        return tuple(out)
+
     def report(self, state) -> dict[str, float]:
         """``roots_rejected``: matrices whose last root refresh was rejected (the previous
         root is in use); ``root_failures``: the most consecutive rejections of one matrix.
