@@ -133,9 +133,9 @@ def main(ns: dict, argv: list[str] | None = None) -> int:
     if options.threads is not None and options.threads < 1:
         print("error: --threads must be at least 1", file=sys.stderr)
         return 2
-    config = options.config(ns["DEFAULTS"])
     try:
-        return _main(ns, options, config)
+        options, record = resumed(ns, options)
+        return _main(ns, options, options.config(ns["DEFAULTS"]), record)
     except KeyboardInterrupt:
         if options.launched_by is None:
             print("interrupted", file=sys.stderr)
@@ -151,7 +151,29 @@ def main(ns: dict, argv: list[str] | None = None) -> int:
         return 101
 
 
-def _main(ns: dict, options: RunOptions, config: RunConfig) -> int:
+def resumed(ns: dict, options: RunOptions) -> tuple[RunOptions, dict | None]:
+    """`--resume DIR` (not in a `--nproc` worker, whose launcher passes every option):
+    the options left open taken from the run's last start, and that record
+    (:mod:`mloc.runtime.resumption`). This `train.py` carries its `--set`s compiled in, so a
+    run started with others is refused (:class:`RunFolderError`): it would silently continue
+    with this file's values."""
+    if options.resume is None or options.launched_by is not None:
+        return options, None
+    from mloc.runtime import resumption
+    record = resumption.last_start(options.resume)
+    sets, compiled = resumption.recorded_sets(record), tuple(ns.get("OVERRIDES", ()))
+    if sets is not None and set(sets) != set(compiled):
+        said = lambda texts: " ".join(f"--set {t!r}" for t in texts) or "no --set"    # noqa: E731
+        raise RunFolderError(f"the run in {options.resume} was last started with {said(sets)}, and this train.py "
+                             f"was compiled with {said(compiled)}; nothing was written",
+                             f"resume it with its own train.py (python {Path(options.resume) / 'train.py'} --resume "
+                             f"{options.resume}), or with `mloc run FILE --resume {options.resume}`, which applies "
+                             "the run's --set and shows any you change")
+    given = {k: getattr(options, k) for k in (*resumption.TRAIN, "dtype")}
+    return replace(options, **resumption.inherit(record, given)), record
+
+
+def _main(ns: dict, options: RunOptions, config: RunConfig, record: dict | None = None) -> int:
     rank = launched_rank()
     if rank is not None:
         die_with_parent()               # a worker never outlives its launcher
@@ -163,14 +185,21 @@ def _main(ns: dict, options: RunOptions, config: RunConfig) -> int:
                    threads=options.threads, loggers=options.logger or ())   # rank 0 alone shows progress
     if rank not in (None, 0):           # a plain torchrun: rank 0 opens the folder, the others write nothing
         return run(ns, config, options.out or Path("."), options.resume, quiet=True, threads=options.threads)
+    changed = None
     if options.resume is not None:
+        from mloc.runtime.resumption import changes, options_of
         check_resume(options.resume, ns["NAME"], config.steps)
+        changed = changes(record, options_of(config), options.resume)
+        if changed:
+            print(f"note: resuming {options.resume} with changes from its last start:\n"
+                  + "\n".join(f"  {line}" for line in changed), file=sys.stderr)
     from mloc.runtime.build import resolve_device
     resolve_device(config.device)       # before the folder: a device that is not there leaves nothing
     choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])
+    program = {"file": ns.get("__file__"), "name": ns["NAME"], "set": list(ns.get("OVERRIDES", ()))}
     with RunFolder(choice) as folder:
-        write_config(folder.dir, run_record(config, {"file": ns.get("__file__")}, options.resume,
-                                            threads=options.threads, loggers=options.logger or ()))
+        write_config(folder.dir, run_record(config, program, options.resume, threads=options.threads,
+                                            loggers=options.logger or (), changes=changed))
         return run(ns, config, folder.dir, folder.dir if options.resume else None, options.quiet,
                    owner=folder.owner, threads=options.threads, loggers=options.logger or ())
 
@@ -194,8 +223,9 @@ def usable_loggers(values) -> tuple[str, ...]:
 
 
 def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: int = 1,
-               threads: int | None = None, loggers: tuple[str, ...] = ()) -> dict:
-    """What `config.json` records about one start of a run."""
+               threads: int | None = None, loggers: tuple[str, ...] = (), changes: list[str] | None = None) -> dict:
+    """What `config.json` records about one start of a run; a resume's also has `changes`,
+    what it changed from the run's last start (:mod:`mloc.runtime.resumption`)."""
     import torch
 
     from mloc import __version__
@@ -204,7 +234,8 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
         program = {**program, "sha256": hashlib.sha256(Path(file).read_bytes()).hexdigest()}
     return {"program": program, **asdict(config), "nproc": nproc, "threads": threads or torch.get_num_threads(),
             "loggers": list(loggers), "resumed_from": str(Path(resumed).resolve()) if resumed else None,
-            "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"changes": list(changes)} if resumed and changes is not None else {})}
 
 
 def _user_error(err: Exception, when: str, dtype: str | None = None, device=None) -> int:
