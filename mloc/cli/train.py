@@ -330,8 +330,9 @@ def add_commands(command) -> None:
                         "config are deleted)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="torch's CPU threads for this run (per process under --nproc); default: torch's own "
-                        "(one per core); `mloc sweep` runs each point with 1")
+                   help="torch's CPU threads for this run (per process under --nproc); default: 1 for a small "
+                        "program or on a busy machine, else the idle cores (the first line says which and why); "
+                        "`mloc sweep` runs each point with 1")
     p.add_argument("--logger", action="append", metavar="NAME",
                    help="also log to csv (metrics.csv), tensorboard (tb/, needs mloc[tensorboard]) or wandb "
                         "(needs mloc[wandb]; WANDB_MODE=offline works without a network); a comma list or repeated")

@@ -36,8 +36,10 @@ from mloc.runtime.metrics import NonFiniteError
 from mloc.runtime.precision import DeviceError
 from mloc.runtime.progress import Progress
 from mloc.runtime.selection import Selection, failed_summary
-from mloc.runtime.runfolder import (CHECKPOINT, RunFolder, RunFolderError, RunIOError, check_owner, choose,
-                                    write_config)
+from mloc.runtime.runfolder import (CHECKPOINT, RunFolder, RunFolderError, RunIOError, amend_config, check_owner,
+                                    choose, write_config)
+from mloc.runtime.threads import Threads
+from mloc.runtime.threads import decide as decide_threads
 from mloc.runtime.user_modules import put_first
 from mloc.runtime.workers import EXIT_PEER, die_with_parent
 
@@ -75,7 +77,7 @@ class RunOptions:
     overwrite: bool = False
     quiet: bool = False
     launched_by: int | None = None
-    threads: int | None = None          # torch's intra-op threads; None: torch's default
+    threads: int | None = None          # torch's intra-op threads; None: mloc.runtime.threads decides
     logger: tuple[str, ...] | None = None   # loggers beside metrics.jsonl (mloc.runtime.loggers)
 
     def config(self, defaults: RunConfig) -> RunConfig:
@@ -106,7 +108,8 @@ def parser(defaults: RunConfig) -> argparse.ArgumentParser:
                    help="continue from DIR/checkpoint.pt, in DIR unless --out names another (empty) folder")
     p.add_argument("--overwrite", action="store_true", help="start over in an --out folder that holds a run")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's, one per core)")
+    p.add_argument("--threads", type=int, help="torch's CPU threads (default: from the machine's load and the "
+                                                "program's size, shown in the first line)")
     p.add_argument("--logger", action="append", metavar="NAME",
                    help="also log to csv, tensorboard or wandb (a comma list or repeated)")
     p.add_argument("--launched-by", type=int, help=argparse.SUPPRESS)
@@ -225,14 +228,15 @@ def usable_loggers(values) -> tuple[str, ...]:
 def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: int = 1,
                threads: int | None = None, loggers: tuple[str, ...] = (), changes: list[str] | None = None) -> dict:
     """What `config.json` records about one start of a run; a resume's also has `changes`,
-    what it changed from the run's last start (:mod:`mloc.runtime.resumption`)."""
+    what it changed from the run's last start (:mod:`mloc.runtime.resumption`). `threads`
+    is None until the run has chosen them (:func:`run` adds the count and its reason)."""
     import torch
 
     from mloc import __version__
     file = program.get("file")
     if file and "sha256" not in program and Path(file).is_file():
         program = {**program, "sha256": hashlib.sha256(Path(file).read_bytes()).hexdigest()}
-    return {"program": program, **asdict(config), "nproc": nproc, "threads": threads or torch.get_num_threads(),
+    return {"program": program, **asdict(config), "nproc": nproc, "threads": threads,
             "loggers": list(loggers), "resumed_from": str(Path(resumed).resolve()) if resumed else None,
             "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             **({"changes": list(changes)} if resumed and changes is not None else {})}
@@ -297,7 +301,7 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
     """Build the program a generated module declares, train it for `config.steps` outer
     steps (from `resume_dir`'s checkpoint if given), writing to `out` (a folder opened by
     the caller; `owner` holds its lock) and to `loggers`, on `threads` CPU threads (None:
-    torch's default). Exit codes as in the module docstring."""
+    chosen by :mod:`mloc.runtime.threads`). Exit codes as in the module docstring."""
     if threads is not None:
         import torch
         torch.set_num_threads(threads)
@@ -311,11 +315,14 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
             return EXIT_PEER
         rank = launched_rank()
         return _user_error(err, "building the program" + (f" on rank {rank}" if rank is not None else ""))
+    chosen = decide_threads(program.modules.values(), threads, program.dist.world)
+    if threads is None and program.dist.is_main:
+        amend_config(Path(out), threads=chosen.count, threads_reason=chosen.reason)
     launched = launched_rank() is not None     # a worker: its launcher says it is stopping, and sends SIGINT
     stop = Stop(note=not launched)
     try:
         with stop.handling((signal.SIGINT,) if launched else (signal.SIGINT, signal.SIGTERM)):
-            return _train(program, ns, config, Path(out), resume_dir, quiet, owner, loggers, stop)
+            return _train(program, ns, config, Path(out), resume_dir, quiet, owner, loggers, stop, chosen)
     except KeyboardInterrupt:
         if not stop.requested or not program.dist.is_main:
             raise
@@ -334,17 +341,20 @@ def _kept(out: Path) -> str:
     return f"; {path} (an earlier step) is kept: continue from it with `--resume {out}`"
 
 
-def banner(program: Program, config: RunConfig, out: Path) -> str:
-    """The line a run starts with: what it runs on."""
+def banner(program: Program, config: RunConfig, out: Path, chosen: Threads | None = None) -> str:
+    """The line a run starts with: what it runs on (and why that many threads, unless
+    `--threads` said)."""
     import torch
     threads = torch.get_num_threads()
+    why = f" ({chosen.reason})" if chosen is not None and chosen.reason else ""
     return (f"training {program.name} on {program.device}, precision {config.precision}, dtype "
-            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}, nproc {program.dist.world} "
+            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}{why}, nproc {program.dist.world} "
             f"-> {out}")
 
 
 def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir: Path | None,
-           quiet: bool, owner: int | None, loggers: tuple[str, ...] = (), stop: Stop | None = None) -> int:
+           quiet: bool, owner: int | None, loggers: tuple[str, ...] = (), stop: Stop | None = None,
+           chosen: Threads | None = None) -> int:
     where, selection = Where(), Selection.from_spec(ns.get("SELECTION"))
     try:
         with failed_summary(selection, program, out):
@@ -352,7 +362,7 @@ def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir:
                 resume(program, Path(resume_dir), selection)
             start, t0 = program.step_count, time.perf_counter()
             with Progress(ns["NAME"], config.steps, enabled=not quiet and program.dist.is_main) as progress:
-                progress.note(banner(program, config, out) + (f" (from step {start})" if start else ""))
+                progress.note(banner(program, config, out, chosen) + (f" (from step {start})" if start else ""))
                 train(program, config.steps, out, Intervals(**ns["INTERVALS"]), progress, owner, where,
                       loggers=loggers, selection=selection, stop=stop)
                 if stop is None or stop.at is None:
