@@ -14,7 +14,7 @@ apply unless this command changes them explicitly:
   are in the run's dtype. A different one is refused (exit 2), before anything is compiled
   when it is a flag.
 
-Every change is shown before training (:func:`changes`) and recorded with the resume's
+Every change but the number of steps is shown before training (:func:`changes`) and recorded with the resume's
 start in ``config.json`` (``"changes"``). A folder without a readable ``config.json`` (a run
 of an older mloc) has nothing to inherit: the command's own options apply, as before.
 No torch here, and the compiler's `Override` only where `--set`s are read.
@@ -37,6 +37,10 @@ FIXED = {
     "dtype": "the checkpoint's tensors are in the run's dtype",
 }
 """What a resume cannot change, and why."""
+
+QUIET = ("steps",)
+"""Inherited, but a change is no news: more steps is how a run is trained further (the
+banner says `(from step N)`, the progress `step K/STEPS`)."""
 
 TRAIN = ("steps", "seed", "device", "precision")
 """The options `--set train.F` also sets (the train block's fields of the run's config)."""
@@ -107,7 +111,8 @@ def changes(record: dict | None, effective: dict, directory: Path) -> list[str]:
     :class:`RunFolderError` (exit 2) when one of them is :data:`FIXED`."""
     if record is None:
         return []
-    differ = {k: (record[k], v) for k, v in effective.items() if k in record and record[k] != v}
+    differ = {k: (record[k], v) for k, v in effective.items()
+              if k in record and k not in QUIET and record[k] != v}
     fixed = [k for k in FIXED if k in differ]
     if fixed:
         said = "; ".join(f"this command's {k} is {_shown(differ[k][1])}, the run's {_shown(differ[k][0])}"
