@@ -19,11 +19,19 @@ from mloc.ir.printer import dump_dot
 from mloc.passes.plan import format_bytes, plan_table, plan_to_json
 
 
-def _compiled(args, out: Output, out_dir: Path | None = None) -> Compiled | None:
+def _compiled(args, out: Output, out_dir: Path | None = None, gate=None) -> Compiled | None:
     """The whole pipeline on `args.file` with its `--set`s, `--print-after` and `--time-passes`;
-    None (after reporting) when the program has errors."""
+    None (after reporting) when the program has errors. `gate(pass, unit)` sees each pass's
+    result after the printer and may stop the compile by raising (a `UsageError`)."""
+    show = printer(args, out)
+
+    def observe(p, unit):
+        if show is not None:
+            show(p, unit)
+        if gate is not None:
+            gate(p, unit)
     try:
-        compiled = compile_program(args.file, tuple(args.set or ()), out_dir, observer=printer(args, out))
+        compiled = compile_program(args.file, tuple(args.set or ()), out_dir, observer=observe)
     except OverrideError as e:
         raise UsageError(str(e)) from None
     except FileNotFoundError:
@@ -86,16 +94,20 @@ def cmd_run(args, out: Output) -> int:
     in N workers launched and watched by this one."""
     if args.steps is not None and args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    if args.nproc < 1:
+    if args.nproc is not None and args.nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {args.threads}")
     args.logger = _loggers(args.logger)
-    if getattr(args, "pipeline", False) and (args.nproc > 1 or args.resume):
+    if getattr(args, "pipeline", False) and ((args.nproc or 1) > 1 or args.resume):
         raise UsageError("--pipeline runs one process per stage: it takes neither --nproc nor --resume")
     from mloc.runtime import runfolder
     if args.resume and not (Path(args.resume) / "checkpoint.pt").is_file():
         raise _no_checkpoint(Path(args.resume), runfolder.holds_run(Path(args.resume)))
+    record, set_changes = _resumed(args) if args.resume else (None, [])
+    args.nproc = args.nproc or 1
+    if args.device is not None:         # a device that is not there: refused before the slow trace
+        _device_usable(args.device, args.nproc)
     try:
         choice = runfolder.choose(Path(args.out) if args.out else None, Path(args.resume) if args.resume else None,
                                   args.overwrite, Path(args.file).stem)
@@ -103,7 +115,8 @@ def cmd_run(args, out: Output) -> int:
         raise UsageError(str(e), help=getattr(e, "help", None)) from None
     # a fresh runs/NAME/N is created later; any N sits at the same depth, which is all the
     # compiled program's relative import path depends on
-    compiled = _compiled(args, out, choice.fresh_root / "1" if choice.fresh_root else choice.dir)
+    compiled = _compiled(args, out, choice.fresh_root / "1" if choice.fresh_root else choice.dir,
+                         gate=None if args.device is not None else _file_device_gate(args.nproc))
     if compiled is None:
         return EXIT_ERRORS
     if args.steps is not None:          # W105: --steps that ends a schedule early
@@ -111,9 +124,55 @@ def cmd_run(args, out: Output) -> int:
         report(out, short_schedules(compiled.unit.graph, compiled.plan.periods, args.steps, f"--steps {args.steps}"),
                "full")
     try:
-        return _run_in_folder(args, out, compiled, choice)
+        return _run_in_folder(args, out, compiled, choice, record, set_changes)
     except _run_errors() as e:
         raise UsageError(str(e), help=getattr(e, "help", None)) from None
+
+
+def _resumed(args) -> tuple[dict | None, list[str]]:
+    """`--resume DIR`: the run's last start's record (`mloc.runtime.resumption`), with the
+    options the command leaves open taken from it and its `--set`s merged with the command's
+    (into `args`), and the lines saying what the merge changed. A `--seed` or `--dtype` other
+    than the run's is refused here, before the compile."""
+    from mloc.runtime import resumption
+    from mloc.runtime.runfolder import RunFolderError
+    folder = Path(args.resume)
+    record = resumption.last_start(folder)
+    given = {k: getattr(args, k) for k in (*resumption.INHERITED, *resumption.FIXED)}
+    try:
+        resumption.changes(record, {k: given[k] for k in resumption.FIXED if given[k] is not None}, folder)
+        for k, v in resumption.inherit(record, given, args.set or ()).items():
+            setattr(args, k, v)
+        sets = resumption.recorded_sets(record)
+        if sets is None:
+            return record, []
+        args.set, lines = resumption.merge_sets(sets, args.set or ())
+    except RunFolderError as e:
+        raise UsageError(str(e), help=e.help) from None
+    except OverrideError as e:
+        raise UsageError(str(e)) from None
+    return record, lines
+
+
+def _device_usable(device: str, nproc: int) -> None:
+    """A `UsageError` (exit 2) when `device` is not there for `nproc` processes."""
+    from mloc.runtime.build import resolve_device
+    from mloc.runtime.precision import DeviceError
+    try:
+        resolve_device(device, 0, nproc)
+    except DeviceError as e:
+        raise UsageError(str(e), help=e.help) from None
+
+
+def _file_device_gate(nproc: int):
+    """The pipeline gate that checks the train block's `device` once the checks have read
+    it, before the trace runs the program's code (`mloc run` without `--device`)."""
+    from mloc.passes.pipeline import CHECKS
+
+    def gate(p, unit):
+        if p.name == CHECKS[-1].name and unit.ok and unit.graph is not None:
+            _device_usable(unit.graph.info.train.device, nproc)
+    return gate
 
 
 def _no_checkpoint(folder: Path, trained: bool) -> UsageError:
@@ -148,7 +207,9 @@ def _run_errors() -> tuple:
     return CheckpointError, DeviceError, RunFolderError, RunIOError
 
 
-def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
+def _run_in_folder(args, out: Output, compiled: Compiled, choice, record: dict | None = None,
+                   set_changes: list[str] = ()) -> int:
+    from mloc.runtime import resumption
     from mloc.runtime.launch import RunOptions, check_resume, program_record, run, run_record
     from mloc.runtime.runfolder import RunFolder, RunIOError, write_config
     ns = load_generated(compiled.source, str((choice.dir / "train.py").resolve()))
@@ -158,15 +219,25 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice) -> int:
     config = options.config(ns["DEFAULTS"])
     from mloc.runtime.build import resolve_device
     resolve_device(config.device, 0, args.nproc)    # a device for every process, before any folder or worker
+    program = program_record(ns, file=str(Path(args.file).resolve()), sha256=_sha256(Path(args.file)))
+    changed = None
     if options.resume is not None:
         check_resume(options.resume, ns["NAME"], config.steps)
-    program = program_record(ns, file=str(Path(args.file).resolve()), sha256=_sha256(Path(args.file)))
+        changed = list(set_changes) + resumption.changes(record, {**resumption.options_of(config),
+                                                                  "nproc": args.nproc}, options.resume)
+        before = (record or {}).get("program") or {}
+        if before.get("file") == program["file"] and before.get("sha256") not in (None, program["sha256"]):
+            changed.append(f"{args.file} has changed since the run's last start (its sha256 differs)")
+        if changed:
+            out.err(f"note: resuming {options.resume} with changes from its last start:\n"
+                    + "\n".join(f"  {line}" for line in changed))
     with RunFolder(choice) as folder:
         try:
             train = write_outputs(compiled, folder.dir)
         except OSError as e:
             raise RunIOError(e.filename or folder.dir, e) from None
-        write_config(folder.dir, run_record(config, program, options.resume, args.nproc, args.threads, args.logger))
+        write_config(folder.dir, run_record(config, program, options.resume, args.nproc, args.threads, args.logger,
+                                            changes=changed))
         options = replace(options, out=folder.dir, resume=folder.dir if options.resume else None)
         if getattr(args, "pipeline", False):
             from mloc.runtime import pipeline
@@ -240,7 +311,7 @@ def add_commands(command) -> None:
     p.add_argument("--set", action="append", metavar="PATH=VALUE",
                    help="change a field for this run, checked like the file: PROBLEM.FIELD, UPPER->LOWER.FIELD, "
                         "train.FIELD or a setting, or one argument of a call (PROBLEM.optimizer.lr); repeatable")
-    p.add_argument("--nproc", type=int, default=1, help="data-parallel processes (gloo or nccl), started and watched by mloc; rank 0 shows its progress (default 1)")
+    p.add_argument("--nproc", type=int, help="data-parallel processes (gloo or nccl), started and watched by mloc; rank 0 shows its progress (default 1)")
     p.add_argument("--pipeline", action="store_true",
                    help="an interlocking chain as a real pipeline: one process per stage (gloo on 127.0.0.1)")
     p.add_argument("--pipeline-delay", type=float, default=0.0, metavar="SECONDS",
@@ -250,14 +321,17 @@ def add_commands(command) -> None:
                         "another run (default: a fresh runs/PROGRAM/N, linked from runs/PROGRAM/latest)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue the run in DIR (from DIR/checkpoint.pt), in DIR itself unless --out names "
-                        "another folder, which must hold no run and receives a copy")
+                        "another folder, which must hold no run and receives a copy; the run's --set, --steps, "
+                        "--device, --precision and --nproc apply unless given (a change is shown), and its "
+                        "--seed and --dtype cannot change")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in an --out folder that already holds a run (its checkpoint, metrics and "
                         "config are deleted)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="torch's CPU threads for this run (per process under --nproc); default: torch's own "
-                        "(one per core); `mloc sweep` runs each point with 1")
+                   help="torch's CPU threads for this run (per process under --nproc); default: 1 for a small "
+                        "program or on a busy machine, else the idle cores (the first line says which and why); "
+                        "`mloc sweep` runs each point with 1")
     p.add_argument("--logger", action="append", metavar="NAME",
                    help="also log to csv (metrics.csv), tensorboard (tb/, needs mloc[tensorboard]) or wandb "
                         "(needs mloc[wandb]; WANDB_MODE=offline works without a network); a comma list or repeated")

@@ -3,6 +3,8 @@
     classifier.optimizer=adam(lr=1e-3)          a problem's field (added when the file lacks it)
     weight_net->classifier.hypergrad=cg()       an edge's field
     train.steps=100                             the train block's
+    train.log_every=25                          a periodic action: `log every 25` (also
+                                                checkpoint_every), the names `mloc graph` prints
     semantics=per_edge                          a program setting
     classifier.optimizer.lr=0.05                one argument of the call a field holds: the
                                                 call's other arguments stay as the file has them
@@ -27,7 +29,7 @@ from typing import Sequence
 from mloc.diagnostics import Diagnostic, DiagnosticError, did_you_mean
 from mloc.frontend import ast
 from mloc.frontend.parse import parse
-from mloc.lang.vocabulary import EDGE_FIELDS, PROBLEM_FIELDS, SETTINGS, TRAIN_FIELDS
+from mloc.lang.vocabulary import EDGE_FIELDS, PROBLEM_FIELDS, SETTINGS, TRAIN_FIELDS, TRAIN_INTERVALS
 from mloc.source import SourceFile
 
 _IDENT = r"[A-Za-z_]\w*"
@@ -206,6 +208,8 @@ def edit(text: str, module: ast.Module, ov: Override) -> tuple[int, int, str]:
                             (hint + " " if hint else "") + f"its {noun}s: {', '.join(fields)}"
                             + ("; a problem's field is PROBLEM.FIELD" if kind == "setting" else ""))
     where = ov.key[:len(ov.key) - len(".".join(args)) - bool(args)]     # the path to the field
+    if kind == "train" and field in TRAIN_INTERVALS:
+        return _interval(text, module, ov, field, args, where)
     value = _value_of(module, kind, ov.head, field)
     if value is None:
         if args:
@@ -223,7 +227,7 @@ def _target(module: ast.Module, ov: Override):
         kind, owner, fields = "edge", f"the edge `{ov.head.replace('->', ' -> ')}`", EDGE_FIELDS
         _edge(module, ov)
     elif ov.head == "train":
-        kind, owner, fields = "train", "the train block", TRAIN_FIELDS
+        kind, owner, fields = "train", "the train block", {**TRAIN_FIELDS, **TRAIN_INTERVALS}
     elif ov.head in problems:
         kind, owner, fields = "problem", f"problem `{ov.head}`", PROBLEM_FIELDS
     elif ov.head in SETTINGS or ov.head in {s.key.name for s in module.of_type(ast.Setting)} or not ov.path:
@@ -274,24 +278,42 @@ def _value_of(module: ast.Module, kind: str, head: str, field: str) -> ast.Value
     return next((f.value for f in entries if isinstance(f, ast.Field) and f.key.name == field), None)
 
 
-def _insertion(text: str, module: ast.Module, kind: str, ov: Override) -> tuple[int, int, str]:
-    """Add a field the file does not set: at the end of its block, on the line of its closing
-    brace (no line is added, so the lines after it keep their numbers), after a comma when
-    the last entry is on that line without one."""
+def _interval(text: str, module: ast.Module, ov: Override, field: str, args: tuple[str, ...],
+              where: str) -> tuple[int, int, str]:
+    """`train.log_every=25`: the interval of the file's `log every N` (the last one, which is
+    the one that counts), or `log every 25` added to the train block."""
+    action = TRAIN_INTERVALS[field]
+    block = _block(module, "train", "train")
+    entries = [e for e in (block.entries if block is not None else ())
+               if isinstance(e, ast.Every) and e.kind.name == action and e.name is None]
+    if entries:
+        return _in_value(entries[-1].interval, args, ov, where)
+    if args:
+        raise OverrideError(f"{ov.flag}: the train block has no `{action} every N`, so there is no call whose "
+                            f"`{args[0]}` could change", f"set the interval: --set '{where}=N'")
+    return _insertion(text, module, "train", ov, f"{action} every {ov.value}")
+
+
+def _insertion(text: str, module: ast.Module, kind: str, ov: Override,
+               entry: str | None = None) -> tuple[int, int, str]:
+    """Add a field the file does not set (or `entry`, the text of another kind of entry): at
+    the end of its block, on the line of its closing brace (no line is added, so the lines
+    after it keep their numbers), after a comma when the last entry is on that line without one."""
     field, end = ov.path[0] if ov.path else ov.head, len(text)
+    entry = entry or f"{field} = {ov.value}"
     if kind == "setting":
-        return end, end, f"\n{field} = {ov.value}\n"
+        return end, end, f"\n{entry}\n"
     block = _block(module, kind, ov.head)
     if block is None and kind == "train":
-        return end, end, f"\ntrain {{ {field} = {ov.value} }}\n"
+        return end, end, f"\ntrain {{ {entry} }}\n"
     if block is None:                   # an edge without braces
         e = _edge(module, ov)
-        return e.span.end, e.span.end, f" {{ {field} = {ov.value} }}"
+        return e.span.end, e.span.end, f" {{ {entry} }}"
     close = block.span.end - 1          # the closing brace
     last = block.entries[-1].span.end if block.entries else close
     if not re.fullmatch(r"[ \t]*", text[last:close]) or last == close:   # after a separator or a line break
-        return close, close, f" {field} = {ov.value} "
-    return last, last, f", {field} = {ov.value}"
+        return close, close, f" {entry} "
+    return last, last, f", {entry}"
 
 
 def _in_value(value: ast.Value, args: tuple[str, ...], ov: Override, where: str) -> tuple[int, int, str]:

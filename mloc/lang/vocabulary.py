@@ -93,6 +93,16 @@ TRAIN_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
 TRAIN_EVERY = {"eval": "run an evaluation call", "checkpoint": "write a checkpoint",
                "log": "log metrics"}
 
+
+def interval_field(kind: str) -> str:
+    """The field a periodic action without a call is known by: `log every 50` is the train
+    spec's `log_every` (as `mloc graph` prints it, and `--set train.log_every=50` sets it)."""
+    return f"{kind}_every"
+
+
+TRAIN_INTERVALS: dict[str, str] = {interval_field(k): k for k in TRAIN_EVERY if k != "eval"}
+"""`log_every` -> `log`, `checkpoint_every` -> `checkpoint` (an `eval` is named and calls)."""
+
 SETTINGS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("semantics", "value", "hypergradients above two levels: `exact` (nested total "
               "derivative) or `per_edge` (Betty's)", type=Enum(SEMANTICS)),

@@ -143,7 +143,7 @@ def _every(block: ast.Block, scope: Scope, diags: Diagnostics) -> dict:
             diags.error("E304", f"`{kind} every N` takes no value", e.value.span,
                         help=f"write `{kind} every N`")
         elif interval is not INVALID:
-            out[f"{kind}_every"] = interval
+            out[V.interval_field(kind)] = interval
     out["evals"] = tuple(out["evals"])
     return out
 

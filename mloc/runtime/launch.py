@@ -36,9 +36,11 @@ from mloc.runtime.metrics import NonFiniteError
 from mloc.runtime.precision import DeviceError
 from mloc.runtime.progress import Progress
 from mloc.runtime.selection import Selection, failed_summary
-from mloc.runtime.runfolder import (CHECKPOINT, RunFolder, RunFolderError, RunIOError, check_owner, choose,
-                                    write_config)
+from mloc.runtime.runfolder import (CHECKPOINT, RunFolder, RunFolderError, RunIOError, amend_config, check_owner,
+                                    choose, write_config)
 from mloc.runtime.schedules import ScheduleError
+from mloc.runtime.threads import Threads
+from mloc.runtime.threads import decide as decide_threads
 from mloc.runtime.user_modules import put_first
 from mloc.runtime.workers import EXIT_PEER, die_with_parent
 
@@ -76,7 +78,7 @@ class RunOptions:
     overwrite: bool = False
     quiet: bool = False
     launched_by: int | None = None
-    threads: int | None = None          # torch's intra-op threads; None: torch's default
+    threads: int | None = None          # torch's intra-op threads; None: mloc.runtime.threads decides
     logger: tuple[str, ...] | None = None   # loggers beside metrics.jsonl (mloc.runtime.loggers)
 
     def config(self, defaults: RunConfig) -> RunConfig:
@@ -107,7 +109,8 @@ def parser(defaults: RunConfig) -> argparse.ArgumentParser:
                    help="continue from DIR/checkpoint.pt, in DIR unless --out names another (empty) folder")
     p.add_argument("--overwrite", action="store_true", help="start over in an --out folder that holds a run")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's, one per core)")
+    p.add_argument("--threads", type=int, help="torch's CPU threads (default: from the machine's load and the "
+                                                "program's size, shown in the first line)")
     p.add_argument("--logger", action="append", metavar="NAME",
                    help="also log to csv, tensorboard or wandb (a comma list or repeated)")
     p.add_argument("--launched-by", type=int, help=argparse.SUPPRESS)
@@ -135,9 +138,9 @@ def main(ns: dict, argv: list[str] | None = None) -> int:
     if options.threads is not None and options.threads < 1:
         print("error: --threads must be at least 1", file=sys.stderr)
         return 2
-    config = options.config(ns["DEFAULTS"])
     try:
-        return _main(ns, options, config)
+        options, record = resumed(ns, options)
+        return _main(ns, options, options.config(ns["DEFAULTS"]), record)
     except KeyboardInterrupt:
         if options.launched_by is None:
             print("interrupted", file=sys.stderr)
@@ -153,7 +156,29 @@ def main(ns: dict, argv: list[str] | None = None) -> int:
         return 101
 
 
-def _main(ns: dict, options: RunOptions, config: RunConfig) -> int:
+def resumed(ns: dict, options: RunOptions) -> tuple[RunOptions, dict | None]:
+    """`--resume DIR` (not in a `--nproc` worker, whose launcher passes every option):
+    the options left open taken from the run's last start, and that record
+    (:mod:`mloc.runtime.resumption`). This `train.py` carries its `--set`s compiled in, so a
+    run started with others is refused (:class:`RunFolderError`): it would silently continue
+    with this file's values."""
+    if options.resume is None or options.launched_by is not None:
+        return options, None
+    from mloc.runtime import resumption
+    record = resumption.last_start(options.resume)
+    sets, compiled = resumption.recorded_sets(record), tuple(ns.get("OVERRIDES", ()))
+    if sets is not None and set(sets) != set(compiled):
+        said = lambda texts: " ".join(f"--set {t!r}" for t in texts) or "no --set"    # noqa: E731
+        raise RunFolderError(f"the run in {options.resume} was last started with {said(sets)}, and this train.py "
+                             f"was compiled with {said(compiled)}; nothing was written",
+                             f"resume it with its own train.py (python {Path(options.resume) / 'train.py'} --resume "
+                             f"{options.resume}), or with `mloc run FILE --resume {options.resume}`, which applies "
+                             "the run's --set and shows any you change")
+    given = {k: getattr(options, k) for k in (*resumption.TRAIN, "dtype")}
+    return replace(options, **resumption.inherit(record, given)), record
+
+
+def _main(ns: dict, options: RunOptions, config: RunConfig, record: dict | None = None) -> int:
     rank = launched_rank()
     if rank is not None:
         die_with_parent()               # a worker never outlives its launcher
@@ -165,15 +190,21 @@ def _main(ns: dict, options: RunOptions, config: RunConfig) -> int:
                    threads=options.threads, loggers=options.logger or ())   # rank 0 alone shows progress
     if rank not in (None, 0):           # a plain torchrun: rank 0 opens the folder, the others write nothing
         return run(ns, config, options.out or Path("."), options.resume, quiet=True, threads=options.threads)
+    changed = None
     if options.resume is not None:
+        from mloc.runtime.resumption import changes, options_of
         check_resume(options.resume, ns["NAME"], config.steps)
+        changed = changes(record, options_of(config), options.resume)
+        if changed:
+            print(f"note: resuming {options.resume} with changes from its last start:\n"
+                  + "\n".join(f"  {line}" for line in changed), file=sys.stderr)
     from mloc.runtime.build import resolve_device
     resolve_device(config.device)       # before the folder: a device that is not there leaves nothing
     choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])
     with RunFolder(choice) as folder:
         program = program_record(ns, file=ns.get("__file__"))
         write_config(folder.dir, run_record(config, program, options.resume, threads=options.threads,
-                                            loggers=options.logger or ()))
+                                            loggers=options.logger or (), changes=changed))
         return run(ns, config, folder.dir, folder.dir if options.resume else None, options.quiet,
                    owner=folder.owner, threads=options.threads, loggers=options.logger or ())
 
@@ -207,17 +238,20 @@ def program_record(ns: dict, **fields) -> dict:
 
 
 def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: int = 1,
-               threads: int | None = None, loggers: tuple[str, ...] = ()) -> dict:
-    """What `config.json` records about one start of a run."""
+               threads: int | None = None, loggers: tuple[str, ...] = (), changes: list[str] | None = None) -> dict:
+    """What `config.json` records about one start of a run; a resume's also has `changes`,
+    what it changed from the run's last start (:mod:`mloc.runtime.resumption`). `threads`
+    is None until the run has chosen them (:func:`run` adds the count and its reason)."""
     import torch
 
     from mloc import __version__
     file = program.get("file")
     if file and "sha256" not in program and Path(file).is_file():
         program = {**program, "sha256": hashlib.sha256(Path(file).read_bytes()).hexdigest()}
-    return {"program": program, **asdict(config), "nproc": nproc, "threads": threads or torch.get_num_threads(),
+    return {"program": program, **asdict(config), "nproc": nproc, "threads": threads,
             "loggers": list(loggers), "resumed_from": str(Path(resumed).resolve()) if resumed else None,
-            "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **({"changes": list(changes)} if resumed and changes is not None else {})}
 
 
 def _user_error(err: Exception, when: str, dtype: str | None = None, device=None,
@@ -286,7 +320,7 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
     """Build the program a generated module declares, train it for `config.steps` outer
     steps (from `resume_dir`'s checkpoint if given), writing to `out` (a folder opened by
     the caller; `owner` holds its lock) and to `loggers`, on `threads` CPU threads (None:
-    torch's default). Exit codes as in the module docstring."""
+    chosen by :mod:`mloc.runtime.threads`). Exit codes as in the module docstring."""
     if threads is not None:
         import torch
         torch.set_num_threads(threads)
@@ -303,11 +337,14 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
             return EXIT_PEER
         rank = launched_rank()
         return _user_error(err, "building the program" + (f" on rank {rank}" if rank is not None else ""))
+    chosen = decide_threads(program.modules.values(), threads, program.dist.world)
+    if threads is None and program.dist.is_main:
+        amend_config(Path(out), threads=chosen.count, threads_reason=chosen.reason)
     launched = launched_rank() is not None     # a worker: its launcher says it is stopping, and sends SIGINT
     stop = Stop(note=not launched)
     try:
         with stop.handling((signal.SIGINT,) if launched else (signal.SIGINT, signal.SIGTERM)):
-            return _train(program, ns, config, Path(out), resume_dir, quiet, owner, loggers, stop)
+            return _train(program, ns, config, Path(out), resume_dir, quiet, owner, loggers, stop, chosen)
     except KeyboardInterrupt:
         if not stop.requested or not program.dist.is_main:
             raise
@@ -326,17 +363,20 @@ def _kept(out: Path) -> str:
     return f"; {path} (an earlier step) is kept: continue from it with `--resume {out}`"
 
 
-def banner(program: Program, config: RunConfig, out: Path) -> str:
-    """The line a run starts with: what it runs on."""
+def banner(program: Program, config: RunConfig, out: Path, chosen: Threads | None = None) -> str:
+    """The line a run starts with: what it runs on (and why that many threads, unless
+    `--threads` said)."""
     import torch
     threads = torch.get_num_threads()
+    why = f" ({chosen.reason})" if chosen is not None and chosen.reason else ""
     return (f"training {program.name} on {program.device}, precision {config.precision}, dtype "
-            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}, nproc {program.dist.world} "
+            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}{why}, nproc {program.dist.world} "
             f"-> {out}")
 
 
 def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir: Path | None,
-           quiet: bool, owner: int | None, loggers: tuple[str, ...] = (), stop: Stop | None = None) -> int:
+           quiet: bool, owner: int | None, loggers: tuple[str, ...] = (), stop: Stop | None = None,
+           chosen: Threads | None = None) -> int:
     where, selection = Where(), Selection.from_spec(ns.get("SELECTION"))
     try:
         with failed_summary(selection, program, out):
@@ -344,7 +384,7 @@ def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir:
                 resume(program, Path(resume_dir), selection)
             start, t0 = program.step_count, time.perf_counter()
             with Progress(ns["NAME"], config.steps, enabled=not quiet and program.dist.is_main) as progress:
-                progress.note(banner(program, config, out) + (f" (from step {start})" if start else ""))
+                progress.note(banner(program, config, out, chosen) + (f" (from step {start})" if start else ""))
                 train(program, config.steps, out, Intervals(**ns["INTERVALS"]), progress, owner, where,
                       loggers=loggers, selection=selection, stop=stop)
                 if stop is None or stop.at is None:

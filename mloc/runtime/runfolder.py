@@ -247,6 +247,21 @@ def write_config(directory: Path, record: dict) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def amend_config(directory: Path, **fields) -> None:
+    """Add ``fields`` to the record of the latest start in ``config.json`` (what is known
+    only once the program is built: the threads chosen for it); nothing without the file."""
+    path = Path(directory) / CONFIG
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(data, dict) or not isinstance(data.get("run"), dict):
+        return
+    latest = data["resumes"][-1] if data.get("resumes") else data["run"]
+    latest.update(fields)
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
 def write_text(path: Path, text: str) -> None:
     """Write ``text`` atomically (a temporary file, then a rename); :class:`RunIOError`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

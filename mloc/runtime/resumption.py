@@ -1,0 +1,133 @@
+"""What a resumed run continues with: the run in the folder, as its last start recorded it.
+
+`--resume DIR` continues the run that is in ``DIR``, so the options it was started with
+(``DIR/config.json``: the last start's record, the first start's or its latest resume's)
+apply unless this command changes them explicitly:
+
+- ``--set``: the recorded overrides are applied again; a ``--set`` of this command adds one,
+  or replaces the recorded one with the same path (and those below a whole field it sets:
+  ``classifier.optimizer=adam(...)`` drops a recorded ``classifier.optimizer.lr``).
+- ``--steps``, ``--device``, ``--precision``, ``--nproc`` (:data:`INHERITED`): the recorded
+  value, unless given (as the flag, or for steps, device and precision as ``--set train.F``).
+- ``--seed`` and ``--dtype`` (:data:`FIXED`) cannot change: the seed drew the initial state
+  and the checkpoint holds the random generators' states since, and the checkpoint's tensors
+  are in the run's dtype. A different one is refused (exit 2), before anything is compiled
+  when it is a flag.
+
+Every change but the number of steps is shown before training (:func:`changes`) and recorded with the resume's
+start in ``config.json`` (``"changes"``). A folder without a readable ``config.json`` (a run
+of an older mloc) has nothing to inherit: the command's own options apply, as before.
+No torch here, and the compiler's `Override` only where `--set`s are read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from mloc.runtime.runfolder import CONFIG, RunFolderError
+
+INHERITED = ("steps", "device", "precision", "nproc")
+"""What a resume takes from the run unless the command gives it: a change is shown."""
+
+FIXED = {
+    "seed": "the seed drew the run's initial state, and the checkpoint holds the random "
+            "generators' states since",
+    "dtype": "the checkpoint's tensors are in the run's dtype",
+}
+"""What a resume cannot change, and why."""
+
+QUIET = ("steps",)
+"""Inherited, but a change is no news: more steps is how a run is trained further (the
+banner says `(from step N)`, the progress `step K/STEPS`)."""
+
+TRAIN = ("steps", "seed", "device", "precision")
+"""The options `--set train.F` also sets (the train block's fields of the run's config)."""
+
+
+def options_of(config) -> dict:
+    """The options of a run's config (a `RunConfig`) that a start records and a resume compares."""
+    return {k: getattr(config, k) for k in (*TRAIN, "dtype")}
+
+
+def last_start(directory: Path) -> dict | None:
+    """The record of the last start of the run in ``directory`` (its latest resume's, else
+    the first start's), or None when ``config.json`` is missing or unreadable."""
+    try:
+        data = json.loads((Path(directory) / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("run"), dict):
+        return None
+    resumes = [r for r in data.get("resumes") or () if isinstance(r, dict)]
+    return (resumes or [data["run"]])[-1]
+
+
+def recorded_sets(record: dict | None) -> tuple[str, ...] | None:
+    """The ``--set`` overrides the run was last started with; None when not recorded."""
+    program = (record or {}).get("program") or {}
+    return tuple(program["set"]) if isinstance(program.get("set"), list) else None
+
+
+def merge_sets(recorded: Sequence[str], given: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """The overrides a resume compiles with: the ``recorded`` ones, each replaced by a
+    ``given`` one that sets the same path or a whole field above it, then the given ones
+    (in the order given); and a line for each change."""
+    from mloc.codegen.overrides import Override     # the compiler's, only where it compiles
+    new = [Override.parse(t) for t in given]
+    kept, lines = [], []
+    for text in recorded:
+        old = Override.parse(text)
+        over = next((n for n in new if old.key == n.key or old.key.startswith(n.key + ".")), None)
+        if over is None:
+            kept.append(text)
+        elif old.key != over.key:
+            lines.append(f"{over.flag} replaces the run's whole `{over.key}`, and with it its {old.flag}")
+        elif str(old) != str(over):
+            lines.append(f"{over.flag} replaces the run's {old.flag}")
+    old_keys = {Override.parse(t).key for t in recorded}
+    lines += [f"{n.flag} is added to the run's overrides" for n in new if n.key not in old_keys]
+    return tuple(kept) + tuple(given), lines
+
+
+def set_in_train(given: Sequence[str]) -> set[str]:
+    """The run options among :data:`TRAIN` that a ``--set train.F`` of ``given`` sets."""
+    from mloc.codegen.overrides import Override
+    return {o.path[0] for o in map(Override.parse, given) if o.head == "train" and len(o.path) == 1} & set(TRAIN)
+
+
+def inherit(record: dict | None, given: dict, given_sets: Sequence[str] = ()) -> dict:
+    """``given`` (option -> value, None when not given) with each :data:`INHERITED` and
+    :data:`FIXED` option the command leaves open filled in from ``record``."""
+    if record is None:
+        return dict(given)
+    open_ = {k for k, v in given.items() if v is None} - set_in_train(given_sets)
+    return {**given, **{k: record[k] for k in open_ & {*INHERITED, *FIXED} if k in record}}
+
+
+def changes(record: dict | None, effective: dict, directory: Path) -> list[str]:
+    """A line for each option of ``effective`` that differs from ``record``; a
+    :class:`RunFolderError` (exit 2) when one of them is :data:`FIXED`."""
+    if record is None:
+        return []
+    differ = {k: (record[k], v) for k, v in effective.items()
+              if k in record and k not in QUIET and record[k] != v}
+    fixed = [k for k in FIXED if k in differ]
+    if fixed:
+        said = "; ".join(f"this command's {k} is {_shown(differ[k][1])}, the run's {_shown(differ[k][0])}"
+                         for k in fixed)
+        given = " or ".join(_flag(k) + (f" (or --set train.{k})" if k in TRAIN else "") for k in fixed)
+        raise RunFolderError(
+            f"cannot resume {directory} with another {' and '.join(fixed)}: {said} "
+            f"({'; '.join(FIXED[k] for k in fixed)}); nothing was written",
+            f"resume without {given} to continue the run, or start a new run (another --out)")
+    return [f"{_flag(k)} {_shown(new)} (the run's was {_shown(old)})" for k, (old, new) in differ.items()]
+
+
+def _flag(option: str) -> str:
+    return f"--{option}"
+
+
+def _shown(value) -> str:
+    return "none (as built)" if value is None else str(value)
