@@ -60,6 +60,7 @@ import runpy
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -185,10 +186,9 @@ def worker(train_py: Path, rank: int, world: int, port: int, steps: int, seed: i
     torch.set_num_threads(1)
     ns = runpy.run_path(str(train_py), run_name="mloc_pipeline_worker")
     chain = chain_of(ns)
-    config = ns["DEFAULTS"]
-    config.steps, config.device, config.dtype = steps, "cpu", dtype
+    config = replace(ns["DEFAULTS"], steps=steps, device="cpu", dtype=dtype)   # DEFAULTS: the program's own
     if seed is not None:
-        config.seed = seed
+        config = replace(config, seed=seed)
     name = worker_name(rank, world, chain.stages[rank])
     try:
         program = build(ns, config)
@@ -362,7 +362,8 @@ def start(train_py: Path, world: int, steps: int, out: Path, *, seed: int | None
     base += (["--seed", str(seed)] if seed is not None else []) + (["--dtype", dtype] if dtype else [])
     base += ["--resume", str(resume_dir)] if resume_dir is not None else []
     names = [worker_name(r, world, stages[r] if stages else None) for r in range(world)]
-    outcome = supervise([base + ["--rank", str(r)] for r in range(world)], [env] * world, names, timeout)
+    outcome = supervise([base + ["--rank", str(r)] for r in range(world)], [env] * world, names, timeout,
+                        stopping="stopping after this step to write a checkpoint; Ctrl-C again to abort without one")
     if outcome.code == 0:
         ranks = [json.loads((out / f"pipeline_rank{r}.json").read_text()) for r in range(world)]
         record = {"world": world, "steps": steps, "delay_s": delay, "ranks": ranks,

@@ -103,13 +103,17 @@ def launch(train_py: Path, nproc: int, argv: list[str]) -> Outcome:
                      [f"rank {rank} of {nproc}" for rank in range(nproc)])
 
 
+NPROC_STOP = "stopping at the next log step to write a checkpoint; Ctrl-C again to abort without one"
+
+
 def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
-              timeout: float | None = None) -> Outcome:
+              timeout: float | None = None, stopping: str = NPROC_STOP) -> Outcome:
     """Start one worker per command (``commands[r]`` with ``envs[r]``; ``names[r]`` says
     which worker in a report: ``rank 1 of 2``) as the module docstring says, watch them
     and return the run's outcome when all have exited: the ``--nproc`` launcher's, and
     ``mloc run --pipeline``'s (:mod:`mloc.runtime.pipeline`). ``timeout`` (seconds, None:
-    none) stops every worker and fails the run: a guard for tests, not a run option."""
+    none) stops every worker and fails the run: a guard for tests, not a run option.
+    ``stopping``: what the first Ctrl-C says (where the workers will stop)."""
     nproc = len(commands)
     with scratch.folder(LOG_PREFIX) as logs, _sigterm_as_interrupt():
         paths = [Path(logs) / f"rank{r}.err" for r in range(nproc)]
@@ -125,7 +129,7 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
                     shown.start()
             code, rank = _watch(procs, timeout)
         except KeyboardInterrupt:
-            code, rank = _interrupt(procs)
+            code, rank = _interrupt(procs, stopping)
         finally:
             _stop(procs, signal.SIGTERM, timeout=5.0)
             if shown is not None:
@@ -174,11 +178,11 @@ def _poll(p: subprocess.Popen) -> int | None:
     return p.returncode
 
 
-def _interrupt(procs: list[subprocess.Popen]) -> tuple[int, int]:
+def _interrupt(procs: list[subprocess.Popen], stopping: str = NPROC_STOP) -> tuple[int, int]:
     """The first Ctrl-C: one SIGINT to each worker (they stop at the next log step with a
     checkpoint), then wait for all; a second Ctrl-C kills them. Returns (code, rank) as
     :func:`_watch` does: 130, or the first other failure while stopping; (130, -1) when aborted."""
-    sys.stderr.write("\nstopping at the next log step to write a checkpoint; Ctrl-C again to abort without one\n")
+    sys.stderr.write(f"\n{stopping}\n")
     sys.stderr.flush()
     for p in procs:
         if p.poll() is None:
