@@ -99,8 +99,8 @@ def cmd_run(args, out: Output) -> int:
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {args.threads}")
     args.logger = _loggers(args.logger)
-    if getattr(args, "pipeline", False) and ((args.nproc or 1) > 1 or args.resume):
-        raise UsageError("--pipeline runs one process per stage: it takes neither --nproc nor --resume")
+    if getattr(args, "pipeline", False) and (args.nproc or 1) > 1:
+        raise UsageError("--pipeline runs one process per stage: it does not take --nproc")
     from mloc.runtime import runfolder
     if args.resume and not (Path(args.resume) / "checkpoint.pt").is_file():
         raise _no_checkpoint(Path(args.resume), runfolder.holds_run(Path(args.resume)))
@@ -241,7 +241,7 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice, record: dict |
         options = replace(options, out=folder.dir, resume=folder.dir if options.resume else None)
         if getattr(args, "pipeline", False):
             from mloc.runtime import pipeline
-            return pipeline.run(train, ns, config, folder.dir, args.pipeline_delay, args.quiet)
+            return pipeline.run(train, ns, config, folder.dir, args.pipeline_delay, args.quiet, options.resume)
         if args.nproc > 1:
             _warn_per_replica(compiled, args.nproc, out)
             return _launch(train, args.nproc, options, out, args.quiet)      # rank 0 shows its progress

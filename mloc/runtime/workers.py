@@ -1,5 +1,9 @@
 """`--nproc N`: start N worker processes of a compiled `train.py`, watch them, report once.
 
+:func:`supervise` is the supervision itself, for any list of worker commands: `--nproc`
+(:func:`launch`) and `mloc run --pipeline` (:mod:`mloc.runtime.pipeline`, one worker per
+stage) both run under it, so everything below holds for both.
+
 mloc launches the workers itself rather than through ``torchrun``: each worker gets the
 environment torchrun would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and the launcher's pid
@@ -9,7 +13,10 @@ environment torchrun would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
   exec); a worker whose launcher is already gone when it starts exits at once, and a
   worker checks before every checkpoint that the run folder's lock still names its
   launcher (:func:`mloc.runtime.runfolder.check_owner`);
-- writes its stderr to a file of its own; rank 0's is also shown as it comes (its banner,
+- writes its stderr to a file of its own (in ``TMPDIR/mloc-workers-PID-START-*``, named by
+  the launcher, removed when it ends, and by the next start when it was killed:
+  :mod:`mloc.runtime.scratch`), never to a pipe nobody reads, so a worker that writes a lot
+  never blocks; rank 0's is also shown as it comes (its banner,
   progress and closing summary, live). When one fails the launcher stops the others and
   shows the diagnostic of the rank that failed first, which names its rank, and nothing
   else: no launcher traceback, no second report from the ranks whose collectives broke
@@ -34,16 +41,18 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from mloc.runtime import scratch
+
 EXIT_PEER = 3           # a worker whose collective failed because another rank died first
 GRACE_S = 3.0           # how long the first failure waits for a rank that failed first-hand
 POLL_S = 0.02
+LOG_PREFIX = "mloc-workers"  # the workers' stderr files: TMPDIR/mloc-workers-PID-START-RANDOM (mloc.runtime.scratch)
 
 
 @dataclass(frozen=True)
@@ -89,22 +98,38 @@ def launch(train_py: Path, nproc: int, argv: list[str]) -> Outcome:
     """Run ``python train_py *argv --launched-by PID`` in ``nproc`` processes (see the
     module docstring); returns when all have exited."""
     port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="mloc-workers-") as logs, _sigterm_as_interrupt():
+    command = [sys.executable, str(train_py), *argv, "--launched-by", str(os.getpid())]
+    return supervise([command] * nproc, [_env(rank, nproc, port) for rank in range(nproc)],
+                     [f"rank {rank} of {nproc}" for rank in range(nproc)])
+
+
+NPROC_STOP = "stopping at the next log step to write a checkpoint; Ctrl-C again to abort without one"
+
+
+def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
+              timeout: float | None = None, stopping: str = NPROC_STOP) -> Outcome:
+    """Start one worker per command (``commands[r]`` with ``envs[r]``; ``names[r]`` says
+    which worker in a report: ``rank 1 of 2``) as the module docstring says, watch them
+    and return the run's outcome when all have exited: the ``--nproc`` launcher's, and
+    ``mloc run --pipeline``'s (:mod:`mloc.runtime.pipeline`). ``timeout`` (seconds, None:
+    none) stops every worker and fails the run: a guard for tests, not a run option.
+    ``stopping``: what the first Ctrl-C says (where the workers will stop)."""
+    nproc = len(commands)
+    with scratch.folder(LOG_PREFIX) as logs, _sigterm_as_interrupt():
         paths = [Path(logs) / f"rank{r}.err" for r in range(nproc)]
         procs, shown = [], None
         try:
             for rank in range(nproc):
                 with open(paths[rank], "wb") as err:
                     procs.append(subprocess.Popen(
-                        [sys.executable, str(train_py), *argv, "--launched-by", str(os.getpid())],
-                        env=_env(rank, nproc, port), stderr=subprocess.PIPE if rank == 0 else err,
+                        commands[rank], env=envs[rank], stderr=subprocess.PIPE if rank == 0 else err,
                         preexec_fn=_preexec, start_new_session=True))
                 if rank == 0:
                     shown = threading.Thread(target=_tee, args=(procs[0].stderr, paths[0]), daemon=True)
                     shown.start()
-            code, rank = _watch(procs)
+            code, rank = _watch(procs, timeout)
         except KeyboardInterrupt:
-            code, rank = _interrupt(procs)
+            code, rank = _interrupt(procs, stopping)
         finally:
             _stop(procs, signal.SIGTERM, timeout=5.0)
             if shown is not None:
@@ -115,10 +140,12 @@ def launch(train_py: Path, nproc: int, argv: list[str]) -> Outcome:
         if code == 130:         # rank 0 said where it stopped, shown live
             told = procs[0].returncode == 130 and paths[0].read_bytes().strip()
             return Outcome(130, "" if told else "interrupted")
+        if rank == -2:
+            return Outcome(1, f"error: the workers did not finish within {timeout:g} s; they were stopped")
         own = procs[0].returncode
         if code > 0 and code != 130 and own not in (None, 0, EXIT_PEER) and own > 0:
             code, rank = own, 0     # rank 0 failed first-hand too: its diagnostic, shown already, is the one
-        return Outcome(code, _report(code, rank, nproc, paths))
+        return Outcome(code, _report(code, rank, names, paths))
 
 
 @contextmanager
@@ -151,11 +178,11 @@ def _poll(p: subprocess.Popen) -> int | None:
     return p.returncode
 
 
-def _interrupt(procs: list[subprocess.Popen]) -> tuple[int, int]:
+def _interrupt(procs: list[subprocess.Popen], stopping: str = NPROC_STOP) -> tuple[int, int]:
     """The first Ctrl-C: one SIGINT to each worker (they stop at the next log step with a
     checkpoint), then wait for all; a second Ctrl-C kills them. Returns (code, rank) as
     :func:`_watch` does: 130, or the first other failure while stopping; (130, -1) when aborted."""
-    sys.stderr.write("\nstopping at the next log step to write a checkpoint; Ctrl-C again to abort without one\n")
+    sys.stderr.write(f"\n{stopping}\n")
     sys.stderr.flush()
     for p in procs:
         if p.poll() is None:
@@ -184,15 +211,18 @@ def _tee(pipe, path: Path) -> None:
             sys.stderr.flush()
 
 
-def _watch(procs: list[subprocess.Popen]) -> tuple[int, int]:
-    """Wait until all exit 0, or one fails; then (its code, its rank), the others stopped.
+def _watch(procs: list[subprocess.Popen], timeout: float | None = None) -> tuple[int, int]:
+    """Wait until all exit 0, or one fails; then (its code, its rank), the others stopped;
+    (1, -2) after ``timeout`` seconds.
     A rank that failed first-hand wins over one whose collective broke (EXIT_PEER). A
     failure of another rank than 0 also waits up to ``GRACE_S`` for rank 0: a failure every
     rank sees at once (a NaN in all-reduced gradients) makes rank 0 print its own diagnostic,
     and stopping it mid-exit would show a second one (rank 0's, then the first rank's)."""
     first: tuple[int, int] | None = None
-    deadline = None
+    deadline, late = None, None if timeout is None else time.monotonic() + timeout
     while True:
+        if late is not None and time.monotonic() > late and first is None:
+            return 1, -2
         codes = [p.poll() for p in procs]
         for rank, code in enumerate(codes):
             if code not in (None, 0) and (first is None or (first[0] == EXIT_PEER and code != EXIT_PEER)):
@@ -219,7 +249,7 @@ def _stop(procs: list[subprocess.Popen], sig: int, timeout: float) -> None:
             p.wait()
 
 
-def _report(code: int, rank: int, world: int, paths: list[Path]) -> str:
+def _report(code: int, rank: int, names: list[str], paths: list[Path]) -> str:
     """What the launcher adds after the run: nothing on success (rank 0's output was shown
     live), else the failing rank's diagnostic (rank 0's was shown already)."""
     text = paths[rank].read_text(encoding="utf-8", errors="replace").rstrip("\n")
@@ -229,11 +259,11 @@ def _report(code: int, rank: int, world: int, paths: list[Path]) -> str:
         return "interrupted"
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
-        return (f"error: rank {rank} of {world} was killed by {name}"
+        return (f"error: {names[rank]} was killed by {name}"
                 + ("\n  = help: the system may have run out of memory" if -code == signal.SIGKILL else ""))
     if rank == 0 and text:
         return ""
-    return text or f"error: rank {rank} of {world} exited with code {code}"
+    return text or f"error: {names[rank]} exited with code {code}"
 
 
 def exit_code(code: int) -> int:

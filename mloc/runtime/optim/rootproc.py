@@ -11,7 +11,9 @@ for bit.
 Data: per staleness slot, two files mapped by both processes (``torch.from_file``,
 ``shared=True``, in ``/dev/shm`` where there is one; their blocks allocated when they are
 made), the statistics in and the roots and statuses out; the worker unlinks each file once
-it has mapped it, and the folder when training closes it or goes away. Messages on the
+it has mapped it, and the folder when training closes it or goes away. The folder names
+the training process (:mod:`mloc.runtime.scratch`): when a SIGKILL of the whole process
+group leaves it, the next start of a root worker on the machine removes it. Messages on the
 worker's stdin/stdout are small pickled tuples, so neither side ever blocks on a full pipe:
 a job says which slot, a result which slot is done. Results come in submission order
 (:meth:`RootProcess.wait` reads the earlier ones first). A worker that has not finished
@@ -30,7 +32,6 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import warnings
 from collections import deque
 from pathlib import Path
@@ -38,7 +39,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from mloc.runtime import scratch
+
 _LEN = struct.Struct("<Q")
+FOLDER_PREFIX = "mloc-roots"     # the shared folder: mloc-roots-PID-START-RANDOM (mloc.runtime.scratch)
 READY = "ready"
 
 
@@ -88,9 +92,8 @@ class RootProcess:
         """Start the worker; it loads torch meanwhile (:meth:`ready` says when it is done)."""
         if self._proc is not None:
             return
-        shm = Path("/dev/shm")
-        self._folder = Path(tempfile.mkdtemp(prefix="mloc-roots-",
-                                             dir=shm if shm.is_dir() and os.access(shm, os.W_OK) else None))
+        shm = Path("/dev/shm")          # named by this process: a later start removes it if we are killed
+        self._folder = scratch.make(FOLDER_PREFIX, shm if shm.is_dir() and os.access(shm, os.W_OK) else None)
         import mloc                     # the worker imports this mloc, wherever it was found
         home = str(Path(mloc.__file__).resolve().parents[1])
         path = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH", "")) if p)
