@@ -13,8 +13,9 @@ They read what a run folder holds (``metrics.jsonl``, whose schema is in
 
 **Best** is ``summary.json``'s ``best`` when the run has one (``checkpoint best on``);
 otherwise the best evaluation in ``metrics.jsonl``: the largest, or the smallest for a
-metric whose name holds ``loss`` or ``err``. **Status**: ``running`` while ``.lock``
-names a live process; else ``summary.json``'s status (``interrupted`` also for a run
+metric whose name holds ``loss`` or ``err``. **Status**: ``running`` while a process
+holds the folder's lock (:func:`mloc.runtime.runfolder.lock_owner`; a killed run's, a
+zombie's, is not held); else ``summary.json``'s status (``interrupted`` also for a run
 aborted by a second Ctrl-C, and ``interrupted (resumable)`` when a checkpoint is there); else ``finished`` when the last
 record is a ``summary`` at the configured last step, ``crashed`` otherwise.
 """
