@@ -212,3 +212,18 @@ def test_processes_racing_for_a_folder_have_one_owner(tmp_path, n):
 def test_many_processes_racing_for_a_folder_have_one_owner_every_round(tmp_path, n):
     wrong = race(tmp_path / "race", n, rounds=40)
     assert not wrong, f"{len(wrong)} of 40 rounds:\n" + "\n".join(wrong)
+
+
+def test_a_file_system_without_locks_is_an_io_error(tmp_path, monkeypatch, capsys):
+    """A file system that refuses `flock` (ENOLCK) is exit 2 naming the file, not a bug."""
+    import errno
+
+    import mloc.runtime.runfolder as runfolder
+
+    def refuse(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(runfolder.fcntl, "flock", refuse)
+    assert main(["run", str(SMALL), "--steps", "5", "--out", str(tmp_path / "run"), *RUN]) == 2
+    assert f"cannot lock {tmp_path / 'run' / '.lock'}: {os.strerror(errno.ENOLCK)}" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
