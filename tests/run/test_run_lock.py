@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,9 +30,9 @@ from pathlib import Path
 import pytest
 
 from mloc.cli import main
-from mloc.runtime.runfolder import lock_owner
+from mloc.runtime.runfolder import Choice, RunFolder, lock_owner
 from tests.conftest import ROOT
-from tests.run.helpers import ENV, SMALL, mloc, records, step_of
+from tests.run.helpers import ENV, SMALL, records, step_of
 
 RUN = ("--quiet", "--device", "cpu")
 
@@ -75,7 +76,7 @@ def resumes(folder: Path) -> list:
     return json.loads((folder / "config.json").read_text())["resumes"]
 
 
-def test_a_lock_just_created_and_still_empty_is_held(tmp_path):
+def test_a_lock_just_created_and_still_empty_is_held(tmp_path, capsys):
     """Issue point 1: the first start, stopped after taking the lock and before writing
     its pid, keeps the folder; a second start is refused and the first trains on."""
     out, gate = tmp_path / "run", tmp_path / "gate"
@@ -83,9 +84,9 @@ def test_a_lock_just_created_and_still_empty_is_held(tmp_path):
     try:
         reached(gate, first)
         assert (out / ".lock").read_text() == ""                 # the window of the issue
-        second = mloc("run", SMALL, "--steps", 10, "--out", out, *RUN)
-        assert second.returncode == 2, second.stderr
-        assert f"{out} is in use by another process" in second.stderr, second.stderr
+        capsys.readouterr()
+        assert main(["run", str(SMALL), "--steps", "10", "--out", str(out), *RUN]) == 2
+        assert f"{out} is in use by another process" in capsys.readouterr().err
         gate.touch()
         assert finish(first) == (0, "")
     finally:
@@ -146,7 +147,7 @@ def _state(pid: int) -> str:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc to see a zombie")
-def test_a_killed_run_not_yet_reaped_holds_nothing(tmp_path):
+def test_a_killed_run_not_yet_reaped_holds_nothing(tmp_path, capsys):
     """Issue point 4: a zombie is dead, for `--resume` and for `mloc runs`."""
     out, gate = tmp_path / "run", tmp_path / "held"
     assert main(["run", str(SMALL), "--steps", "5", "--out", str(out), *RUN]) == 0
@@ -159,11 +160,11 @@ def test_a_killed_run_not_yet_reaped_holds_nothing(tmp_path):
         while _state(killed.pid) != "Z":
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        listed = mloc("runs", out)
-        assert listed.returncode == 0, listed.stderr
-        assert not listed.stdout.splitlines()[1].endswith("running"), listed.stdout
-        resumed = mloc("run", SMALL, "--steps", 8, "--resume", out, *RUN)
-        assert resumed.returncode == 0, resumed.stderr
+        capsys.readouterr()
+        assert main(["runs", str(out)]) == 0
+        listed = capsys.readouterr().out
+        assert not listed.splitlines()[1].endswith("running"), listed
+        assert main(["run", str(SMALL), "--steps", "8", "--resume", str(out), *RUN]) == 0, capsys.readouterr().err
         assert _state(killed.pid) == "Z"                # it was a zombie all along
     finally:
         killed.kill()
@@ -227,3 +228,24 @@ def test_a_file_system_without_locks_is_an_io_error(tmp_path, monkeypatch, capsy
     assert main(["run", str(SMALL), "--steps", "5", "--out", str(tmp_path / "run"), *RUN]) == 2
     assert f"cannot lock {tmp_path / 'run' / '.lock'}: {os.strerror(errno.ENOLCK)}" in capsys.readouterr().err
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_a_forked_child_does_not_keep_a_dead_owners_lock(tmp_path):
+    """A DataLoader worker is a fork of the run: it must not hold the run's lock after the
+    run died (the lock code closes its descriptors in forked children)."""
+    script = ("import os, sys, time\nfrom pathlib import Path\nfrom mloc.runtime.runfolder import Choice, RunFolder\n"
+              "folder = RunFolder(Choice(Path(sys.argv[1])))\nchild = os.fork()\n"
+              "if child == 0:\n    os.close(1)\n    os.close(2)\n    time.sleep(120)\n    os._exit(0)\n"
+              "print(child, flush=True)\nos._exit(0)      # dies holding the lock; its child lives on\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=ENV,
+                          timeout=300)
+    child = int(proc.stdout)
+    try:
+        assert Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"   # the fork lives
+        assert (tmp_path / ".lock").read_text().split()[0] != str(child)
+        assert lock_owner(tmp_path) is None
+        with RunFolder(Choice(tmp_path)) as folder:     # and the folder can be taken
+            assert lock_owner(folder.dir) == os.getpid()
+    finally:
+        os.kill(child, signal.SIGKILL)
