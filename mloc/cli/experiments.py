@@ -22,8 +22,9 @@ The best value is ``summary.json``'s ``best`` for the metric it names (the value
 itself reported, kept in ``best.pt``); otherwise the highest (``max``) or lowest (``min``)
 evaluation in ``metrics.jsonl``, NaN never best, a tie kept at the earlier step. `mloc runs`
 shows the declared metric's best, else the first evaluation's that has a direction.
-**Status**: ``running`` while ``.lock``
-names a live process; else ``summary.json``'s status (``interrupted`` also for a run
+**Status**: ``running`` while a process
+holds the folder's lock (:func:`mloc.runtime.runfolder.lock_owner`; a killed run's, a
+zombie's, is not held); else ``summary.json``'s status (``interrupted`` also for a run
 aborted by a second Ctrl-C, and ``interrupted (resumable)`` when a checkpoint is there); else ``finished`` when the last
 record is a ``summary`` at the configured last step, ``crashed`` otherwise.
 """

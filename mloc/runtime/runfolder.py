@@ -13,19 +13,26 @@ it records, and mloc's own I/O errors. No torch here.
   must hold no run (or ``--overwrite`` is given), and receives a copy of ``DIR``'s
   checkpoint, metrics and config before training continues there; ``DIR`` is left alone.
 
-**The lock** (:class:`RunFolder`): ``DIR/.lock`` holds the owner's pid and start time.
-A live owner makes every other start in ``DIR`` a usage error; a dead owner's lock (a
-killed run) is taken over. ``--nproc`` workers write under their launcher's lock and
-check that it still names their launcher before every checkpoint
-(:func:`check_owner`).
+**The lock** (:class:`RunFolder`, docs/reliability.md): the owner of ``DIR`` is the one
+process holding an exclusive ``flock`` on ``DIR/.lock``, from before it looks at the
+folder's contents to its end. Taking it is one atomic step of the kernel, also when
+``.lock`` is a dead owner's (a killed run's file, taken over in place), and the kernel
+drops it when the owner exits, however it exits (a zombie holds nothing). The pid and
+start time written into it are for people and for ``mloc runs``. A held lock makes every
+other start in ``DIR`` a usage error naming the holder; the rule above is applied again
+once the lock is held, so a run that finished in ``DIR`` meanwhile is refused like any.
+``--nproc`` workers write under their launcher's lock and check that it still names
+their launcher before every checkpoint (:func:`check_owner`).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,12 +60,16 @@ class RunIOError(Exception):
 @dataclass(frozen=True)
 class Choice:
     """Where a run writes (``dir``), whether it deletes an earlier run there first
-    (``clear``), and the folder whose files it copies in first (``copy_from``)."""
+    (``clear``, as the folder was when chosen: :class:`RunFolder` decides again under the
+    lock), and the folder whose files it copies in first (``copy_from``). ``admit``: the
+    folder must hold no run, unless ``overwrite``."""
 
     dir: Path
     clear: bool = False
     copy_from: Path | None = None
     fresh_root: Path | None = None     # create dir as the next runs/NAME/N under this
+    admit: bool = False
+    overwrite: bool = False
 
 
 def holds_run(directory: Path) -> bool:
@@ -83,12 +94,22 @@ def _same(a: Path, b: Path) -> bool:
 
 def choose(out: Path | None, resume: Path | None, overwrite: bool, name: str,
            root: Path = Path("runs")) -> Choice:
-    """Apply the rule (module docstring); raises :class:`RunFolderError`."""
+    """Apply the rule (module docstring); raises :class:`RunFolderError`. The folder is
+    looked at unlocked, to refuse early; :class:`RunFolder` applies the rule again once
+    it holds the lock, and that is the check that counts."""
     if resume is not None and (out is None or _same(out, resume)):
         return Choice(Path(resume))
     if out is None:
         return Choice(root / name, fresh_root=root / name)
     out = Path(out)
+    copy_from = Path(resume) if resume else None
+    return Choice(out, clear=_admit(out, copy_from, overwrite), copy_from=copy_from, admit=True,
+                  overwrite=overwrite)
+
+
+def _admit(out: Path, resume: Path | None, overwrite: bool) -> bool:
+    """Whether ``out`` is to be cleared first (it holds a run, or a failed start's files);
+    :class:`RunFolderError` when it holds a run and ``overwrite`` is not given."""
     try:
         if out.exists() and not out.is_dir():
             raise RunIOError(out, os.strerror(errno.ENOTDIR), "use")
@@ -100,7 +121,7 @@ def choose(out: Path | None, resume: Path | None, overwrite: bool, name: str,
         raise RunFolderError(f"{out} {what}; it is left as it is",
                              f"continue it with `--resume {out}`, start over there with `--overwrite`, "
                              "or choose another --out")
-    return Choice(out, clear=held or left, copy_from=Path(resume) if resume else None)
+    return held or left
 
 
 def _next_folder(root: Path) -> Path:
@@ -125,41 +146,49 @@ def _next_folder(root: Path) -> Path:
 
 
 class RunFolder:
-    """An opened run folder: created, locked by ``owner`` (a pid), cleaned of temporary
-    files a killed run left, an earlier run deleted (``clear``) or a resumed one copied
-    in. A context manager; the lock goes when it closes."""
+    """An opened run folder: created, locked by ``owner`` (a pid), the rule applied again
+    under the lock, cleaned of temporary files a killed run left, an earlier run deleted
+    (``clear``) or a resumed one copied in. A context manager; the lock goes when it
+    closes (or when the process ends, however it ends)."""
 
     def __init__(self, choice: Choice, owner: int | None = None):
         self.owner = owner or os.getpid()
+        self._fd: int | None = None
         try:
             self.dir = _next_folder(choice.fresh_root) if choice.fresh_root else choice.dir
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunIOError(e.filename or choice.dir, e, "create") from None
-        _lock(self.dir, self.owner)
+        _test_pause("before")
+        self._fd = _take(self.dir, self.owner)
         try:
-            self._tidy(choice)
+            clear = _admit(self.dir, choice.copy_from, choice.overwrite) if choice.admit else choice.clear
+            self._tidy(clear, choice.copy_from)
         except OSError as e:
             self.close()
             raise RunIOError(e.filename or self.dir, e) from None
+        except BaseException:
+            self.close()
+            raise
 
-    def _tidy(self, choice: Choice) -> None:
+    def _tidy(self, clear: bool, copy_from: Path | None) -> None:
         for tmp in self.dir.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
         for tmp in self.dir.glob("*.tmp"):
             tmp.unlink(missing_ok=True)
-        if choice.clear:
+        if clear:
             for name in RUN_FILES:
                 (self.dir / name).unlink(missing_ok=True)
-        if choice.copy_from is not None:
+        if copy_from is not None:
             for name in RUN_FILES:
-                if (choice.copy_from / name).is_file():
-                    shutil.copyfile(choice.copy_from / name, self.dir / f".{name}.copy.tmp")
+                if (copy_from / name).is_file():
+                    shutil.copyfile(copy_from / name, self.dir / f".{name}.copy.tmp")
                     os.replace(self.dir / f".{name}.copy.tmp", self.dir / name)
 
     def close(self) -> None:
-        if lock_owner(self.dir) == self.owner:
-            (self.dir / LOCK).unlink(missing_ok=True)
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            _release(self.dir, fd)
 
     def __enter__(self) -> RunFolder:
         return self
@@ -169,6 +198,44 @@ class RunFolder:
 
 
 # --- the lock ------------------------------------------------------------------------------
+#
+# Ownership of DIR is an exclusive ``flock`` on the file at DIR/.lock, held by the owner for
+# the run's life. The kernel grants it to one open file at a time, so taking a free or a
+# dead owner's lock is one atomic step, and it drops the lock when the owner's last
+# descriptor closes: at exit, however the process ended, before it is a zombie. The pid and
+# start time in the file are for people (and `check_owner`); they decide nothing.
+
+_HELD: set[int] = set()             # the lock descriptors this process holds
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) closes its copies of the lock descriptors, so
+    the lock lives exactly as long as the process that took it."""
+    for fd in _HELD:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _test_pause(point: str) -> None:
+    """Test hook, no effect otherwise: ``MLOC_TEST_LOCK_WAIT=POINT:GATE[,POINT:GATE]`` makes
+    this process, on reaching POINT (``before``: chosen, lock not tried; ``open``: .lock
+    opened, not locked; ``locked``: locked, pid not written; ``held``: taken), create
+    ``GATE.reached`` and wait until GATE exists, so a test can widen a window of the
+    protocol deterministically (tests/run/test_run_lock.py)."""
+    for item in filter(None, os.environ.get("MLOC_TEST_LOCK_WAIT", "").split(",")):
+        name, _, gate = item.partition(":")
+        if name == point and gate:
+            Path(gate + ".reached").write_text(str(os.getpid()))
+            while not os.path.exists(gate):
+                time.sleep(0.01)
+
 
 def _start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (Linux), to tell a live owner
@@ -180,13 +247,19 @@ def _start_time(pid: int) -> str | None:
 
 
 def _alive(pid: int, started: str | None) -> bool:
+    """Whether ``pid`` runs (started at ``started``, when known): not gone, not a zombie (a
+    process that exited and waits for its parent to reap it is dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return started is None or _start_time(pid) in (None, started)
+        pass
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return True                     # no /proc: kill(0) is all there is
+    return fields[0] not in ("Z", "X") and (started is None or fields[19] == started)
 
 
 def _read_lock(directory: Path) -> tuple[int, str | None] | None:
@@ -197,35 +270,108 @@ def _read_lock(directory: Path) -> tuple[int, str | None] | None:
         return None
 
 
+def _is_held(fd: int) -> bool:
+    """Whether another open file holds the exclusive lock on ``fd``'s file. The probe is a
+    shared lock, dropped at once: it never blocks an owner, and a start that meets it
+    tries again (:func:`_take`)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
 def lock_owner(directory: Path) -> int | None:
-    """The pid in ``directory/.lock`` if that process is alive, else None."""
-    held = _read_lock(directory)
-    return held[0] if held is not None and _alive(*held) else None
+    """The pid of the process that holds ``directory``'s lock; None when none holds it
+    (no ``.lock``, or a dead owner's). A holder that has not written its pid yet (it took
+    the lock a moment ago) is waited for a second, then reported as 0."""
+    try:
+        fd = os.open(Path(directory) / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        for _ in range(100):
+            if not _is_held(fd):
+                return None
+            held = _read_lock(directory)
+            if held is not None and _alive(*held):
+                return held[0]
+            time.sleep(0.01)
+        return 0
+    except OSError:                     # a file system without locks: nobody can hold one
+        return None
+    finally:
+        os.close(fd)
 
 
-def _lock(directory: Path, owner: int) -> None:
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names ``fd``'s file (a closing owner unlinks .lock)."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _take(directory: Path, owner: int) -> int:
+    """Lock ``directory`` for ``owner``: returns the descriptor that holds the lock, or
+    raises :class:`RunFolderError` naming the live owner. A dead owner's ``.lock`` is taken
+    over in place; a file that a closing owner unlinked meanwhile is let go of and the
+    one now at the path is tried."""
     path = directory / LOCK
-    for _ in range(3):
+    for _ in range(100):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            held = lock_owner(directory)
-            if held is not None and held != owner:
-                raise RunFolderError(f"{directory} is in use by process {held} (see {path})",
-                                     "wait for that run to finish or stop it; choose another --out "
-                                     "to start a separate run") from None
-            path.unlink(missing_ok=True)       # a killed run's lock (or our own)
-            continue
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise RunIOError(path, e) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{owner} {_start_time(owner) or '-'}\n")
-        return
-    raise RunFolderError(f"{directory} is being locked by another process at the same time", None)
+        try:
+            _test_pause("open")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held = lock_owner(directory)
+                if held is not None:
+                    who = f"process {held}" if held else "another process (it is starting)"
+                    raise RunFolderError(f"{directory} is in use by {who} (see {path})",
+                                         "wait for that run to finish or stop it; choose another --out "
+                                         "to start a separate run") from None
+                time.sleep(0.01)        # released meanwhile, or another start's probe
+                os.close(fd)
+                continue
+            if not _same_file(fd, path):
+                os.close(fd)
+                continue
+            _test_pause("locked")
+            text = f"{owner} {_start_time(owner) or '-'}\n".encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, text, 0)
+        except OSError as e:
+            os.close(fd)
+            raise RunIOError(path, e, "lock") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        _HELD.add(fd)
+        _test_pause("held")
+        return fd
+    raise RunFolderError(f"{directory} is being locked by other processes at the same time", None)
+
+
+def _release(directory: Path, fd: int) -> None:
+    """Unlink ``.lock`` while still holding it, then let go: a start that opened the file
+    in between finds it unlinked (:func:`_same_file`) and tries the path again."""
+    try:
+        if _same_file(fd, directory / LOCK):
+            (directory / LOCK).unlink(missing_ok=True)
+    finally:
+        _HELD.discard(fd)
+        os.close(fd)
 
 
 def check_owner(directory: Path, owner: int) -> None:
-    """Raise :class:`RunFolderError` unless ``directory/.lock`` names ``owner``, alive."""
+    """Raise :class:`RunFolderError` unless ``directory/.lock`` names ``owner``, alive (the
+    ``--nproc`` workers' check that their launcher still owns the folder)."""
     held = _read_lock(directory)
     if held is None or held[0] != owner or not _alive(*held):
         raise RunFolderError(f"{directory} is no longer locked by this run's launcher (process {owner}); "

@@ -14,6 +14,7 @@ import pytest
 from mloc.cli import main
 from mloc.cli.experiments import load_run, mode_by_name
 from mloc.cli.sweep import grid, split_values
+from mloc.runtime.runfolder import Choice, RunFolder
 from tests.conftest import ROOT
 
 SMALL = Path(__file__).resolve().parents[1] / "run" / "small.mlo"
@@ -53,7 +54,10 @@ def test_best_and_status_from_the_folder(tmp_path):
     assert done.best() == {"metric": "acc", "mode": "max", "declared": False, "step": 20, "value": 0.9}
     assert done.final() == {"acc": 0.7} and done.status() == "finished" and done.steps_done == 30
     assert load_run(fake_run(tmp_path / "b", [0.5], steps=100, finished=False)).status() == "crashed"
-    assert load_run(fake_run(tmp_path / "c", [0.5], finished=False, lock=os.getpid())).status() == "running"
+    stale = fake_run(tmp_path / "c", [0.5], finished=False, lock=os.getpid())   # a killed run's .lock: not held
+    assert load_run(stale).status() == "crashed"
+    with RunFolder(Choice(stale)):
+        assert load_run(stale).status() == "running"
     assert mode_by_name("val_loss") == "min" and mode_by_name("acc") == "max" and mode_by_name("score") is None
     (tmp_path / "a" / "summary.json").write_text(json.dumps(
         {"status": "stopped_early", "steps_done": 30, "best": {"metric": "acc", "mode": "max", "step": 10, "value": 0.95},

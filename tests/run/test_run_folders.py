@@ -128,10 +128,11 @@ def test_nproc_below_one_is_a_usage_error(tmp_path, capsys, n):
 
 def test_a_folder_locked_by_a_live_process_is_refused_and_a_dead_ones_lock_is_taken(tmp_path, capsys):
     assert run("--steps", 5, "--out", tmp_path) == 0
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    hold = ("import sys, time; from pathlib import Path; from mloc.runtime.runfolder import Choice, RunFolder\n"
+            "with RunFolder(Choice(Path(sys.argv[1]))):\n    print('held', flush=True); time.sleep(60)")
+    other = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=ENV)
     try:
-        start = Path(f"/proc/{other.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-        (tmp_path / ".lock").write_text(f"{other.pid} {start}\n")
+        assert other.stdout.readline() == "held\n"
         before = snapshot(tmp_path)
         capsys.readouterr()
         assert run("--steps", 8, "--resume", tmp_path) == 2
@@ -140,6 +141,7 @@ def test_a_folder_locked_by_a_live_process_is_refused_and_a_dead_ones_lock_is_ta
     finally:
         other.kill()
         other.wait()
+    assert (tmp_path / ".lock").read_text().split()[0] == str(other.pid)    # what a killed run leaves
     assert run("--steps", 8, "--resume", tmp_path) == 0      # its owner is gone: a stale lock
     assert step_of(tmp_path) == 8 and not (tmp_path / ".lock").exists()
 
