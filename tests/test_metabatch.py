@@ -110,7 +110,7 @@ def test_plan_shows_one_vectorized_action():
 def test_tasks_whose_batches_differ_in_shape_are_the_programs_error(capsys):
     """Stacking the tasks needs equal shapes: a clear error (exit 1 through the launcher's
     rule for the program's errors), not an internal one."""
-    from mloc.runtime.launch import _user_error
+    from mloc.runtime.usercode import user_error
     from mloc.runtime.metabatch import MetaBatchError
     s = mloc.load(PROGRAMS / "imaml.mlo", set=[*SMALL, "meta.vmap=true", "meta->adapt.hypergrad=first_order"])
     stream, drawn = s.program.streams["adapt"], []
@@ -122,5 +122,5 @@ def test_tasks_whose_batches_differ_in_shape_are_the_programs_error(capsys):
     original, stream.next = stream.next, uneven
     with pytest.raises(MetaBatchError, match="the tasks' batches of `adapt` cannot be stacked") as e:
         s.step()
-    assert _user_error(e.value, "step 1") == 1
+    assert user_error(e.value, "step 1") == 1
     assert "every task's batches of `adapt` must have the same shapes" in capsys.readouterr().err

@@ -56,8 +56,9 @@ def cmd_hypergrad(args, out: Output) -> int:
     if compiled is None:
         return EXIT_ERRORS
     from mloc.runtime.engine import RunConfig
-    from mloc.runtime.launch import _user_error, build
-    from mloc.runtime.metrics import NonFiniteError
+    from mloc.runtime.launch import build
+    from mloc.runtime.usercode import user_error
+    from mloc.runtime.finite import NonFiniteError
     ns = load_generated(compiled.source, str(Path(args.file).resolve().with_suffix(".generated.py")))
     base: RunConfig = ns["DEFAULTS"]
     config = replace(base, seed=args.seed if args.seed is not None else base.seed, device="cpu", dtype=args.dtype)
@@ -65,7 +66,7 @@ def cmd_hypergrad(args, out: Output) -> int:
     try:
         program = build(ns, config)
     except Exception as err:  # noqa: BLE001 - user code raising while the program is built
-        return _user_error(err, "building the program", config.dtype, after=NOTHING_WRITTEN)
+        return user_error(err, "building the program", config.dtype, after=NOTHING_WRITTEN)
     where = Doing("the first step of --after" if args.after else "the hypergradients")
     try:
         trained(program, args.after, where)
@@ -82,7 +83,7 @@ def cmd_hypergrad(args, out: Output) -> int:
         out.err(f"error: {e}, within the {args.after} steps of --after{cause}\n  = help: {e.help}")
         return EXIT_ERRORS
     except Exception as err:  # noqa: BLE001 - re-raised (E900) unless the program's code raised it
-        return _user_error(err, where.text, config.dtype, program.device, after=NOTHING_WRITTEN)
+        return user_error(err, where.text, config.dtype, program.device, after=NOTHING_WRITTEN)
     finally:
         program.close()
     _print(out, args, grads, check)
@@ -218,16 +219,7 @@ def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict, state: 
             return e
         return Edge(e.upper, e.lower, cg(iters=min(2 * sizes[e.lower], 1000), tol=1e-14))
 
-    below = _below(ns["EDGES"])
-    unreferenced = {}
-    for up in grads:
-        cut = sorted((u, lo) for u, lo in starts if u == up or u in below.get(up, ()))
-        if cut:
-            unreferenced[up] = (
-                "; ".join(f"`{lo}` starts from `{u}`'s parameters (init), and its loss does not read them"
-                          for u, lo in cut)
-                + ": the lower solution depends on them only through its starting point, so no implicit "
-                  "(CG) hypergradient exists to compare with; itd is the exact derivative of the unrolled steps")
+    unreferenced = _unreferenced(grads, starts, _below(ns["EDGES"]))
     notes = [f"note: `{u} -> {lo}` unrolls (itd): its reference is the implicit hypergradient at the current "
              f"point (CG to convergence), which the unrolled derivative approaches only as `{lo}` converges; "
              "the error measures that distance" for u, lo in unrolled]
@@ -252,6 +244,21 @@ def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict, state: 
         den = math.sqrt(sum(float(ref[up][k].pow(2).sum()) for k in g)) or 1.0
         out[up] = num / den
     return Check(out, curvature, unreferenced, notes)
+
+
+def _unreferenced(grads: dict, starts: set, below: dict[str, set[str]]) -> dict[str, str]:
+    """For each upper above an edge into a lower problem that starts from its upper's
+    parameters (``starts``: ``init``, MAML), why no implicit reference applies to it."""
+    out = {}
+    for up in grads:
+        cut = sorted((u, lo) for u, lo in starts if u == up or u in below.get(up, ()))
+        if cut:
+            out[up] = (
+                "; ".join(f"`{lo}` starts from `{u}`'s parameters (init), and its loss does not read them"
+                          for u, lo in cut)
+                + ": the lower solution depends on them only through its starting point, so no implicit "
+                  "(CG) hypergradient exists to compare with; itd is the exact derivative of the unrolled steps")
+    return out
 
 
 def _below(edges) -> dict[str, set[str]]:

@@ -134,6 +134,7 @@ def _resumed(args) -> tuple[dict | None, list[str]]:
     options the command leaves open taken from it and its `--set`s merged with the command's
     (into `args`), and the lines saying what the merge changed. A `--seed` or `--dtype` other
     than the run's is refused here, before the compile."""
+    from mloc.codegen.overrides import merge_recorded, train_fields
     from mloc.runtime import resumption
     from mloc.runtime.runfolder import RunFolderError
     folder = Path(args.resume)
@@ -141,12 +142,13 @@ def _resumed(args) -> tuple[dict | None, list[str]]:
     given = {k: getattr(args, k) for k in (*resumption.INHERITED, *resumption.FIXED)}
     try:
         resumption.changes(record, {k: given[k] for k in resumption.FIXED if given[k] is not None}, folder)
-        for k, v in resumption.inherit(record, given, args.set or ()).items():
+        in_train = train_fields(args.set or ()) & set(resumption.TRAIN)
+        for k, v in resumption.inherit(record, given, in_train).items():
             setattr(args, k, v)
         sets = resumption.recorded_sets(record)
         if sets is None:
             return record, []
-        args.set, lines = resumption.merge_sets(sets, args.set or ())
+        args.set, lines = merge_recorded(sets, args.set or ())
     except RunFolderError as e:
         raise UsageError(str(e), help=e.help) from None
     except OverrideError as e:
@@ -211,7 +213,8 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice, record: dict |
                    set_changes: list[str] = ()) -> int:
     from mloc.runtime import resumption
     from mloc.runtime.launch import RunOptions, check_resume, program_record, run, run_record
-    from mloc.runtime.runfolder import RunFolder, RunIOError, write_config
+    from mloc.runtime.runfiles import write_config
+    from mloc.runtime.runfolder import RunFolder, RunIOError
     ns = load_generated(compiled.source, str((choice.dir / "train.py").resolve()))
     options = RunOptions(steps=args.steps, seed=args.seed, device=args.device, precision=args.precision,
                          dtype=args.dtype, resume=Path(args.resume) if args.resume else None, quiet=args.quiet,

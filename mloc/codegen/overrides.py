@@ -348,3 +348,28 @@ def _argument(call: ast.Call, name: str) -> ast.Arg | None:
         positional = [a for a in call.args if a.keyword is None]
         return positional[int(name)] if int(name) < len(positional) else None
     return next((a for a in call.args if a.keyword is not None and a.keyword.name == name), None)
+
+
+def merge_recorded(recorded: Sequence[str], given: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """The overrides a resume compiles with (:mod:`mloc.runtime.resumption`): the
+    ``recorded`` ones, each replaced by a ``given`` one that sets the same path or a whole
+    field above it, then the given ones (in the order given); and a line for each change."""
+    new = [Override.parse(t) for t in given]
+    kept, lines = [], []
+    for text in recorded:
+        old = Override.parse(text)
+        over = next((n for n in new if old.key == n.key or old.key.startswith(n.key + ".")), None)
+        if over is None:
+            kept.append(text)
+        elif old.key != over.key:
+            lines.append(f"{over.flag} replaces the run's whole `{over.key}`, and with it its {old.flag}")
+        elif str(old) != str(over):
+            lines.append(f"{over.flag} replaces the run's {old.flag}")
+    old_keys = {Override.parse(t).key for t in recorded}
+    lines += [f"{n.flag} is added to the run's overrides" for n in new if n.key not in old_keys]
+    return tuple(kept) + tuple(given), lines
+
+
+def train_fields(given: Sequence[str]) -> set[str]:
+    """The train block's fields F that a ``--set train.F=...`` of ``given`` sets."""
+    return {o.path[0] for o in map(Override.parse, given) if o.head == "train" and len(o.path) == 1}

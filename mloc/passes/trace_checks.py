@@ -49,8 +49,8 @@ def no_batch(span, text: str) -> Diagnostic:
 def user_frames(err: BaseException) -> list[str]:
     """`file:line in function: code` for the user's frames of `err`'s traceback (the rule
     `mloc run` applies: `mloc.runtime.launch`)."""
-    from mloc.runtime.launch import _user_frames   # deferred: only on an error
-    return _user_frames(err)
+    from mloc.runtime.usercode import user_frames   # deferred: only on an error
+    return user_frames(err)
 
 
 def _classes(value) -> set[str]:

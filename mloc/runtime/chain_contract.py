@@ -39,7 +39,7 @@ from typing import Sequence
 
 from torch import Tensor, nn
 
-from mloc.runtime.introspect import reached_leaves
+from mloc.runtime.introspect import reached_leaves, walk_graph
 
 
 class ChainContractError(Exception):
@@ -133,7 +133,7 @@ class Cut:
         if stack and not self.where:
             import traceback
 
-            from mloc.runtime.launch import user_lines   # deferred: only on a breach
+            from mloc.runtime.usercode import user_lines   # deferred: only on a breach
             stack = traceback.extract_stack()
             cut = [i for i, f in enumerate(stack) if f.name == "forward_stage"]   # where the loss was called
             self.where = user_lines(stack[cut[-1] + 1:] if cut else stack)[-3:]
@@ -165,23 +165,11 @@ class Cut:
 
 def _walk(x: Tensor) -> tuple[set[int], tuple[str, ...]]:
     """The leaves ``x`` is computed from (as :func:`_leaves`) and the differentiable
-    operations on the way, in a fixed order (autograd's node names, `MulBackward0` as
-    `Mul`): what a loss computes between two stages."""
+    operations on the way (:func:`~mloc.runtime.introspect.walk_graph`): what a loss
+    computes between two stages."""
     if x.grad_fn is None:
         return _leaves(x), ()
-    leaves, ops, seen, stack = set(), [], set(), [x.grad_fn]
-    while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        var = getattr(fn, "variable", None)
-        if var is not None:
-            leaves.add(id(var))
-        else:
-            ops.append(type(fn).__name__.removesuffix("0").removesuffix("Backward"))
-        stack.extend(nxt for nxt, _ in reversed(fn.next_functions))
-    return leaves, tuple(ops)
+    return walk_graph(x.grad_fn, ops=True)
 
 
 def differs(names: Sequence[str], j: int, here: tuple[str, ...], there: tuple[str, ...]) -> str:

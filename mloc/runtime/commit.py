@@ -17,7 +17,7 @@ unscale    ``GradScaler.unscale_``: divides by the loss scale the source        
 clip       ``clip_grad_norm_`` (the total 2-norm, foreach)                      clip_grad_norm
 finite     watches the loss (or, for a source without one, the gradients, as     always
            the problem's "hypergradient") for NaN/Inf on the device, without a
-           host sync (:class:`~mloc.runtime.metrics.FiniteGuard`); under loss
+           host sync (:class:`~mloc.runtime.finite.FiniteGuard`); under loss
            scaling only the loss: an overflow is the scaler's business; on a
            logged step, also queues the gradients' 2-norm for the metrics
 commit     the schedule (the rate, and what else a torch scheduler drives), then   always
@@ -69,7 +69,7 @@ import torch
 from torch import Tensor
 
 from mloc.runtime.distributed import DistContext
-from mloc.runtime.metrics import COMMITTED, FiniteGuard
+from mloc.runtime.finite import COMMITTED, FiniteGuard
 from mloc.runtime.optim.base import commit_present
 from mloc.runtime.precision import ScaledStep
 from mloc.runtime.tree import Params, absent, marked
@@ -161,7 +161,7 @@ def _projected(commit: Callable[[Params], None], project: Callable, module) -> C
 def committed_watcher(lv: Any, guard: FiniteGuard) -> Callable[[int], None]:
     """``keep(step)``: queue one fused NaN/Inf check of everything a step of ``lv``'s problem
     committed, its parameters and ``Optimizer.committed(state)`` (named
-    :data:`~mloc.runtime.metrics.COMMITTED`). For every writer of a problem's parameters and
+    :data:`~mloc.runtime.finite.COMMITTED`). For every writer of a problem's parameters and
     state: the pipeline's commit, a meta-batch's vectorized solve."""
     problem = lv.problem
     params, committed = problem.params, problem.optimizer.committed

@@ -40,7 +40,7 @@ from mloc.runtime.distributed import DistContext, launched_slot
 from mloc.runtime.evaluations import metrics
 from mloc.runtime.interlock import Interlock
 from mloc.runtime.metabatch import MetaBatch
-from mloc.runtime.metrics import FiniteGuard
+from mloc.runtime.finite import FiniteGuard, verify_state
 from mloc.runtime.sources import Source, hypergradient, plain_gradient
 
 __all__ = ["Program", "ProblemSpec", "RunConfig", "resolve_device"]
@@ -191,25 +191,7 @@ class Program:
 
     def hypergradients(self) -> dict[str, dict[str, torch.Tensor]]:
         """Each upper problem's hypergradient at the current state, without stepping."""
-        out = {}
-        for name, lv in self.live.items():
-            if not self.hierarchy.lowers.get(name):
-                continue
-            for below in self.hierarchy.lowers[name]:
-                if self.live[below].batch is None:
-                    self.draw(below)
-            if lv.batch is None:
-                self.draw(name)
-            saved = [p.grad for p in lv.problem.params]
-            for p in lv.problem.params:
-                p.grad = None
-            with frozen(buffers_of(self.modules.values())):
-                self.hierarchy.hypergrad(name)
-            out[name] = {s: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
-                         for s, p in zip(lv.slots, lv.problem.params)}
-            for p, g in zip(lv.problem.params, saved):
-                p.grad = g
-        return out
+        return {name: _hypergradient(self, name) for name in self.live if self.hierarchy.lowers.get(name)}
 
     def evaluate(self, labels: Sequence[str] | None = None) -> dict[str, float]:
         """The program's evaluations (all, or those named in ``labels``) as metrics: a
@@ -231,7 +213,7 @@ class Program:
     def state_dict(self) -> dict:
         """The training state (:func:`mloc.runtime.state.snapshot`), what every checkpoint
         holds (``checkpoint.pt``, ``best.pt``, ``Session.save``). Raises
-        :class:`~mloc.runtime.metrics.NonFiniteError` instead of returning a state with a
+        :class:`~mloc.runtime.finite.NonFiniteError` instead of returning a state with a
         NaN or Inf: first the steps' watches are read (a failed step is named, with its
         step), then the whole state is verified, parameters and every floating tensor of
         the optimizer states (Shampoo's pending roots included, after the drain), in one
@@ -241,8 +223,8 @@ class Program:
         for lv in self.live.values():        # background optimizer work lands in the state
             lv.problem.optimizer.drain()
         self.guard.check()
-        self.guard.verify(self.step_count, {n: lv.problem.params + tree.tensors(lv.problem.state)
-                                            for n, lv in self.live.items()})
+        verify_state(self.step_count, {n: lv.problem.params + tree.tensors(lv.problem.state)
+                                       for n, lv in self.live.items()})
         return _state.snapshot(self.name, self.step_count, self.live, self.streams)
 
     def load_state_dict(self, state: dict) -> None:
@@ -258,6 +240,29 @@ class Program:
                 lv.problem.optimizer.close()
         finally:
             self.dist.close()
+
+
+def _hypergradient(program: Program, name: str) -> dict[str, torch.Tensor]:
+    """Upper problem ``name``'s hypergradient by slot, at the program's current state (its
+    batches and those of the problems below drawn where none is), the buffers frozen and
+    the parameters' ``.grad`` as they were before."""
+    lv = program.live[name]
+    for below in program.hierarchy.lowers[name]:
+        if program.live[below].batch is None:
+            program.draw(below)
+    if lv.batch is None:
+        program.draw(name)
+    saved = [p.grad for p in lv.problem.params]
+    for p in lv.problem.params:
+        p.grad = None
+    with frozen(buffers_of(program.modules.values())):
+        program.hierarchy.hypergrad(name)
+    out = {s: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+           for s, p in zip(lv.slots, lv.problem.params)}
+    for p, g in zip(lv.problem.params, saved):
+        p.grad = g
+    return out
+
 
 
 def _as_batches(value, dtype: torch.dtype | None, device: torch.device):

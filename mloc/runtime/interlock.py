@@ -39,6 +39,7 @@ the sum is exact.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -67,6 +68,26 @@ class StageForward:
     z: Tensor | None
     loss: Tensor | None
     between: dict[int, tuple[str, ...]] = field(default_factory=dict)   # (`Cut.between`)
+
+
+@contextmanager
+def _installed(modules: Sequence[nn.Module], t: int, stand_in: Callable, pre_hook: Callable, hook: Callable):
+    """Stages 0..t-1 replaced by ``stand_in(j)`` and stage t's hooks registered, for the
+    block's length; the modules' own ``forward`` (an instance attribute or none) restored."""
+    own = [m.__dict__.get("forward") for m in modules[:t]]
+    for j, m in enumerate(modules[:t]):
+        m.forward = stand_in(j)
+    handles = (modules[t].register_forward_pre_hook(pre_hook), modules[t].register_forward_hook(hook))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for m, f in zip(modules[:t], own):
+            if f is None:
+                del m.forward
+            else:
+                m.forward = f
 
 
 def forward_stage(loss: Callable[[], Tensor], modules: Sequence[nn.Module], t: int,
@@ -102,28 +123,17 @@ def forward_stage(loss: Callable[[], Tensor], modules: Sequence[nn.Module], t: i
         kept["z"] = out.detach().requires_grad_()
         return kept["z"]
 
-    own = [m.__dict__.get("forward") for m in modules[:t]]
-    for j, m in enumerate(modules[:t]):
-        m.forward = stand_in(j)
-    handles = (modules[t].register_forward_pre_hook(pre_hook), modules[t].register_forward_hook(hook))
     value = None
-    try:
-        value = loss()
-    except _Stop:
-        pass
-    except Exception as err:
-        broken = cut.error(complete=False)
-        if broken is not None:
-            raise broken from err
-        raise
-    finally:
-        for h in handles:
-            h.remove()
-        for m, f in zip(modules[:t], own):
-            if f is None:
-                del m.forward
-            else:
-                m.forward = f
+    with _installed(modules, t, stand_in, pre_hook, hook):
+        try:
+            value = loss()
+        except _Stop:
+            pass
+        except Exception as err:
+            broken = cut.error(complete=False)
+            if broken is not None:
+                raise broken from err
+            raise
     if head:
         cut.scored(value)
     broken = cut.error(complete=True)

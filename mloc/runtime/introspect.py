@@ -74,7 +74,14 @@ def param_count(module: nn.Module) -> int:
 def reached_leaves(loss: torch.Tensor) -> set[int]:
     """The ids of the leaf tensors (parameters, inputs that require grad) that ``loss``'s
     autograd graph reaches."""
-    seen, stack, leaves = set(), [loss.grad_fn], set()
+    return walk_graph(loss.grad_fn)[0]
+
+
+def walk_graph(grad_fn, ops: bool = False) -> tuple[set[int], tuple[str, ...]]:
+    """The ids of the leaf tensors an autograd graph reaches from ``grad_fn`` and, with
+    ``ops``, its differentiable operations in a fixed order (depth first, each node's inputs
+    in order; autograd's node names, `MulBackward0` as `Mul`)."""
+    seen, stack, leaves, names = set(), [grad_fn], set(), []
     while stack:
         fn = stack.pop()
         if fn is None or fn in seen:
@@ -83,8 +90,10 @@ def reached_leaves(loss: torch.Tensor) -> set[int]:
         var = getattr(fn, "variable", None)
         if var is not None:
             leaves.add(id(var))
-        stack.extend(nxt for nxt, _ in fn.next_functions)
-    return leaves
+        elif ops:
+            names.append(type(fn).__name__.removesuffix("0").removesuffix("Backward"))
+        stack.extend(nxt for nxt, _ in reversed(fn.next_functions))
+    return leaves, tuple(names)
 
 
 def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequence[str] = ()) -> LossProbe:

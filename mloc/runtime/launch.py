@@ -31,17 +31,18 @@ from mloc.runtime.engine import Program, RunConfig
 from mloc.runtime.loggers import LoggerError
 from mloc.runtime.loggers import check_available as check_loggers
 from mloc.runtime.loggers import parse as parse_loggers
+from mloc.runtime.finite import NonFiniteError
 from mloc.runtime.loop import Intervals, Stop, Where, resume, train
-from mloc.runtime.metrics import NonFiniteError
 from mloc.runtime.precision import DeviceError
 from mloc.runtime.progress import Progress
 from mloc.runtime.selection import Selection, failed_summary
-from mloc.runtime.runfolder import (CHECKPOINT, RunFolder, RunFolderError, RunIOError, amend_config, check_owner,
-                                    choose, write_config)
+from mloc.runtime.runfiles import amend_config, write_config
+from mloc.runtime.runfolder import CHECKPOINT, RunFolder, RunFolderError, RunIOError, check_owner, choose
 from mloc.runtime.schedules import ScheduleError
 from mloc.runtime.threads import Threads
 from mloc.runtime.threads import decide as decide_threads
 from mloc.runtime.user_modules import put_first
+from mloc.runtime.usercode import user_error
 from mloc.runtime.workers import EXIT_PEER, die_with_parent
 
 _FOLDER_ERRORS = (CheckpointError, RunFolderError, RunIOError, DeviceError, LoggerError)
@@ -254,62 +255,6 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
             **({"changes": list(changes)} if resumed and changes is not None else {})}
 
 
-def _user_error(err: Exception, when: str, dtype: str | None = None, device=None,
-                after: str = "the checkpoint on disk (if any) is the last good state") -> int:
-    """Report an exception raised by the program's code (exit 1); re-raise mloc's own. In a
-    ``--dtype`` run a dtype mismatch gets a note, and on a device other than the CPU a device
-    mismatch: mloc casts and moves what it passes to the code (the modules, the batches, an
-    evaluation's data arguments), not what a function makes or loads in its own body."""
-    frames = getattr(err, "frames", None) or _user_frames(err)   # EvaluationError: located
-    if not frames:
-        raise err
-    print(f"error[E702]: the program's code raised {type(err).__name__} during {when}: {err}", file=sys.stderr)
-    for line in frames[-4:]:
-        print(f"  --> {line}", file=sys.stderr)
-    for note in _mismatch_notes(str(err), dtype, device):
-        print(f"  = note: {note}", file=sys.stderr)
-    print(f"  = help: fix the code at the last location above; {after}", file=sys.stderr)
-    return 1
-
-
-def _mismatch_notes(message: str, dtype: str | None, device) -> list[str]:
-    """What mloc casts and moves for the code, when ``message`` is a dtype mismatch in a
-    ``--dtype`` run or a device mismatch off the CPU: not what a function makes or loads in
-    its own body."""
-    notes = []
-    if dtype and any(s in message for s in ("same dtype", "scalar type", "Float and Double", "Double and Float")):
-        notes.append(f"`--dtype {dtype}` casts the modules, the batches and an evaluation's data arguments "
-                     "that mloc passes to the code; a tensor a function makes or loads in its own body keeps "
-                     "its dtype: cast it to the module's there, or run without `--dtype`")
-    if device is not None and str(device) != "cpu" and "same device" in message:
-        notes.append(f"mloc moves the modules, the batches and an evaluation's data arguments it passes to the "
-                     f"code to {device}; a tensor a function makes or loads in its own body stays where it was "
-                     "made: move it there (`x.to(next(model.parameters()).device)`), or run with `--device cpu`")
-    return notes
-
-
-def _user_frames(err: BaseException) -> list[str]:
-    """`file:line in function` for the frames of the traceback that are the user's code
-    (not mloc's runtime, not torch, not the standard library)."""
-    import traceback
-
-    return user_lines(traceback.extract_tb(err.__traceback__))
-
-
-def user_lines(summaries) -> list[str]:
-    """`file:line in function: code` for the user's frames among ``summaries`` (a
-    ``traceback.StackSummary``: an exception's traceback, or ``traceback.extract_stack()``
-    where mloc's code was called from the user's)."""
-    mloc_dir = str(Path(__file__).resolve().parents[1])
-    frames = []
-    for f in summaries:
-        path = str(Path(f.filename).resolve()) if f.filename and not f.filename.startswith("<") else ""
-        if not path or path.startswith(mloc_dir) or "site-packages" in path or "/lib/python3" in path:
-            continue
-        frames.append(f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}")
-    return frames
-
-
 def _rank(program: Program) -> str:
     d = program.dist
     return f" on rank {d.rank} of {d.world}" if d.world > 1 else ""
@@ -336,7 +281,7 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
         if launched_rank() is not None and is_peer_failure(err):
             return EXIT_PEER
         rank = launched_rank()
-        return _user_error(err, "building the program" + (f" on rank {rank}" if rank is not None else ""))
+        return user_error(err, "building the program" + (f" on rank {rank}" if rank is not None else ""))
     chosen = decide_threads(program.modules.values(), threads, program.dist.world)
     if threads is None and program.dist.is_main:
         amend_config(Path(out), threads=chosen.count, threads_reason=chosen.reason)
@@ -402,7 +347,7 @@ def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir:
     except Exception as err:  # noqa: BLE001 - the program's own code raising during training
         if program.dist.world > 1 and is_peer_failure(err):
             return EXIT_PEER
-        return _user_error(err, where.text + _rank(program), config.dtype, program.device)
+        return user_error(err, where.text + _rank(program), config.dtype, program.device)
     if stop is not None and stop.at is not None:
         if program.dist.is_main:
             more = f" --steps {config.steps}" if config.steps != ns["DEFAULTS"].steps else ""

@@ -40,7 +40,8 @@ from mloc.runtime.engine import Program
 from mloc.runtime.loggers import open_loggers
 from mloc.runtime.metrics import MetricsWriter
 from mloc.runtime.records import log_train
-from mloc.runtime.runfolder import RunIOError, check_owner, truncate_metrics
+from mloc.runtime.runfiles import truncate_metrics
+from mloc.runtime.runfolder import RunIOError, check_owner
 from mloc.runtime.selection import Selection, Watch, agree
 
 CHECKPOINT = "checkpoint.pt"

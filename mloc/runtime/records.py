@@ -2,7 +2,7 @@
 the schema in :mod:`mloc.runtime.metrics`), and reading the file back.
 
 :func:`log_train` takes each problem's mean loss over the interval and its sampled
-gradient norm from the :class:`~mloc.runtime.metrics.FiniteGuard` (which kept them on the
+gradient norm from the :class:`~mloc.runtime.finite.FiniteGuard` (which kept them on the
 device: no host sync per step) and its learning rate from the problem; :func:`read_metrics`
 is what `mloc plot`, `mloc runs` and `mloc sweep` read.
 """

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
 
 from mloc.runtime.runfolder import CONFIG, RunFolderError
 
@@ -70,39 +69,13 @@ def recorded_sets(record: dict | None) -> tuple[str, ...] | None:
     return tuple(program["set"]) if isinstance(program.get("set"), list) else None
 
 
-def merge_sets(recorded: Sequence[str], given: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
-    """The overrides a resume compiles with: the ``recorded`` ones, each replaced by a
-    ``given`` one that sets the same path or a whole field above it, then the given ones
-    (in the order given); and a line for each change."""
-    from mloc.codegen.overrides import Override     # the compiler's, only where it compiles
-    new = [Override.parse(t) for t in given]
-    kept, lines = [], []
-    for text in recorded:
-        old = Override.parse(text)
-        over = next((n for n in new if old.key == n.key or old.key.startswith(n.key + ".")), None)
-        if over is None:
-            kept.append(text)
-        elif old.key != over.key:
-            lines.append(f"{over.flag} replaces the run's whole `{over.key}`, and with it its {old.flag}")
-        elif str(old) != str(over):
-            lines.append(f"{over.flag} replaces the run's {old.flag}")
-    old_keys = {Override.parse(t).key for t in recorded}
-    lines += [f"{n.flag} is added to the run's overrides" for n in new if n.key not in old_keys]
-    return tuple(kept) + tuple(given), lines
-
-
-def set_in_train(given: Sequence[str]) -> set[str]:
-    """The run options among :data:`TRAIN` that a ``--set train.F`` of ``given`` sets."""
-    from mloc.codegen.overrides import Override
-    return {o.path[0] for o in map(Override.parse, given) if o.head == "train" and len(o.path) == 1} & set(TRAIN)
-
-
-def inherit(record: dict | None, given: dict, given_sets: Sequence[str] = ()) -> dict:
+def inherit(record: dict | None, given: dict, set_in_train: set[str] = frozenset()) -> dict:
     """``given`` (option -> value, None when not given) with each :data:`INHERITED` and
-    :data:`FIXED` option the command leaves open filled in from ``record``."""
+    :data:`FIXED` option the command leaves open filled in from ``record``; not those of
+    ``set_in_train``, the :data:`TRAIN` options the command's ``--set train.F`` sets."""
     if record is None:
         return dict(given)
-    open_ = {k for k, v in given.items() if v is None} - set_in_train(given_sets)
+    open_ = {k for k, v in given.items() if v is None} - set(set_in_train)
     return {**given, **{k: record[k] for k in open_ & {*INHERITED, *FIXED} if k in record}}
 
 

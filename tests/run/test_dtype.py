@@ -234,15 +234,15 @@ def test_a_device_mismatch_in_the_programs_code_gets_a_note_off_the_cpu(tmp_path
     tensor an evaluation loads in its own body) is the program's error (exit 1) with a note
     saying what mloc moves and how to move the rest; on the CPU, or for another error, no
     such note (and no --dtype note without --dtype)."""
-    from mloc.runtime.launch import _user_error
+    from mloc.runtime.usercode import user_error
     err = _raised_by_user_code(tmp_path, MISMATCH)
-    assert _user_error(err, "evaluation acc at step 500", None, torch.device("cuda", 0)) == 1
+    assert user_error(err, "evaluation acc at step 500", None, torch.device("cuda", 0)) == 1
     text = capsys.readouterr().err
     assert "error[E702]" in text and "userlib_device.py:2 in evaluate" in text
     assert "moves the modules, the batches and an evaluation's data arguments" in text and "to cuda:0" in text
     assert "--dtype" not in text
-    assert _user_error(err, "step 3", None, torch.device("cpu")) == 1
+    assert user_error(err, "step 3", None, torch.device("cpu")) == 1
     assert "= note" not in capsys.readouterr().err
     other = _raised_by_user_code(tmp_path, "mat1 and mat2 shapes cannot be multiplied (4x3 and 5x2)")
-    assert _user_error(other, "step 3", None, torch.device("cuda", 0)) == 1
+    assert user_error(other, "step 3", None, torch.device("cuda", 0)) == 1
     assert "= note" not in capsys.readouterr().err

@@ -263,31 +263,37 @@ class Shampoo(Optimizer):
         self.work.close()
 
     # --- SAMA -------------------------------------------------------------------------------
-    @torch.no_grad()
     def diag(self, grads, state, params):
-        """See the module docstring: ``η·c·σ·(diag Q₁ ⊗ …)`` with the roots the next update
-        would use (computed synchronously, no job started), or the graft's diagonal."""
-        self.drain()                    # the slots due at the next step are complete
-        t = state.count + 1
-        g = self._decayed(grads, params)
-        pending = state.pending
-        if not self.slots:              # staleness 0: the next step computes its own roots
-            lays = self.layouts(params)
-            stats = self._statistics(g, state.stats, lays)
-            pending = self.work.refresh(t, stats, _orders(lays), pending, background=False)
-        roots, _, _ = merge_due(t, state.roots, state.failures, pending)
-        c = (1 + self.mu if self.nesterov else 1.0) if not is_zero(self.mu) else 1.0
-        out = []
-        for gi, acc, rts, p in zip(g, state.graft, roots, params):
-            acc, d = grafting.direction(self.graft, self.graft_beta2, t, gi, acc)
-            if rts and t > self.start_step:
-                kd = blocks.from_blocks(blocks.kron_diagonal(list(rts)), self.layout(p))
-                if self.graft != "none":
-                    kd = kd * (_norm(d) / (_norm(self._precondition(gi, self.layout(p), rts)) + 1e-16))
-                out.append(self.lr * c * kd)
-            else:
-                out.append(self.lr * c * grafting.diagonal(self.graft, self.graft_beta2, t, acc))
-        return tuple(out)
+        """SAMA's diagonal of ∂update/∂grad (:func:`_sama_diagonal`)."""
+        return _sama_diagonal(self, grads, state, params)
+
+
+@torch.no_grad()
+def _sama_diagonal(opt: Shampoo, grads, state, params):
+    """SAMA's diagonal of ∂update/∂grad (see the module docstring): ``η·c·σ·(diag Q₁ ⊗ …)``
+    with the roots the next update would use (computed synchronously, no job started), or
+    the graft's diagonal."""
+    opt.drain()                     # the slots due at the next step are complete
+    t = state.count + 1
+    g = opt._decayed(grads, params)
+    pending = state.pending
+    if not opt.slots:               # staleness 0: the next step computes its own roots
+        lays = opt.layouts(params)
+        stats = opt._statistics(g, state.stats, lays)
+        pending = opt.work.refresh(t, stats, _orders(lays), pending, background=False)
+    roots, _, _ = merge_due(t, state.roots, state.failures, pending)
+    c = (1 + opt.mu if opt.nesterov else 1.0) if not is_zero(opt.mu) else 1.0
+    out = []
+    for gi, acc, rts, p in zip(g, state.graft, roots, params):
+        acc, d = grafting.direction(opt.graft, opt.graft_beta2, t, gi, acc)
+        if rts and t > opt.start_step:
+            kd = blocks.from_blocks(blocks.kron_diagonal(list(rts)), opt.layout(p))
+            if opt.graft != "none":
+                kd = kd * (_norm(d) / (_norm(opt._precondition(gi, opt.layout(p), rts)) + 1e-16))
+            out.append(opt.lr * c * kd)
+        else:
+            out.append(opt.lr * c * grafting.diagonal(opt.graft, opt.graft_beta2, t, acc))
+    return tuple(out)
 
 
 def _orders(lays) -> tuple:
