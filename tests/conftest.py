@@ -1,4 +1,10 @@
-"""Shared test helpers: golden files and paths."""
+"""Shared test helpers: golden files and paths; and the slow tier.
+
+The slow tier: tests marked ``slow`` (long fault injection, many processes, every
+registry entry where the default tier runs a few) run only when the marker is selected:
+``python -m pytest -m slow`` (those alone) or ``-m "slow or not slow"`` (everything). The
+default run skips them. Here, at the root, so that a slow test is skipped wherever it
+lives and however the suite is narrowed (``pytest tests/test_run.py``)."""
 
 from __future__ import annotations
 
@@ -27,3 +33,16 @@ def assert_golden(name: str, text: str) -> None:
 @pytest.fixture
 def golden():
     return assert_golden
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: long fault-injection and multi-process cases; select with -m slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if "slow" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="slow tier: select with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -90,7 +90,7 @@ def test_corrupt_or_truncated_checkpoint_is_a_clear_error(tmp_path):
         assert "checkpoint.pt" in proc.stderr and "help:" in proc.stderr and "Traceback" not in proc.stderr
         assert ckpt.read_bytes() == broken         # the user's file is left as it was
 
-
+@pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
     steps = ("--steps", "300")     # a wide window to kill in, however fast a step is
@@ -122,6 +122,7 @@ def test_bf16_run_completes_with_decreasing_loss(tmp_path):
     assert sum(net[-3:]) / 3 < sum(net[:3]) / 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["neumann(iters=3, alpha=0.1)", "finite_diff(eps=0.01)", "sama(eps=0.01)"])
 def test_two_gloo_processes_equal_one_process_with_the_combined_batch(tmp_path, method):
     def run(out, nproc, batch):

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mloc.cli import main
 from mloc.runtime.records import read_metrics
 from tests.conftest import ROOT
@@ -74,7 +76,7 @@ def test_sweep_ranks_each_metric_in_its_declared_or_named_direction(tmp_path):
         (run_dir / "summary.json").unlink(missing_ok=True)
     assert rows == ["acc=0.9@10 (max)", "acc=0.9@10 (max)"]
 
-
+@pytest.mark.slow
 def test_the_issues_hpo_sweep_reports_the_lowest_test_loss_as_best(tmp_path):
     """The issue's command (one seed): hpo.mlo declares no direction for test_loss; its best
     is the lowest value recorded (0.7275 at step 10, 0.6704 at step 20: the final one), where

@@ -57,7 +57,7 @@ def _resumes_bitwise(tmp_path, run_dir, *extra) -> None:
     assert len(keys) == len(set(keys)) and [k[0] for k in keys] == sorted(k[0] for k in keys)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_an_interrupted_run_checkpoints_and_resumes_bitwise(tmp_path, sig):
     run_dir = tmp_path / "run"
     code, err = _interrupt(run_dir, sig)

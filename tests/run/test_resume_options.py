@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.run.helpers import ENV, HERE, mloc, same_state, step_of
 
@@ -47,7 +49,7 @@ def test_a_resume_without_the_set_keeps_the_runs_override_bitwise(tmp_path):
     assert recorded["program"]["set"] == [UNROLL_3] and overrides_of(run) == [UNROLL_3]
     assert recorded["changes"] == [] and recorded["steps"] == 12     # more steps is no news
 
-
+@pytest.mark.slow
 def test_a_resume_without_steps_continues_to_the_runs_end(tmp_path):
     """A 12-step run (the file says 30) fails at step 8, its checkpoint at 5; `--resume DIR`
     alone trains to step 12 with the run's --set, as an uninterrupted 12-step run does."""
@@ -100,7 +102,7 @@ def test_a_resume_with_another_seed_or_dtype_is_refused_before_compiling(tmp_pat
             assert "nothing was written" in proc.stderr and f"resume without {flags[0]}" in proc.stderr
     assert (run / "config.json").read_text() == before and step_of(run) == 6
 
-
+@pytest.mark.slow
 def test_a_resume_with_a_seed_set_in_the_train_block_is_refused(tmp_path):
     run = tmp_path / "run"
     ok(mloc("run", PROGRAM, "--steps", 6, "--out", run, "--quiet"))
