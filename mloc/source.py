@@ -26,9 +26,14 @@ class SourceFile:
 
     @classmethod
     def read(cls, path: str | Path) -> "SourceFile":
-        """Read a file as UTF-8 (raises OSError/UnicodeDecodeError for the CLI to report)."""
+        """Read a file as UTF-8 (raises OSError/UnicodeDecodeError for the CLI to report).
+
+        A UTF-8 byte-order mark at the very start (editors on some systems write one) is not
+        part of the program and is dropped, as Python's own reader does; one anywhere else is
+        a character like any other (E002 outside strings and comments).
+        """
         p = Path(path)
-        return cls(str(path), p.read_text(encoding="utf-8"))
+        return cls(str(path), p.read_text(encoding="utf-8-sig"))
 
     @property
     def directory(self) -> Path:
