@@ -31,7 +31,6 @@ record is a ``summary`` at the configured last step, ``crashed`` otherwise.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -174,25 +173,37 @@ def mode_label(mode: str, declared: bool) -> str:
 
 
 def load_run(directory: Path) -> Run:
-    """Read a run folder; a :class:`UsageError` when it holds no metrics."""
+    """Read a run folder; a :class:`UsageError` when it holds no metrics or a file that is
+    not what mloc writes (:mod:`mloc.runtime.runread`: the message names the file)."""
+    from mloc.runtime import runread
     from mloc.runtime.records import read_metrics
+    from mloc.runtime.runfolder import RunIOError
     directory = Path(directory)
     path = directory / "metrics.jsonl"
     try:
         records = read_metrics(path)
+        config = runread.config(directory / "config.json") or {}
+        summary = runread.summary(directory / "summary.json")
     except FileNotFoundError:
         raise UsageError(f"{directory} holds no metrics.jsonl", help="pass a run folder (mloc runs lists them)") from None
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
-    return Run(directory, records, _json(directory / "config.json").get("run") or {}, _json(directory / "summary.json") or None)
+    except RunIOError as e:
+        raise UsageError(str(e), help="docs/reliability.md says what a run folder may hold; "
+                                      "move the file aside to read the rest") from None
+    return Run(directory, records, config.get("run") or {}, summary or None)
 
 
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def load_runs(dirs: list[Path], out: Output) -> list[Run]:
+    """The runs of ``dirs`` that can be read; each one that cannot is skipped with a note
+    on stderr (why, naming the file)."""
+    runs = []
+    for d in dirs:
+        try:
+            runs.append(load_run(d))
+        except UsageError as e:
+            out.err(f"note: skipped {d}: {e}")
+    return runs
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -245,7 +256,10 @@ def _panels(runs: list[Run], names: list[str], metrics: list[str] | None) -> lis
 
 
 def cmd_plot(args, out: Output) -> int:
-    runs = [load_run(Path(d)) for d in args.runs]
+    runs = [load_run(Path(d)) for d in args.runs] if len(args.runs) == 1 else \
+        load_runs([Path(d) for d in args.runs], out)
+    if not runs:
+        raise UsageError(f"none of {', '.join(args.runs)} can be read (the notes above say why)")
     names = labels([r.dir for r in runs])
     panels = _panels(runs, names, args.metric)
     if not panels:
@@ -309,8 +323,8 @@ def cmd_runs(args, out: Output) -> int:
     if not root.is_dir():
         raise UsageError(f"no such folder: {root}", help="runs are written under runs/ (mloc run --out DIR elsewhere)")
     rows, by_name = [("RUN", "PROGRAM", "SET", "STEPS", "BEST", "STATUS")], False
-    for d in find_runs(root):
-        run = load_run(d)
+    for run in load_runs(find_runs(root), out):
+        d = run.dir
         program = run.config.get("program") or {}
         best = run.best()
         by_name |= bool(best) and not best["declared"]

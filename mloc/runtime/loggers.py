@@ -99,6 +99,8 @@ class CsvLogger:
 
     def __init__(self, out: Path, start: int = 0):
         self.path = Path(out) / "metrics.csv"
+        from mloc.runtime.runfiles import own_file
+        own_file(self.path)                        # a symlink is replaced, its target untouched
         _truncate(self.path, start)
         fresh = not self.path.is_file() or self.path.stat().st_size == 0
         self._file = open(self.path, "a", encoding="utf-8", newline="")
@@ -122,8 +124,12 @@ def _truncate(path: Path, step: int) -> None:
     ``metrics.jsonl`` is kept one history; none at step 0."""
     if not path.is_file():
         return
-    with open(path, encoding="utf-8", newline="") as f:
-        rows = list(csv.reader(f))
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = list(csv.reader(f))
+    except UnicodeDecodeError as e:
+        from mloc.runtime.runfolder import RunIOError
+        raise RunIOError(path, f"it is not UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start})", "read") from None
     keep = rows[:1] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= step] if step else []
     if keep != rows:
         tmp = path.with_name(f".{path.name}.tmp")

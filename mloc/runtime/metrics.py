@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 
-KINDS = ("train", "speed", "eval", "summary")
+from mloc.runtime.runread import KINDS  # noqa: E402  (the kinds a reader accepts: one list)
 
 
 class MetricsWriter:
@@ -57,6 +57,8 @@ class MetricsWriter:
         self.loggers, self._clock = tuple(loggers) if enabled else (), clock
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            from mloc.runtime.runfiles import own_file
+            own_file(self.path)                    # a symlink is replaced, its target untouched
             self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, step: int, problem: str, kind: str = "train", **values: Any) -> dict | None:

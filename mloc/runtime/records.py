@@ -9,7 +9,6 @@ is what `mloc plot`, `mloc runs` and `mloc sweep` read.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -68,18 +67,12 @@ def learning_rate(lv: Any) -> float | None:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The records of a ``metrics.jsonl`` (a torn last line, from a killed run, skipped).
+    """The records of a ``metrics.jsonl`` (a torn last line, from a killed run, skipped;
+    one that is not what mloc writes an :class:`~mloc.runtime.runread.Unreadable`).
     Records from before the schema (no ``kind``) get one: ``eval`` when they hold ``eval``,
     ``speed`` for ``steps_per_s``, else ``train``."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and "step" in record:
-                record.setdefault("kind", "eval" if "eval" in record else
-                                  "speed" if "steps_per_s" in record else "train")
-                out.append(record)
+    from mloc.runtime import runread
+    out = runread.metrics(path)
+    for record in out:
+        record.setdefault("kind", "eval" if "eval" in record else "speed" if "steps_per_s" in record else "train")
     return out

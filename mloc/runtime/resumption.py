@@ -22,7 +22,6 @@ No torch here, and the compiler's `Override` only where `--set`s are read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mloc.runtime.runfolder import CONFIG, RunFolderError
@@ -52,12 +51,12 @@ def options_of(config) -> dict:
 
 def last_start(directory: Path) -> dict | None:
     """The record of the last start of the run in ``directory`` (its latest resume's, else
-    the first start's), or None when ``config.json`` is missing or unreadable."""
-    try:
-        data = json.loads((Path(directory) / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("run"), dict):
+    the first start's), or None when ``config.json`` is missing or records no start; one
+    that is not what mloc writes is an :class:`~mloc.runtime.runread.Unreadable` (exit 2,
+    naming the file)."""
+    from mloc.runtime import runread
+    data = runread.config(Path(directory) / CONFIG)
+    if data is None or data.get("run") is None:
         return None
     resumes = [r for r in data.get("resumes") or () if isinstance(r, dict)]
     return (resumes or [data["run"]])[-1]

@@ -21,8 +21,9 @@ def write_config(directory: Path, record: dict) -> None:
         old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
     except (OSError, ValueError):
         old = None
-    data = {"run": record, "resumes": []} if not isinstance(old, dict) or "run" not in old else \
-        {**old, "resumes": list(old.get("resumes", [])) + [record]}
+    resumes = old.get("resumes") if isinstance(old, dict) else None
+    data = {"run": record, "resumes": []} if not isinstance(old, dict) or not isinstance(old.get("run"), dict) else \
+        {**old, "resumes": (resumes if isinstance(resumes, list) else []) + [record]}
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -36,7 +37,8 @@ def amend_config(directory: Path, **fields) -> None:
         return
     if not isinstance(data, dict) or not isinstance(data.get("run"), dict):
         return
-    latest = data["resumes"][-1] if data.get("resumes") else data["run"]
+    resumes = data.get("resumes")
+    latest = resumes[-1] if isinstance(resumes, list) and resumes and isinstance(resumes[-1], dict) else data["run"]
     latest.update(fields)
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
@@ -62,6 +64,8 @@ def truncate_metrics(directory: Path, step: int) -> None:
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     except OSError as e:
         raise RunIOError(path, e, "read") from None
+    except UnicodeDecodeError as e:
+        raise RunIOError(path, f"it is not UTF-8 (byte {e.object[e.start]:#04x} at offset {e.start})", "read") from None
     keep = [line for line in lines if line.endswith("\n") and _step(line) is not None and _step(line) <= step]
     if step == 0:
         keep = []
@@ -74,3 +78,23 @@ def _step(line: str) -> int | None:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def own_file(path: Path) -> None:
+    """Make ``path`` the run folder's own file before appending to it: a symlink (to a file
+    outside the folder, say) is replaced by a regular copy of what it points to, which is
+    left untouched, as a symlinked ``checkpoint.pt`` is replaced by the rename that writes it."""
+    path = Path(path)
+    if not path.is_symlink():
+        return
+    try:
+        data = path.read_bytes() if path.exists() else b""
+    except OSError:
+        data = b""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RunIOError(path, e) from None
