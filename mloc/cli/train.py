@@ -136,9 +136,13 @@ def _resumed(args) -> tuple[dict | None, list[str]]:
     than the run's is refused here, before the compile."""
     from mloc.codegen.overrides import merge_recorded, train_fields
     from mloc.runtime import resumption
-    from mloc.runtime.runfolder import RunFolderError
+    from mloc.runtime.runfolder import RunFolderError, RunIOError
     folder = Path(args.resume)
-    record = resumption.last_start(folder)
+    try:
+        record = resumption.last_start(folder)
+    except RunIOError as e:                  # a config.json that is not what mloc writes
+        raise UsageError(str(e), help="docs/reliability.md says what a run folder may hold; "
+                                      "move the file aside to resume with this command's options") from None
     given = {k: getattr(args, k) for k in (*resumption.INHERITED, *resumption.FIXED)}
     try:
         resumption.changes(record, {k: given[k] for k in resumption.FIXED if given[k] is not None}, folder)
