@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.run.helpers import mloc
@@ -30,3 +32,22 @@ def test_resume_names_the_unreadable_file(run_dir, tmp_path, file, data):
     r = mloc("run", SMALL, "--resume", str(d), "--steps", "10", "--threads", "1")
     assert r.returncode == 2, r.stderr
     assert f"cannot read {d / file}" in r.stderr
+
+
+def test_a_symlinked_metrics_file_is_replaced_and_its_target_left_as_it_was(run_dir, tmp_path):
+    """A run appends to its own `metrics.jsonl`, never through a link to a file elsewhere
+    (as a symlinked checkpoint is replaced, not written through)."""
+    import shutil
+    d = tmp_path / "copy"
+    shutil.copytree(run_dir, d)
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_bytes((d / "metrics.jsonl").read_bytes())
+    before = outside.read_bytes()
+    (d / "metrics.jsonl").unlink()
+    (d / "metrics.jsonl").symlink_to(outside)
+    r = mloc("run", SMALL, "--resume", str(d), "--steps", "10", "--threads", "1", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert outside.read_bytes() == before
+    assert not (d / "metrics.jsonl").is_symlink()
+    steps = [json.loads(line)["step"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 10 and min(steps) >= 1
