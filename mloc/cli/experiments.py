@@ -3,7 +3,7 @@
     mloc plot RUN... [-o out.png|out.svg] [--metric NAME...]
     mloc runs [DIR]
     mloc sweep FILE --set 'PATH=V1,V2,...' [--set ...] [--seeds 0,1,2] [--jobs 2] [--threads 1]
-               [--steps N] [--out DIR] [--logger NAME]          (mloc.cli.sweep)
+               [--steps N] [--out DIR] [--logger NAME] [--resume] (mloc.cli.sweep)
 
 They read what a run folder holds (``metrics.jsonl``, whose schema is in
 :mod:`mloc.runtime.metrics`; ``config.json``; ``summary.json`` when the run wrote one;

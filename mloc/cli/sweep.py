@@ -1,7 +1,7 @@
 """`mloc sweep`: a grid of `--set` values x seeds, run in parallel processes, tabulated.
 
     mloc sweep FILE --set 'PATH=V1,V2,...' [--set ...] [--seeds 0,1,2] [--jobs 2] [--threads 1]
-               [--steps N] [--out DIR] [--logger NAME]
+               [--steps N] [--out DIR] [--logger NAME] [--resume]
 
 Each point of the grid (every combination of the ``--set`` axes, each seed) is one
 ``mloc run`` in a process of its own, with ``--threads`` torch threads (default 1:
@@ -12,6 +12,10 @@ exit code is then 1.
 The table (and ``OUT/sweep.json``) gives, per point, each evaluation's final and best value
 (:class:`mloc.cli.experiments.Run`) as mean ± sample standard deviation (n - 1) over the
 seeds whose run finished.
+
+The runs die with the sweep and stop with a checkpoint on its Ctrl-C or SIGTERM
+(:func:`_run_jobs`); rerunning the sweep continues it (:mod:`mloc.cli.sweep_folder`).
+docs/reliability.md says what each signal does.
 """
 
 from __future__ import annotations
