@@ -3,7 +3,7 @@
     mloc plot RUN... [-o out.png|out.svg] [--metric NAME...]
     mloc runs [DIR]
     mloc sweep FILE --set 'PATH=V1,V2,...' [--set ...] [--seeds 0,1,2] [--jobs 2] [--threads 1]
-               [--steps N] [--out DIR] [--logger NAME]          (mloc.cli.sweep)
+               [--steps N] [--out DIR] [--logger NAME] [--resume] (mloc.cli.sweep)
 
 They read what a run folder holds (``metrics.jsonl``, whose schema is in
 :mod:`mloc.runtime.metrics`; ``config.json``; ``summary.json`` when the run wrote one;
@@ -373,3 +373,7 @@ def add_commands(command) -> None:
     p.add_argument("--steps", type=int, help="outer steps per run (default: the program's)")
     p.add_argument("--out", metavar="DIR", help="the sweep's folder (default: a fresh runs/PROGRAM/sweepN)")
     p.add_argument("--logger", action="append", metavar="NAME", help="passed to each run (csv, tensorboard, wandb)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep in --out (default: the program's latest runs/PROGRAM/sweepN): finished "
+                        "runs are skipped, stopped ones resume from their checkpoints; the --set, --seeds and "
+                        "--steps not given are the sweep's. Rerunning the same command continues it too")

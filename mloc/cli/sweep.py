@@ -1,7 +1,7 @@
 """`mloc sweep`: a grid of `--set` values x seeds, run in parallel processes, tabulated.
 
     mloc sweep FILE --set 'PATH=V1,V2,...' [--set ...] [--seeds 0,1,2] [--jobs 2] [--threads 1]
-               [--steps N] [--out DIR] [--logger NAME]
+               [--steps N] [--out DIR] [--logger NAME] [--resume]
 
 Each point of the grid (every combination of the ``--set`` axes, each seed) is one
 ``mloc run`` in a process of its own, with ``--threads`` torch threads (default 1:
@@ -12,6 +12,10 @@ exit code is then 1.
 The table (and ``OUT/sweep.json``) gives, per point, each evaluation's final and best value
 (:class:`mloc.cli.experiments.Run`) as mean ± sample standard deviation (n - 1) over the
 seeds whose run finished.
+
+The runs die with the sweep and stop with a checkpoint on its Ctrl-C or SIGTERM
+(:func:`_run_jobs`); rerunning the sweep continues it (:mod:`mloc.cli.sweep_folder`).
+docs/reliability.md says what each signal does.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mloc.cli.experiments import BY_NAME, load_run, mode_label, table
+from mloc.cli import sweep_folder
 from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError, io_error, make_dirs
+from mloc.runtime import runfolder, workers
 
 
 def split_values(text: str) -> list[str]:
@@ -89,6 +95,7 @@ class Job:
     proc: subprocess.Popen | None = None
     started: float = 0.0
     code: int | None = None
+    action: str = "start"       # sweep_folder.next_step: start, resume, overwrite or skip
 
 
 def cmd_sweep(args, out: Output) -> int:
@@ -100,40 +107,88 @@ def cmd_sweep(args, out: Output) -> int:
         raise UsageError("--steps must be at least 1")
     from mloc.cli.train import _loggers
     _loggers(args.logger)                  # an unknown or uninstalled logger: refused before any run
-    seeds = _int_list(args.seeds, "--seeds") if args.seeds else [None]
-    points = grid(args.set or [])
+    seeds = _int_list(args.seeds, "--seeds") if args.seeds else None
+    grid(args.set or [])                   # a malformed --set: refused before the folder is looked at
+    root = _root(args)
+    asked = {"file": str(Path(args.file).resolve()), "set": args.set if args.set or not args.resume else None,
+             "seeds": seeds or ([None] if not args.resume else None), "steps": args.steps}
+    definition = sweep_folder.admit(root, asked, args.resume)
+    points, seeds = grid(definition["set"]), definition["seeds"]
     check_points(args.file, points)        # a --set that names nothing: refused before any run
-    root = Path(args.out) if args.out else _next_sweep(Path("runs") / Path(args.file).stem)
-    if root.is_dir() and any(root.iterdir()):
-        raise UsageError(f"{root} is not empty; a sweep writes into a fresh folder", help="choose another --out")
     make_dirs(root)                        # a file there: `Not a directory`, naming --out
-    jobs = []
-    for i, point in enumerate(points):
-        for seed in seeds:
-            name = _point_name(i, point, seed) if seed is not None else _point_name(i, point, 0).rsplit(",seed=", 1)[0]
-            argv = [sys.executable, "-m", "mloc", "run", str(args.file), "--out", str(root / name), "--quiet",
-                    "--threads", str(args.threads), *[a for p in point for a in ("--set", p)]]
-            argv += ["--seed", str(seed)] if seed is not None else []
-            argv += ["--steps", str(args.steps)] if args.steps else []
-            argv += [a for lg in args.logger or () for a in ("--logger", lg)]
-            jobs.append(Job(name, point, seed, root / name, argv))
+    try:
+        with runfolder.held(root):
+            definition = sweep_folder.admit(root, asked, args.resume)   # again, holding the lock
+            return _sweep(args, out, root, definition, points, seeds)
+    except runfolder.RunFolderError as e:
+        raise UsageError(str(e).replace("by process", "by the sweep in process"),
+                         help="wait for that sweep to finish or stop it; choose another --out") from None
+    except runfolder.RunIOError as e:
+        raise UsageError(str(e)) from None
+
+
+def _root(args) -> Path:
+    """The sweep's folder: ``--out``; else, under ``--resume``, the latest sweep of the
+    program's; else a fresh ``runs/PROGRAM/sweepN``."""
+    if args.out:
+        return Path(args.out)
+    base = Path("runs") / Path(args.file).stem
+    if args.resume:
+        found = sweep_folder.latest(base)
+        if found is None:
+            raise UsageError(f"no sweep of {args.file} under {base} to resume", help="name it with --out")
+        return found
+    return _next_sweep(base)
+
+
+def _sweep(args, out: Output, root: Path, definition: dict, points, seeds) -> int:
+    """Run the sweep's points in ``root``, holding its lock: skip what finished, continue
+    what stopped (:func:`mloc.cli.sweep_folder.next_step`), tabulate; 130 after Ctrl-C."""
+    jobs = [_job(args, root, i, point, seed, definition["steps"]) for i, point in enumerate(points) for seed in seeds]
     make_dirs(root / "logs")
+    record = {**definition, "status": "running", "threads": args.threads, "jobs": args.jobs,
+              "runs": [j.name for j in jobs]}
+    sweep_folder.write_record(root, record)
+    counts = {a: sum(j.action == a for j in jobs) for a in ("skip", "resume", "overwrite")}
+    again = ", ".join(f"{n} {what}" for n, what in ((counts["skip"], "finished (skipped)"),
+                                                     (counts["resume"], "to resume from a checkpoint"),
+                                                     (counts["overwrite"], "to start again")) if n)
     out.err(f"sweep: {len(jobs)} runs ({len(points)} points x {len(seeds)} seeds) in {root}, "
-            f"{args.jobs} at a time, {args.threads} thread{'s' * (args.threads != 1)} each")
+            f"{args.jobs} at a time, {args.threads} thread{'s' * (args.threads != 1)} each"
+            + (f"; continuing it: {again}" if again else ""))
     t0 = time.perf_counter()
-    _run_jobs(jobs, args.jobs, root, out)
+    interrupted = _run_jobs(jobs, args.jobs, root, out, args.threads)
     failed = [j for j in jobs if j.code != 0]
     table, summary = sweep_table(jobs, seeds != [None])
-    record = {"file": str(Path(args.file).resolve()), "seeds": seeds, "threads": args.threads, "jobs": args.jobs,
-              "seconds": round(time.perf_counter() - t0, 1), "points": summary}
+    status = "interrupted" if interrupted else "failed" if failed else "finished"
+    sweep_folder.write_record(root, {**record, "status": status, "seconds": round(time.perf_counter() - t0, 1),
+                                     "points": summary})
+    if interrupted:
+        stopped = [j.name for j in jobs if j.code == 130]
+        out.err(f"interrupted: {len(jobs) - len(failed)} of {len(jobs)} runs finished"
+                + (f"; stopped with a checkpoint: {', '.join(stopped)}" if stopped else "")
+                + f"; continue with the same command, or `mloc sweep {args.file} --resume --out {root}`")
+        return 130
     out.out(table)
-    try:
-        (root / "sweep.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    except OSError as e:
-        raise io_error(e, root / "sweep.json") from None
     out.err(f"wrote {root / 'sweep.json'}; {len(jobs) - len(failed)} of {len(jobs)} runs finished in "
             f"{time.perf_counter() - t0:.1f} s" + (f"; failed: {', '.join(j.name for j in failed)}" if failed else ""))
     return EXIT_ERRORS if failed else EXIT_OK
+
+
+def _job(args, root: Path, i: int, point: tuple[str, ...], seed: int | None, steps: int | None) -> Job:
+    """The point's run, as the next step its folder needs (:func:`sweep_folder.next_step`)."""
+    name = _point_name(i, point, seed) if seed is not None else _point_name(i, point, 0).rsplit(",seed=", 1)[0]
+    action = sweep_folder.next_step(root / name)
+    argv = [sys.executable, "-m", "mloc", "run", str(args.file), "--quiet", "--threads", str(args.threads)]
+    if action == "resume":      # its --set, seed and steps are the run's own (config.json)
+        argv += ["--resume", str(root / name)]
+    else:
+        argv += ["--out", str(root / name), *[a for p in point for a in ("--set", p)]]
+        argv += ["--seed", str(seed)] if seed is not None else []
+        argv += ["--overwrite"] if action == "overwrite" else []
+    argv += ["--steps", str(steps)] if steps else []
+    argv += [a for lg in args.logger or () for a in ("--logger", lg)]
+    return Job(name, point, seed, root / name, argv, action=action, code=0 if action == "skip" else None)
 
 
 def check_points(file: str, points: list[tuple[str, ...]]) -> None:
@@ -157,40 +212,72 @@ def _next_sweep(base: Path) -> Path:
     return base / f"sweep{n}"
 
 
-def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output) -> None:
-    """Run ``jobs`` ``parallel`` at a time (each one's output in ``root/logs/NAME.log``);
-    a failure is reported and the others go on; Ctrl-C (or a log that cannot be written)
-    stops them all."""
-    waiting, running, done = list(jobs), [], 0
-    env = {**os.environ, "OMP_NUM_THREADS": str(jobs[0].argv[jobs[0].argv.index("--threads") + 1])} if jobs else {}
+SWEEP_STOP = ("stopping the sweep: each running run stops after its step with a checkpoint; "
+              "Ctrl-C again to abort them without one")
+
+
+def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output, threads: int) -> bool:
+    """Run the ``jobs`` not skipped, ``parallel`` at a time (each one's output in
+    ``root/logs/NAME.log``); a failure is reported and the others go on. Returns whether
+    the sweep was interrupted.
+
+    The runs die with the sweep, whatever kills it (:func:`mloc.runtime.workers.child_of`:
+    the kernel's SIGKILL when it exits), and run in sessions of their own, so a terminal's
+    Ctrl-C reaches the sweep alone. Ctrl-C or SIGTERM to the sweep sends each running run
+    one SIGINT (:func:`mloc.runtime.workers.interrupt`): it stops after its step with a
+    checkpoint and status ``interrupted``, as an interrupted ``mloc run`` does; the sweep
+    waits for them and starts no other. A second Ctrl-C kills them at once. A log that
+    cannot be opened stops them all the same way."""
+    waiting, running = [j for j in jobs if j.action != "skip"], []
+    done = len(jobs) - len(waiting)
+    for j in (j for j in jobs if j.action == "skip"):
+        out.err(f"[-/{len(jobs)}] {j.name}: finished before; skipped")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    with workers.sigterm_as_interrupt():
+        try:
+            while waiting or running:
+                while waiting and len(running) < parallel:
+                    _start(waiting.pop(0), root, env, running)
+                time.sleep(0.1)
+                for job in [j for j in running if j.proc.poll() is not None]:
+                    running.remove(job)
+                    done += 1
+                    _report(job, done, len(jobs), root, out)
+        except KeyboardInterrupt:
+            workers.interrupt([j.proc for j in running], SWEEP_STOP)
+            for job in running:
+                job.code = job.proc.returncode
+            return True
+        except BaseException:              # a log that cannot be opened: stop them all
+            workers.interrupt([j.proc for j in running], SWEEP_STOP)
+            raise
+    return False
+
+
+def _start(job: Job, root: Path, env: dict, running: list[Job]) -> None:
+    """Start ``job``'s run (its output appended to its log when it resumes) and add it to
+    ``running`` at once, so that an interrupt a moment later stops it too."""
+    log = root / "logs" / f"{job.name}.log"
     try:
-        while waiting or running:
-            while waiting and len(running) < parallel:
-                job = waiting.pop(0)
-                try:
-                    with open(root / "logs" / f"{job.name}.log", "wb") as log:
-                        job.proc = subprocess.Popen(job.argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-                except OSError as e:
-                    raise io_error(e, root / "logs" / f"{job.name}.log") from None
-                job.started = time.perf_counter()
-                running.append(job)
-            time.sleep(0.1)
-            for job in [j for j in running if j.proc.poll() is not None]:
-                running.remove(job)
-                job.code, done = job.proc.returncode, done + 1
-                took = time.perf_counter() - job.started
-                if job.code == 0:
-                    out.err(f"[{done}/{len(jobs)}] {job.name}: done in {took:.1f} s")
-                else:
-                    error = failure(root / "logs" / f"{job.name}.log", job.dir, job.code)
-                    out.err(f"[{done}/{len(jobs)}] {job.name}: failed (exit {job.code}) after {took:.1f} s; see "
-                            f"{root / 'logs' / (job.name + '.log')}" + "".join(f"\n    {line}" for line in error))
-    except BaseException:                  # Ctrl-C, or a log that cannot be opened: stop them all
-        for job in running:
-            job.proc.terminate()
-        for job in running:
-            job.proc.wait()
-        raise
+        with open(log, "ab" if job.action == "resume" else "wb") as f:
+            job.proc = subprocess.Popen(job.argv, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                        preexec_fn=workers.child_of(os.getpid()), start_new_session=True)
+    except OSError as e:
+        raise io_error(e, log) from None
+    running.append(job)
+    job.started = time.perf_counter()
+
+
+def _report(job: Job, done: int, total: int, root: Path, out: Output) -> None:
+    job.code = job.proc.returncode
+    took = time.perf_counter() - job.started
+    how = " (resumed)" if job.action == "resume" else ""
+    if job.code == 0:
+        out.err(f"[{done}/{total}] {job.name}: done{how} in {took:.1f} s")
+    else:
+        error = failure(root / "logs" / f"{job.name}.log", job.dir, job.code)
+        out.err(f"[{done}/{total}] {job.name}: failed{how} (exit {job.code}) after {took:.1f} s; see "
+                f"{root / 'logs' / (job.name + '.log')}" + "".join(f"\n    {line}" for line in error))
 
 
 _HEADLINE = re.compile(r"^error(\[[A-Z]\d+\])?: ")

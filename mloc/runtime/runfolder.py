@@ -32,6 +32,7 @@ import fcntl
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -366,6 +367,19 @@ def _release(directory: Path, fd: int) -> None:
     finally:
         _HELD.discard(fd)
         os.close(fd)
+
+
+@contextmanager
+def held(directory: Path, owner: int | None = None):
+    """Hold ``directory``'s lock (the protocol above: one holder, dropped by the kernel
+    however the holder ends) for the ``with`` block, for a folder that is not a run's:
+    `mloc sweep`'s, so that two sweeps never run the same points. Raises
+    :class:`RunFolderError` naming the live holder."""
+    fd = _take(Path(directory), owner or os.getpid())
+    try:
+        yield
+    finally:
+        _release(Path(directory), fd)
 
 
 def check_owner(directory: Path, owner: int) -> None:

@@ -94,6 +94,18 @@ def _preexec() -> None:
     die_with_parent(signal.SIGKILL)
 
 
+def child_of(parent: int):
+    """A ``preexec_fn`` for a child that must not outlive ``parent`` (this process): it
+    asks for SIGKILL when its parent exits (:func:`die_with_parent`), then exits at once if
+    the parent is already gone (it died between the fork and the request; the kernel does
+    not send the signal for a death that came first). `mloc sweep`'s runs start so."""
+    def preexec() -> None:
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+    return preexec
+
+
 def launch(train_py: Path, nproc: int, argv: list[str]) -> Outcome:
     """Run ``python train_py *argv --launched-by PID`` in ``nproc`` processes (see the
     module docstring); returns when all have exited."""
@@ -115,7 +127,7 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
     none) stops every worker and fails the run: a guard for tests, not a run option.
     ``stopping``: what the first Ctrl-C says (where the workers will stop)."""
     nproc = len(commands)
-    with scratch.folder(LOG_PREFIX) as logs, _sigterm_as_interrupt():
+    with scratch.folder(LOG_PREFIX) as logs, sigterm_as_interrupt():
         paths = [Path(logs) / f"rank{r}.err" for r in range(nproc)]
         procs, shown = [], None
         try:
@@ -129,7 +141,7 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
                     shown.start()
             code, rank = _watch(procs, timeout)
         except KeyboardInterrupt:
-            code, rank = _interrupt(procs, stopping)
+            code, rank = interrupt(procs, stopping)
         finally:
             _stop(procs, signal.SIGTERM, timeout=5.0)
             if shown is not None:
@@ -149,7 +161,7 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
 
 
 @contextmanager
-def _sigterm_as_interrupt():
+def sigterm_as_interrupt():
     """SIGTERM to the launcher is a Ctrl-C (a graceful stop), in the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -178,7 +190,7 @@ def _poll(p: subprocess.Popen) -> int | None:
     return p.returncode
 
 
-def _interrupt(procs: list[subprocess.Popen], stopping: str = NPROC_STOP) -> tuple[int, int]:
+def interrupt(procs: list[subprocess.Popen], stopping: str = NPROC_STOP) -> tuple[int, int]:
     """The first Ctrl-C: one SIGINT to each worker (they stop at the next log step with a
     checkpoint), then wait for all; a second Ctrl-C kills them. Returns (code, rank) as
     :func:`_watch` does: 130, or the first other failure while stopping; (130, -1) when aborted."""
