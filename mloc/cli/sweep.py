@@ -110,7 +110,8 @@ def cmd_sweep(args, out: Output) -> int:
     seeds = _int_list(args.seeds, "--seeds") if args.seeds else None
     grid(args.set or [])                   # a malformed --set: refused before the folder is looked at
     root = _root(args)
-    asked = {"file": str(Path(args.file).resolve()), "set": args.set if args.set or not args.resume else None,
+    sets = (args.set or []) if args.set or not args.resume else None     # None: the recorded ones
+    asked = {"file": str(Path(args.file).resolve()), "set": sets,
              "seeds": seeds or ([None] if not args.resume else None), "steps": args.steps}
     definition = sweep_folder.admit(root, asked, args.resume)
     points, seeds = grid(definition["set"]), definition["seeds"]
