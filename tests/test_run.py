@@ -90,6 +90,7 @@ def test_corrupt_or_truncated_checkpoint_is_a_clear_error(tmp_path):
         assert "checkpoint.pt" in proc.stderr and "help:" in proc.stderr and "Traceback" not in proc.stderr
         assert ckpt.read_bytes() == broken         # the user's file is left as it was
 
+
 @pytest.mark.slow
 def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"

@@ -35,7 +35,6 @@ from pathlib import Path
 from mloc.cli.experiments import BY_NAME, load_run, mode_label, table
 from mloc.cli import sweep_folder
 from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError, io_error, make_dirs
-from mloc.runtime import runfolder, workers
 
 
 def split_values(text: str) -> list[str]:
@@ -99,6 +98,7 @@ class Job:
 
 
 def cmd_sweep(args, out: Output) -> int:
+    from mloc.runtime import runfolder     # not at the top: `mloc check` never imports torch
     if not Path(args.file).is_file():
         raise UsageError(f"no such file: {args.file}", help="check the path; programs end in .mlo")
     if args.jobs < 1 or args.threads < 1:
@@ -229,6 +229,7 @@ def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output, threads: 
     checkpoint and status ``interrupted``, as an interrupted ``mloc run`` does; the sweep
     waits for them and starts no other. A second Ctrl-C kills them at once. A log that
     cannot be opened stops them all the same way."""
+    from mloc.runtime import workers
     waiting, running = [j for j in jobs if j.action != "skip"], []
     done = len(jobs) - len(waiting)
     for j in (j for j in jobs if j.action == "skip"):
@@ -258,6 +259,7 @@ def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output, threads: 
 def _start(job: Job, root: Path, env: dict, running: list[Job]) -> None:
     """Start ``job``'s run (its output appended to its log when it resumes) and add it to
     ``running`` at once, so that an interrupt a moment later stops it too."""
+    from mloc.runtime import workers
     log = root / "logs" / f"{job.name}.log"
     try:
         with open(log, "ab" if job.action == "resume" else "wb") as f:

@@ -76,6 +76,7 @@ def test_sweep_ranks_each_metric_in_its_declared_or_named_direction(tmp_path):
         (run_dir / "summary.json").unlink(missing_ok=True)
     assert rows == ["acc=0.9@10 (max)", "acc=0.9@10 (max)"]
 
+
 @pytest.mark.slow
 def test_the_issues_hpo_sweep_reports_the_lowest_test_loss_as_best(tmp_path):
     """The issue's command (one seed): hpo.mlo declares no direction for test_loss; its best

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mloc.cli.sweep_folder import next_step
 from tests.run.helpers import SMALL, mloc
 
@@ -31,6 +33,7 @@ def test_each_point_is_skipped_resumed_or_started_again_by_what_its_folder_holds
     assert next_step(tmp_path / "never") == "start"
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_sweep_skips_every_point_and_another_sweep_is_refused(tmp_path):
     out = tmp_path / "sweep"
     argv = ["sweep", SMALL, "--set", "net.optimizer.lr=0.1,0.05", "--steps", 2, "--out", out]

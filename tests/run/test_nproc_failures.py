@@ -21,6 +21,7 @@ from tests.run.helpers import FAULTY, alive, descendants, mloc, popen, step_of
 
 SLOW_LOSS = ("--set", "weights.loss=lib.ce_slow(net, batch, seconds=0.02)")
 
+
 @pytest.mark.slow
 def test_a_user_error_on_one_rank_is_reported_once(tmp_path):
     proc = mloc("run", FAULTY, "--nproc", 2, "--out", tmp_path, "--quiet",

@@ -49,6 +49,7 @@ def test_a_resume_without_the_set_keeps_the_runs_override_bitwise(tmp_path):
     assert recorded["program"]["set"] == [UNROLL_3] and overrides_of(run) == [UNROLL_3]
     assert recorded["changes"] == [] and recorded["steps"] == 12     # more steps is no news
 
+
 @pytest.mark.slow
 def test_a_resume_without_steps_continues_to_the_runs_end(tmp_path):
     """A 12-step run (the file says 30) fails at step 8, its checkpoint at 5; `--resume DIR`
@@ -102,6 +103,7 @@ def test_a_resume_with_another_seed_or_dtype_is_refused_before_compiling(tmp_pat
             assert "nothing was written" in proc.stderr and f"resume without {flags[0]}" in proc.stderr
     assert (run / "config.json").read_text() == before and step_of(run) == 6
 
+
 @pytest.mark.slow
 def test_a_resume_with_a_seed_set_in_the_train_block_is_refused(tmp_path):
     run = tmp_path / "run"
@@ -116,6 +118,7 @@ def python(train, *argv) -> subprocess.CompletedProcess:
                           env=ENV, timeout=300)
 
 
+@pytest.mark.slow
 def test_train_py_resumes_with_the_runs_options_and_refuses_other_overrides(tmp_path):
     """The run's own train.py (compiled with its --set) continues it bitwise; a train.py
     compiled without the run's --set is refused with both lists, nothing written."""

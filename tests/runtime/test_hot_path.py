@@ -12,12 +12,12 @@ from mloc.runtime import Edge, Hierarchy, Problem, cg, finite_diff, itd, neumann
 RUNTIME = Path(__file__).resolve().parents[2] / "mloc" / "runtime"
 SYNCING = {"item", "tolist", "cpu", "numpy"}
 # Modules that run only at log, checkpoint or compile boundaries, where one read is the point.
-BOUNDARY = {"metrics.py", "checkpoint.py", "selection.py"}   # selection: after evaluations only
+BOUNDARY = {"metrics.py", "finite.py", "checkpoint.py", "selection.py"}   # selection: after evaluations
 # Reads allowed by name: a scheduled rate handed to a torch.optim optimizer, which takes host
 # floats (one read per step of such a problem, free on the CPU; the engine keeps the rate in
 # a device tensor).
 ALLOWED = {("torch_optim.py", "_host_lr"),
-           ("pipeline.py", "recv"),   # the shape header of a message between pipeline workers (CPU, gloo)
+           ("pipeline_stage.py", "recv"),   # the shape header of a message between pipeline workers (CPU, gloo)
            # Shampoo's rejected-root counts: read at log boundaries (Optimizer.report) and
            # when a refresh was rejected (the warning), never on a healthy step
            ("rootwork.py", "failure_counts")}
