@@ -90,11 +90,13 @@ _TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 def start(train_py: Path, world: int, steps: int, out: Path, *, seed: int | None = None,
           dtype: str | None = None, delay: float = 0.0, resume_dir: Path | None = None,
-          stages: tuple[str, ...] | None = None, timeout: float | None = None) -> Outcome:
+          stages: tuple[str, ...] | None = None, timeout: float | None = None, locked: bool = False) -> Outcome:
     """Run the pipeline of ``train_py`` (a program of one chain of ``world`` stages, named
     ``stages``) up to step ``steps`` in ``world`` workers supervised as ``--nproc``'s
     (:func:`mloc.runtime.workers.supervise`); on success their records are gathered into
-    ``out/pipeline.json``. The outcome: exit code and the one report to show."""
+    ``out/pipeline.json``. ``locked``: ``out`` is a run folder whose lock this process holds
+    (``mloc run --pipeline``), which the workers check before they write there. The
+    outcome: exit code and the one report to show."""
     out.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN}    # not a data-parallel rank
@@ -104,6 +106,7 @@ def start(train_py: Path, world: int, steps: int, out: Path, *, seed: int | None
             "--launched-by", str(os.getpid())]
     base += (["--seed", str(seed)] if seed is not None else []) + (["--dtype", dtype] if dtype else [])
     base += ["--resume", str(resume_dir)] if resume_dir is not None else []
+    base += ["--locked"] if locked else []      # `out` is a run folder this process holds the lock of
     names = [worker_name(r, world, stages[r] if stages else None) for r in range(world)]
     outcome = supervise([base + ["--rank", str(r)] for r in range(world)], [env] * world, names, timeout,
                         stopping="stopping after this step to write a checkpoint; Ctrl-C again to abort without one")
@@ -145,7 +148,7 @@ def run(train_py: Path, ns: dict, config, out: Path, delay: float = 0.0, quiet: 
     if not quiet:
         print(f"training {ns['NAME']} as a pipeline: {chain.k} processes, one per stage -> {out}", file=sys.stderr)
     outcome = start(Path(train_py), chain.k, config.steps, Path(out), seed=config.seed, dtype=config.dtype,
-                    delay=delay, resume_dir=resume_dir, stages=tuple(chain.stages))
+                    delay=delay, resume_dir=resume_dir, stages=tuple(chain.stages), locked=True)
     if outcome.report:
         print(outcome.report, file=sys.stderr)
     if outcome.code != 0:

@@ -276,6 +276,7 @@ def _main(argv: list[str] | None = None) -> int:
                        ("--delay", float), ("--out", Path), ("--dtype", str), ("--resume", Path),
                        ("--launched-by", int)):
         p.add_argument(flag, type=kind)
+    p.add_argument("--locked", action="store_true", help="the launcher holds the lock of --out (mloc run)")
     a = p.parse_args(argv)
     if a.launched_by is not None:
         die_with_parent()               # a worker never outlives its launcher
@@ -286,7 +287,7 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         with stop.handling((signal.SIGINT,)):
             return worker(a.train_py, a.rank, a.world, a.port, a.steps, a.seed, a.dtype, a.delay or 0.0, a.out,
-                          resume_dir=a.resume, owner=a.launched_by, stop=stop)
+                          resume_dir=a.resume, owner=a.launched_by if a.locked else None, stop=stop)
     except KeyboardInterrupt:           # a second SIGINT: the launcher kills us and says so
         return 130
     except (PipelineError, ChainContractError) as e:
