@@ -236,8 +236,7 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice, record: dict |
         if before.get("file") == program["file"] and before.get("sha256") not in (None, program["sha256"]):
             changed.append(f"{args.file} has changed since the run's last start (its sha256 differs)")
         if changed:
-            out.err(f"note: resuming {options.resume} with changes from its last start:\n"
-                    + "\n".join(f"  {line}" for line in changed))
+            out.err(resumption.changes_note(options.resume, changed))
     with RunFolder(choice) as folder:
         try:
             train = write_outputs(compiled, folder.dir)

@@ -193,12 +193,11 @@ def _main(ns: dict, options: RunOptions, config: RunConfig, record: dict | None 
         return run(ns, config, options.out or Path("."), options.resume, quiet=True, threads=options.threads)
     changed = None
     if options.resume is not None:
-        from mloc.runtime.resumption import changes, options_of
+        from mloc.runtime.resumption import changes, changes_note, options_of
         check_resume(options.resume, ns["NAME"], config.steps)
         changed = changes(record, options_of(config), options.resume)
         if changed:
-            print(f"note: resuming {options.resume} with changes from its last start:\n"
-                  + "\n".join(f"  {line}" for line in changed), file=sys.stderr)
+            print(changes_note(options.resume, changed), file=sys.stderr)
     from mloc.runtime.build import resolve_device
     resolve_device(config.device)       # before the folder: a device that is not there leaves nothing
     choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])

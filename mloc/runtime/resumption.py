@@ -103,3 +103,8 @@ def _flag(option: str) -> str:
 
 def _shown(value) -> str:
     return "none (as built)" if value is None else str(value)
+
+
+def changes_note(directory: Path, lines: list[str]) -> str:
+    """The note a resume prints about what it changed from the run's last start."""
+    return f"note: resuming {directory} with changes from its last start:\n" + "\n".join(f"  {x}" for x in lines)
