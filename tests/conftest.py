@@ -8,6 +8,7 @@ lives and however the suite is narrowed (``pytest tests/test_run.py``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,30 @@ def assert_golden(name: str, text: str) -> None:
 @pytest.fixture
 def golden():
     return assert_golden
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What `mloc ARGV` did: its exit status and what it printed (a CompletedProcess's fields)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def mloc_here(capsys):
+    """`mloc ARGV` in this process: `mloc.cli.main`, stdout and stderr captured. For tests
+    of what a command does, not of processes (signals, kills, locks, workers use a child
+    process): each child pays torch's import and first trace again, seconds each."""
+    from mloc.cli import main
+
+    def run(*argv) -> Ran:
+        capsys.readouterr()
+        status = main([str(a) for a in argv])
+        out = capsys.readouterr()
+        return Ran(status, out.out, out.err)
+    return run
 
 
 def pytest_configure(config):

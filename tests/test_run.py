@@ -71,21 +71,21 @@ def test_nan_stops_with_the_problem_and_step_and_keeps_the_last_good_checkpoint(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("option", [("--precision", "fp16"), ("--device", "cuda"), ("--device", "cuda:3")])
-def test_a_device_or_precision_this_machine_lacks_is_a_usage_error(tmp_path, option):
+def test_a_device_or_precision_this_machine_lacks_is_a_usage_error(tmp_path, option, mloc_here):
     """Not a bug in mloc (exit 101): exit 2, one line naming what is missing, a help line."""
-    proc = mloc("run", str(SMALL), "--steps", "2", "--out", str(tmp_path), "--quiet", *option)
+    proc = mloc_here("run", str(SMALL), "--steps", "2", "--out", str(tmp_path), "--quiet", *option)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: ") and "= help: use " in proc.stderr
     assert "Traceback" not in proc.stderr and "E900" not in proc.stderr
 
 
-def test_corrupt_or_truncated_checkpoint_is_a_clear_error(tmp_path):
-    assert mloc("run", str(SMALL), "--steps", "5", "--out", str(tmp_path), "--quiet").returncode == 0
+def test_corrupt_or_truncated_checkpoint_is_a_clear_error(tmp_path, mloc_here):
+    assert mloc_here("run", str(SMALL), "--steps", "5", "--out", str(tmp_path), "--quiet").returncode == 0
     ckpt = tmp_path / "checkpoint.pt"
     data = ckpt.read_bytes()
     for broken in (data[: len(data) // 2], b"\x00garbage" * 10):
         ckpt.write_bytes(broken)
-        proc = mloc("run", str(SMALL), "--steps", "10", "--out", str(tmp_path), "--resume", str(tmp_path), "--quiet")
+        proc = mloc_here("run", str(SMALL), "--steps", "10", "--out", str(tmp_path), "--resume", str(tmp_path), "--quiet")
         assert proc.returncode == 2, proc.stderr
         assert "checkpoint.pt" in proc.stderr and "help:" in proc.stderr and "Traceback" not in proc.stderr
         assert ckpt.read_bytes() == broken         # the user's file is left as it was
@@ -114,8 +114,8 @@ def test_sigkill_then_resume_is_bitwise_identical(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_bf16_run_completes_with_decreasing_loss(tmp_path):
-    proc = mloc("run", str(SMALL), "--steps", "60", "--precision", "bf16", "--out", str(tmp_path), "--quiet")
+def test_bf16_run_completes_with_decreasing_loss(tmp_path, mloc_here):
+    proc = mloc_here("run", str(SMALL), "--steps", "60", "--precision", "bf16", "--out", str(tmp_path), "--quiet")
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     net = [r["loss"] for r in records if r.get("problem") == "net"]
@@ -151,20 +151,20 @@ def test_an_error_in_the_programs_code_during_training_points_at_it(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_a_new_run_never_overwrites_an_earlier_one_unasked(tmp_path):
-    assert mloc("run", str(SMALL), "--steps", "5", "--out", str(tmp_path), "--quiet").returncode == 0
+def test_a_new_run_never_overwrites_an_earlier_one_unasked(tmp_path, mloc_here):
+    assert mloc_here("run", str(SMALL), "--steps", "5", "--out", str(tmp_path), "--quiet").returncode == 0
     before = (tmp_path / "checkpoint.pt").read_bytes()
-    proc = mloc("run", str(SMALL), "--steps", "7", "--out", str(tmp_path), "--quiet")
+    proc = mloc_here("run", str(SMALL), "--steps", "7", "--out", str(tmp_path), "--quiet")
     assert proc.returncode == 2 and "already holds a run" in proc.stderr and "--resume" in proc.stderr
     assert (tmp_path / "checkpoint.pt").read_bytes() == before
-    assert mloc("run", str(SMALL), "--steps", "7", "--out", str(tmp_path), "--quiet", "--overwrite").returncode == 0
+    assert mloc_here("run", str(SMALL), "--steps", "7", "--out", str(tmp_path), "--quiet", "--overwrite").returncode == 0
     assert load_checkpoint(tmp_path / "checkpoint.pt", None)["step"] == 7
 
 
-def test_a_run_reports_its_evaluations_and_what_it_wrote(tmp_path):
+def test_a_run_reports_its_evaluations_and_what_it_wrote(tmp_path, mloc_here):
     """Without --quiet (and without a terminal: plain lines): progress at each log interval,
     each evaluation as it happens, and a closing line naming the files written."""
-    proc = mloc("run", str(SMALL), "--steps", "20", "--out", str(tmp_path))
+    proc = mloc_here("run", str(SMALL), "--steps", "20", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
     assert any(re.fullmatch(r"small_reweighting step 20/20  net [\d.]+  weights [\d.]+  [\d.]+ steps/s", x)
@@ -173,7 +173,7 @@ def test_a_run_reports_its_evaluations_and_what_it_wrote(tmp_path):
                for x in lines), lines
     assert lines[-1] == (f"done: 20 steps in {lines[-1].split(' in ')[1].split(' s;')[0]} s; wrote "
                          f"{tmp_path / 'checkpoint.pt'} and {tmp_path / 'metrics.jsonl'}")
-    quiet = mloc("run", str(SMALL), "--steps", "20", "--out", str(tmp_path / "q"), "--quiet")
+    quiet = mloc_here("run", str(SMALL), "--steps", "20", "--out", str(tmp_path / "q"), "--quiet")
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 
