@@ -37,6 +37,8 @@ _ALL = (
     Code("E003", "unterminated-string", "a string literal without its closing quote"),
     Code("E004", "unexpected-end", "the file ends in the middle of a construct"),
     Code("E005", "missing-program", "the file has no `program NAME` line, or more than one"),
+    Code("E006", "integer-too-large", "an integer literal that does not fit in 64 bits"),
+    Code("E007", "nested-too-deeply", "brackets nested more than 64 deep"),
     Code("E101", "undefined-name", "a name that is not a problem, an import alias or a built-in"),
     Code("E102", "duplicate-problem", "two problems with the same name"),
     Code("E103", "duplicate-field", "a field given twice in one block"),

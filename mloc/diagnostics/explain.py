@@ -44,6 +44,15 @@ EXPLANATIONS: dict[str, Explanation] = {
     "E005": E("Every program starts with exactly one `program NAME` line; it names the program in "
               "generated code, run folders and checkpoints.",
               "import lib            # first line", "program my_experiment\nimport lib"),
+    "E006": E("An integer literal larger than 2**64 - 1 = 18446744073709551615 in magnitude. "
+              "Integers in a program are 64-bit, as torch and NumPy hold them, and a count that "
+              "large would never finish (each field also has its own bound, E305). For a large "
+              "real number, write a float such as `1e30`.",
+              "steps = 100000000000000000000000", "steps = 100000"),
+    "E007": E("Brackets (`(`, `[`, `{`) nested more than 64 deep. No program needs that many (a block "
+              "holding a call of a list of tuples is 4 deep); the limit keeps the checker's passes "
+              "within Python's stack. Build a deeply nested value in the Python module and call it.",
+              "module = lib.Net(sizes=[[[[[[...]]]]]])", "module = lib.Net(sizes=lib.nested_sizes())"),
     "E101": E("A name that is neither a problem of this program, an import alias, nor a built-in "
               "(optimizer, method, schedule). Often a typo (a did-you-mean is offered), a problem "
               "that was renamed, or a module used without its `import` line. A dotted name such as "
