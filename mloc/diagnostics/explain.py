@@ -174,7 +174,12 @@ EXPLANATIONS: dict[str, Explanation] = {
               "a call where a literal goes); the message names the expected type.",
               'optimizer = sgd(lr="0.1")', "optimizer = sgd(lr=0.1)"),
     "E305": E("A value outside its allowed range (a negative learning rate, `unroll = 0`, a "
-              "momentum of 1 or more); the label gives the bound.",
+              "momentum of 1 or more); the label gives the bound. Counts also have mloc's bounds, "
+              "named in a note: at most 10**9 over the whole run (`steps`, `warmup`, an interval, a "
+              "schedule's length, any other integer a built-in takes) and at most 10**6 for a count "
+              "repeated in every outer step (`unroll`, `accumulate`, a method's `iters`, `itd`'s "
+              "`steps` and `truncate`): a run past them would not finish. A seed is at most 2**63 - 1 "
+              "(torch's generators overflow past 2**64 - 1), a `memory_budget` at most 2**64 bytes.",
               "high -> low { unroll = 0 }", "high -> low { unroll = 1 }"),
     "E306": E("A required argument is absent (a learning rate, a schedule's `total`); the help "
               "shows the call with it.",

@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from mloc.lang.limits import flag_error
 from mloc.runtime.checkpoint import CheckpointError, load_checkpoint
 from mloc.runtime.distributed import is_peer_failure, launched_rank
 from mloc.runtime.engine import Program, RunConfig
@@ -138,6 +139,10 @@ def main(ns: dict, argv: list[str] | None = None) -> int:
         return 2
     if options.threads is not None and options.threads < 1:
         print("error: --threads must be at least 1", file=sys.stderr)
+        return 2
+    bad = flag_error("--steps", options.steps) or flag_error("--seed", options.seed)
+    if bad:                             # mloc.lang.limits: as `mloc run` refuses them
+        print(f"error: {bad}", file=sys.stderr)
         return 2
     try:
         options, record = resumed(ns, options)
