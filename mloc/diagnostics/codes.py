@@ -47,7 +47,7 @@ _ALL = (
     Code("E106", "missing-attribute", "a name that the imported module does not define"),
     Code("E107", "reserved-name", "`batch` used where no batch exists, or a reserved word used as a name"),
     Code("E108", "problem-not-allowed", "a problem named where only Python objects are allowed"),
-    Code("E109", "module-syntax-error", "an imported Python module that Python cannot parse (its import would raise SyntaxError)"),
+    Code("E109", "module-syntax-error", "an imported Python module that Python cannot parse (its import would raise SyntaxError, or exhaust the parser's stack)"),
     Code("E201", "missing-field", "a required field is absent"),
     Code("E202", "unknown-field", "a field that the block does not have"),
     Code("E203", "hierarchy-cycle", "problems that sit above each other in a cycle"),

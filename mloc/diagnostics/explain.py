@@ -85,7 +85,9 @@ EXPLANATIONS: dict[str, Explanation] = {
     "E109": E("An imported module is not valid Python: importing it would raise `SyntaxError`, so "
               "the program could not start. `mloc check` parses the module with Python's own parser "
               "(without running it) and reports the error at the module's file, line and column, with "
-              "Python's message. Until it parses, the module's names are unknown, so calls into it are "
+              "Python's message. A module Python's parser cannot hold (an expression nested or "
+              "chained so deeply that the parser runs out of stack, as `1+1+...` with 200 000 terms) "
+              "is reported the same way, at its first line: its import fails too. Until it parses, the module's names are unknown, so calls into it are "
               "not checked; fix it and check again. `python -m py_compile FILE` shows the same error.",
               "def loader(batch_size=8:", "def loader(batch_size=8):"),
     "E201": E("A required field is absent. A problem needs `module`, `data`, `loss` and `optimizer`; "
