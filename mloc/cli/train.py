@@ -239,6 +239,8 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice, record: dict |
         if changed:
             out.err(resumption.changes_note(options.resume, changed))
     with RunFolder(choice) as folder:
+        if options.resume is not None:      # again, holding the lock: the checkpoint that counts
+            check_resume(folder.dir, ns["NAME"], config.steps)
         try:
             train = write_outputs(compiled, folder.dir)
         except OSError as e:

@@ -207,6 +207,8 @@ def _main(ns: dict, options: RunOptions, config: RunConfig, record: dict | None 
     resolve_device(config.device)       # before the folder: a device that is not there leaves nothing
     choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])
     with RunFolder(choice) as folder:
+        if options.resume is not None:      # again, holding the lock: the checkpoint that counts
+            check_resume(folder.dir, ns["NAME"], config.steps)
         program = program_record(ns, file=ns.get("__file__"))
         write_config(folder.dir, run_record(config, program, options.resume, threads=options.threads,
                                             loggers=options.logger or (), changes=changed))
@@ -216,7 +218,9 @@ def _main(ns: dict, options: RunOptions, config: RunConfig, record: dict | None 
 
 def check_resume(directory: Path, name: str, steps: int) -> int:
     """The step of `directory`'s checkpoint, read and verified before anything is written;
-    a :class:`RunFolderError` when `steps` leaves nothing to train."""
+    a :class:`RunFolderError` when `steps` leaves nothing to train. Made before the folder
+    is opened, to refuse early, and again holding its lock (a run that went on there while
+    this start waited): that one counts, as the folder rule is applied again there."""
     step = int(load_checkpoint(Path(directory) / CHECKPOINT, name)["step"])
     if steps <= step:
         raise RunFolderError(f"the checkpoint in {directory} is at step {step}, and the run is {steps} steps "
