@@ -22,6 +22,8 @@ def run_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("file, data", [("config.json", b'{"run": "x"}'),
                                         ("config.json", b'{"run": {"steps": 5}, "resumes": 3}'),
+                                        ("config.json", b'{"run": {"steps": 5, "seed": 1' + b'0' * 30 + b'}}'),
+                                        ("config.json", b'{"run": {"steps": 1' + b'0' * 20 + b'}}'),
                                         ("metrics.jsonl", b'{"step": 1}\n\xff\n')])
 def test_resume_names_the_unreadable_file(run_dir, tmp_path, file, data):
     import shutil
