@@ -29,8 +29,8 @@ Adding a method: its descriptor here, its factory in `mloc/runtime/methods/` (na
 from __future__ import annotations
 
 from mloc.builtins.descriptor import Alias, Descriptor, MethodCaps, Param, Shape, registry, signature
-from mloc.lang.types import Enum, Float, Int
-from mloc.lang.vocabulary import ITD_MODES
+from mloc.lang.types import Enum, Float
+from mloc.lang.vocabulary import ITD_MODES, REPEATS
 
 POSITIVE = Float(0, open_lo=True)
 
@@ -73,8 +73,8 @@ def _itd(args: dict, s: Shape):
 
 ITD = Descriptor(
     signature("itd", "iterative differentiation: backpropagate through the unrolled lower steps",
-              Param("steps", Int(1), None, doc="steps differentiated (default: the edge's unroll)"),
-              Param("truncate", Int(1), None, doc="differentiate only the last T steps"),
+              Param("steps", REPEATS, None, doc="steps differentiated (default: the edge's unroll)"),
+              Param("truncate", REPEATS, None, doc="differentiate only the last T steps"),
               Param("mode", Enum(ITD_MODES), "auto")),
     MethodCaps(unrolls=True, reads_init=True, needs=frozenset({"differentiable"}),
                fusable=True),
@@ -86,7 +86,7 @@ ITD = Descriptor(
 
 CG = Descriptor(
     signature("cg", "implicit differentiation, H⁻¹v by conjugate gradients",
-              Param("iters", Int(1), 10), Param("tol", Float(0), 1e-10)),
+              Param("iters", REPEATS, 10), Param("tol", Float(0), 1e-10)),
     MethodCaps(implicit=True, differentiable=True, task_vmap=True),
     "mloc.runtime.methods:cg", _implicit(4),
     (Alias("imaml", "cg", "iMAML's implicit hypergradient by conjugate gradients (Rajeswaran et al., 2019)"),
@@ -94,7 +94,7 @@ CG = Descriptor(
 
 NEUMANN = Descriptor(
     signature("neumann", "implicit differentiation, H⁻¹v by a truncated Neumann series",
-              Param("iters", Int(1), 5), Param("alpha", POSITIVE, 0.1)),
+              Param("iters", REPEATS, 5), Param("alpha", POSITIVE, 0.1)),
     MethodCaps(implicit=True, differentiable=True, task_vmap=True),
     "mloc.runtime.methods:neumann", _implicit(3))
 

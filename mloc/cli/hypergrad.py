@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError
+from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError, within_limits
 from mloc.cli.train import _compiled
 from mloc.codegen.compile import Compiled, load_generated
 
@@ -52,6 +52,7 @@ def cmd_hypergrad(args, out: Output) -> int:
     if args.after < 0:
         raise UsageError(f"--after must be at least 0, got {args.after}",
                          help="--after N computes the hypergradients after N outer steps; 0 is the initial state")
+    within_limits(after=args.after, seed=args.seed)
     compiled = _compiled(args, out)
     if compiled is None:
         return EXIT_ERRORS

@@ -26,6 +26,17 @@ class UsageError(Exception):
         self.help = help
 
 
+def within_limits(**flags) -> None:
+    """A `UsageError` for `--steps`, `--after`, `--seed` or `--seeds` (keyword `seeds`: a
+    list) outside mloc's bounds (:mod:`mloc.lang.limits`), before anything is compiled."""
+    from mloc.lang.limits import flag_error
+    for name, value in flags.items():
+        for v in value if isinstance(value, list) else [value]:
+            err = flag_error(f"--{name}", v)
+            if err:
+                raise UsageError(err, help="see `mloc explain E305` for mloc's bounds")
+
+
 _WHAT_TO_DO = {
     errno.ENOTDIR: "a file stands where a folder is needed in that path: choose another path",
     errno.EISDIR: "that path is a folder: name a file in it",

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from mloc.cli.experiments import BY_NAME, load_run, mode_label, table
 from mloc.cli import sweep_folder
-from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError, io_error, make_dirs
+from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError, io_error, make_dirs, within_limits
 
 
 def split_values(text: str) -> list[str]:
@@ -108,6 +108,7 @@ def cmd_sweep(args, out: Output) -> int:
     from mloc.cli.train import _loggers
     _loggers(args.logger)                  # an unknown or uninstalled logger: refused before any run
     seeds = _int_list(args.seeds, "--seeds") if args.seeds else None
+    within_limits(steps=args.steps, seeds=seeds or [])
     grid(args.set or [])                   # a malformed --set: refused before the folder is looked at
     root = _root(args)
     sets = (args.set or []) if args.set or not args.resume else None     # None: the recorded ones

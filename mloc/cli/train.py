@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mloc.cli.output import (EXIT_ERRORS, EXIT_OK, Output, UsageError, add_pass_options, io_error, make_dirs,
-                             print_timings, printer, report, summary)
+                             print_timings, printer, report, summary, within_limits)
 from mloc.codegen.compile import PIPELINE, Compiled, compile_program, load_generated
 from mloc.codegen.overrides import OverrideError
 from mloc.ir.printer import dump_dot
@@ -94,6 +94,7 @@ def cmd_run(args, out: Output) -> int:
     in N workers launched and watched by this one."""
     if args.steps is not None and args.steps < 1:
         raise UsageError("--steps must be at least 1")
+    within_limits(steps=args.steps, seed=args.seed)
     if args.nproc is not None and args.nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
     if args.threads is not None and args.threads < 1:
@@ -238,6 +239,8 @@ def _run_in_folder(args, out: Output, compiled: Compiled, choice, record: dict |
         if changed:
             out.err(resumption.changes_note(options.resume, changed))
     with RunFolder(choice) as folder:
+        if options.resume is not None:      # again, holding the lock: the checkpoint that counts
+            check_resume(folder.dir, ns["NAME"], config.steps)
         try:
             train = write_outputs(compiled, folder.dir)
         except OSError as e:

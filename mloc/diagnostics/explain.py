@@ -44,6 +44,15 @@ EXPLANATIONS: dict[str, Explanation] = {
     "E005": E("Every program starts with exactly one `program NAME` line; it names the program in "
               "generated code, run folders and checkpoints.",
               "import lib            # first line", "program my_experiment\nimport lib"),
+    "E006": E("An integer literal larger than 2**64 - 1 = 18446744073709551615 in magnitude. "
+              "Integers in a program are 64-bit, as torch and NumPy hold them, and a count that "
+              "large would never finish (each field also has its own bound, E305). For a large "
+              "real number, write a float such as `1e30`.",
+              "steps = 100000000000000000000000", "steps = 100000"),
+    "E007": E("Brackets (`(`, `[`, `{`) nested more than 64 deep. No program needs that many (a block "
+              "holding a call of a list of tuples is 4 deep); the limit keeps the checker's passes "
+              "within Python's stack. Build a deeply nested value in the Python module and call it.",
+              "module = lib.Net(sizes=[[[[[[...]]]]]])", "module = lib.Net(sizes=lib.nested_sizes())"),
     "E101": E("A name that is neither a problem of this program, an import alias, nor a built-in "
               "(optimizer, method, schedule). Often a typo (a did-you-mean is offered), a problem "
               "that was renamed, or a module used without its `import` line. A dotted name such as "
@@ -76,7 +85,9 @@ EXPLANATIONS: dict[str, Explanation] = {
     "E109": E("An imported module is not valid Python: importing it would raise `SyntaxError`, so "
               "the program could not start. `mloc check` parses the module with Python's own parser "
               "(without running it) and reports the error at the module's file, line and column, with "
-              "Python's message. Until it parses, the module's names are unknown, so calls into it are "
+              "Python's message. A module Python's parser cannot hold (an expression nested or "
+              "chained so deeply that the parser runs out of stack, as `1+1+...` with 200 000 terms) "
+              "is reported the same way, at its first line: its import fails too. Until it parses, the module's names are unknown, so calls into it are "
               "not checked; fix it and check again. `python -m py_compile FILE` shows the same error.",
               "def loader(batch_size=8:", "def loader(batch_size=8):"),
     "E201": E("A required field is absent. A problem needs `module`, `data`, `loss` and `optimizer`; "
@@ -165,7 +176,12 @@ EXPLANATIONS: dict[str, Explanation] = {
               "a call where a literal goes); the message names the expected type.",
               'optimizer = sgd(lr="0.1")', "optimizer = sgd(lr=0.1)"),
     "E305": E("A value outside its allowed range (a negative learning rate, `unroll = 0`, a "
-              "momentum of 1 or more); the label gives the bound.",
+              "momentum of 1 or more); the label gives the bound. Counts also have mloc's bounds, "
+              "named in a note: at most 10**9 over the whole run (`steps`, `warmup`, an interval, a "
+              "schedule's length, any other integer a built-in takes) and at most 10**6 for a count "
+              "repeated in every outer step (`unroll`, `accumulate`, a method's `iters`, `itd`'s "
+              "`steps` and `truncate`): a run past them would not finish. A seed is at most 2**63 - 1 "
+              "(torch's generators overflow past 2**64 - 1), a `memory_budget` at most 2**64 bytes.",
               "high -> low { unroll = 0 }", "high -> low { unroll = 1 }"),
     "E306": E("A required argument is absent (a learning rate, a schedule's `total`); the help "
               "shows the call with it.",

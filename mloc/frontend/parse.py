@@ -17,6 +17,8 @@ from lark import Token, Transformer, v_args
 
 from mloc.diagnostics import Diagnostic, DiagnosticError
 from mloc.frontend import ast
+from mloc.frontend.bounds import STRING_OR_COMMENT as _STRING_OR_COMMENT
+from mloc.frontend.bounds import integer, too_deep
 from mloc.frontend.grammar import parser
 from mloc.source import SourceFile, Span
 
@@ -176,7 +178,6 @@ def _blank_item(text: str, offset: int) -> str:
 _CONFUSABLES = {"\u2212": "-", "\u2013": "-", "\u2014": "-", "\u2192": "->", "\u21d2": "->",
                 "\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'", "\u00a0": "a plain space",
                 "\u00d7": "*", "\uff1d": "="}
-_STRING_OR_COMMENT = re.compile(r'"([^"\\\n]|\\.)*"|\'([^\'\\\n]|\\.)*\'|#[^\n]*')
 
 
 def _foreign_characters(src: SourceFile) -> list[Diagnostic]:
@@ -219,6 +220,9 @@ def parse(src: SourceFile) -> ast.Module:
     foreign = _foreign_characters(src)
     if foreign:
         raise DiagnosticError(foreign)
+    deep = too_deep(src)                # before lark: the tree of such a text is too deep to walk
+    if deep is not None:
+        raise DiagnosticError([deep])
     keyword_problems = _keyword_problems(src)
     misused = {d.span.text for d in keyword_problems}
     text, errors = src.text, []
@@ -236,7 +240,7 @@ def parse(src: SourceFile) -> ast.Module:
             text = blanked
             continue
         if not errors:
-            return _ToAst(src).transform(tree)
+            return _ToAst(src).build(tree)
         break
     if keyword_problems and not set(keyword_problems) <= set(errors):
         errors.extend(keyword_problems)
@@ -249,6 +253,13 @@ class _ToAst(Transformer):
     def __init__(self, src: SourceFile):
         super().__init__()
         self.src = src
+        self.errors: list[Diagnostic] = []     # integer literals beyond 64 bits (E006)
+
+    def build(self, tree) -> ast.Module:
+        module = self.transform(tree)
+        if self.errors:
+            raise DiagnosticError(self.errors)
+        return module
 
     def _span(self, meta) -> Span:
         return self.src.span(meta.start_pos, meta.end_pos)
@@ -354,8 +365,13 @@ class _ToAst(Transformer):
     def number(self, meta, c):
         text = str(c[0])
         plain = text.replace("_", "")
-        is_int = not any(ch in plain for ch in ".eE")
-        return ast.Number(int(plain) if is_int else float(plain), text, self._span(meta))
+        if any(ch in plain for ch in ".eE"):
+            return ast.Number(float(plain), text, self._span(meta))
+        value = integer(text, self._span(meta))
+        if isinstance(value, Diagnostic):
+            self.errors.append(value)
+            value = 0
+        return ast.Number(value, text, self._span(meta))
 
     @v_args(meta=True)
     def string(self, meta, c):

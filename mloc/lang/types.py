@@ -1,7 +1,8 @@
 """Value types of the language and their checkers.
 
 `check(value, where, diags)` returns the Python value for a well-typed literal, or `INVALID`
-after reporting E304 (wrong type) or E305 (out of range). `where` is the human name of the
+after reporting E304 (wrong type) or E305 (out of range, or above mloc's bound on a count:
+:mod:`mloc.lang.limits`). `where` is the human name of the
 slot being checked, e.g. "`unroll`" or "`lr` of `sgd`".
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from mloc.diagnostics import Diagnostics
 from mloc.frontend import ast
+from mloc.lang.limits import MAX_STEPS, WHY_STEPS
 
 
 class _Invalid:
@@ -65,13 +67,17 @@ def _fmt(x: float) -> str:
 
 @dataclass(frozen=True)
 class Number(Type):
-    """A number in [lo, hi] (`open_lo`/`open_hi` exclude an end). `integer=True` for counts."""
+    """A number in [lo, hi] (`open_lo`/`open_hi` exclude an end). `integer=True` for counts.
+    `limit`: mloc's own bound on a value the range allows (`why` it is there), reported
+    before the type, so that `unroll = 1e20` is told the bound, not "write a whole number"."""
 
     integer: bool = False
     lo: float = -math.inf
     hi: float = math.inf
     open_lo: bool = False
     open_hi: bool = False
+    limit: float = math.inf
+    why: str = ""
 
     @property
     def expected(self) -> str:  # type: ignore[override]
@@ -93,12 +99,17 @@ class Number(Type):
     def check(self, value, where, diags):
         if not isinstance(value, ast.Number):
             return self._wrong(value, where, diags)
-        if not math.isfinite(value.value):
+        if isinstance(value.value, float) and not math.isfinite(value.value):
             diags.error("E305", f"{where} must be a finite number, got {value.text}", value.span,
                         label="overflows to infinity")
             return INVALID
+        if value.value > self.limit:
+            diags.error("E305", f"{where} must be at most {self.limit}, got {value.text}", value.span,
+                        label=f"above {self.limit}", notes=(f"{self.limit} is {self.why}",) if self.why else (),
+                        help=f"write a value up to {self.limit}")
+            return INVALID
         if self.integer and not isinstance(value.value, int):
-            whole = min(max(round(value.value), self.lo), self.hi)
+            whole = min(max(round(value.value), self.lo), self.hi, self.limit)
             return self._wrong(value, where, diags, help=f"write a whole number, e.g. `{_fmt(whole)}`")
         if not self.in_range(value.value):
             diags.error("E305", f"{where} must be {self._range_text()}, got {value.text}", value.span,
@@ -107,8 +118,9 @@ class Number(Type):
         return value.value if self.integer else float(value.value)
 
 
-def Int(lo: float = -math.inf, hi: float = math.inf) -> Number:
-    return Number(integer=True, lo=lo, hi=hi)
+def Int(lo: float = -math.inf, hi: float = math.inf, limit: int = MAX_STEPS, why: str = WHY_STEPS) -> Number:
+    """An integer in [lo, hi], and at most `limit` (:mod:`mloc.lang.limits`)."""
+    return Number(integer=True, lo=lo, hi=hi, limit=limit, why=why)
 
 
 def Float(lo: float = -math.inf, hi: float = math.inf, open_lo: bool = False, open_hi: bool = False) -> Number:
@@ -221,8 +233,13 @@ class Size(Type):
             return value.value
         if isinstance(value, ast.String):
             m = _SIZE.match(value.value)
-            if m and float(m.group(1)) > 0:
-                return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+            size = float(m.group(1)) * _UNITS[m.group(2).lower()] if m else 0
+            if size > 2**64:            # as an integer literal (E006): also 400 digits, which are inf
+                diags.error("E305", f"{where} must be at most 2**64 bytes (16 EiB)", value.span,
+                            label="more than 16 EiB", help='write e.g. memory_budget = "8GB"')
+                return INVALID
+            if size > 0:
+                return int(size)
             if m:
                 diags.error("E305", f"{where} must be greater than zero, got \"{value.value}\"", value.span,
                             label="must be greater than zero")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mloc.lang.limits import MAX_REPEATS, MAX_SEED, WHY_REPEATS, WHY_SEED
 from mloc.lang.types import Bool, Device, Enum, Float, Int, ListOf, Size, Str, Type
 
 ITD_MODES = ("reverse", "forward", "recompute", "auto")
@@ -36,6 +37,9 @@ class FieldSpec:
 
 
 PATTERNS = ListOf(Str(), min_len=1)
+REPEATS = Int(1, limit=MAX_REPEATS, why=WHY_REPEATS)
+"""A count repeated in every outer step (`unroll`, `accumulate`, a method's `iters`)."""
+SEED = Int(0, limit=MAX_SEED, why=WHY_SEED)
 
 PROBLEM_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("module", "pycall", "constructs the problem's torch.nn.Module", required=True),
@@ -58,7 +62,7 @@ PROBLEM_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("reinit", "flag_or_pycall", "start again at each step of its upper: `true` from its "
               "own initial parameters, or a call that re-initializes its module", problems=True),
     FieldSpec("accumulate", "value", "micro-steps per optimizer step, their gradients averaged; "
-              "on an upper problem each follows its own lower solve (a meta-batch)", type=Int(1)),
+              "on an upper problem each follows its own lower solve (a meta-batch)", type=REPEATS),
     FieldSpec("vmap", "value", "solve the lower problems of this problem's meta-batch "
               "(`accumulate = k`) at once, vectorized with torch.func.vmap (default: false, "
               "one after another)", type=Bool()),
@@ -69,7 +73,7 @@ PROBLEM_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
 EDGE_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("hypergrad", "builtin", "the best-response-Jacobian method (default: auto)",
               table="methods"),
-    FieldSpec("unroll", "value", "lower-problem steps per upper step (default: 1)", type=Int(1)),
+    FieldSpec("unroll", "value", "lower-problem steps per upper step (default: 1)", type=REPEATS),
     FieldSpec("warmup", "value", "steps the lower problem takes alone before the upper's first "
               "step (default: 0)", type=Int(0)),
 )}
@@ -84,7 +88,7 @@ CHAIN_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
 
 TRAIN_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("steps", "value", "outer training steps", required=True, type=Int(1)),
-    FieldSpec("seed", "value", "random seed", type=Int(0)),
+    FieldSpec("seed", "value", "random seed", type=SEED),
     FieldSpec("device", "value", "where to train", type=Device()),
     FieldSpec("precision", "value", "default autocast precision", type=Enum(PRECISIONS)),
     FieldSpec("memory_budget", "value", "memory the planner may use", type=Size()),

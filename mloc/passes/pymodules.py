@@ -7,7 +7,8 @@ dynamically (`from x import *`, a module-level `__getattr__`) is marked open, an
 attribute checks are skipped rather than guessed.
 
 A module Python cannot parse carries the place its parser stopped (`ParseFailure`): an
-import of it would raise `SyntaxError`, so `mloc check` reports it (E109) rather than
+import of it would raise `SyntaxError` (or, for one that exhausts the parser's stack or
+memory, `RecursionError` or `MemoryError`), so `mloc check` reports it (E109) rather than
 passing a program that cannot start; its names are unknown, so it is open as well.
 """
 
@@ -18,7 +19,7 @@ import functools
 import io
 import sys
 import tokenize
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -26,7 +27,9 @@ from pathlib import Path
 class ParseFailure:
     """Where Python's parser stops in a module: `message` as Python words it, 1-based
     `line` and `col` (characters, as an editor counts them) through `end_line`/`end_col`
-    (inclusive), and the module's `text` (decoded as Python decodes it) to show the line."""
+    (inclusive), and the module's `text` (decoded as Python decodes it) to show the line.
+    `whole`: the parser gave up on the module as a whole (out of stack or memory), at no
+    place of its own; then the place is the first line."""
 
     message: str
     line: int
@@ -34,6 +37,7 @@ class ParseFailure:
     end_line: int
     end_col: int
     text: str
+    whole: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,10 @@ def _parse(path: Path, mtime: float) -> ast.Module | ParseFailure | None:
         return _failure(text, e.msg, e.lineno or 1, e.offset or 1, e.end_lineno, e.end_offset)
     except ValueError as e:                 # a NUL byte, on some Python versions
         return _failure(text, str(e), *_line_col(text, max(text.find("\0"), 0)))
+    except (RecursionError, MemoryError) as e:      # `1+1+...` 200 000 terms: its import fails too
+        return replace(_failure(text, f"Python's parser cannot hold it ({type(e).__name__}: {e or 'out of memory'}): "
+                                      "an expression nested or chained too deeply, or a module too large", 1, 1),
+                       whole=True)
 
 
 def _line_col(text: str, offset: int) -> tuple[int, int]:

@@ -115,9 +115,11 @@ def _report_broken(imp: ast.Import, info: PyModuleInfo, via: tuple[tuple[str, in
     start = text.offset_of(bad.line, bad.col)
     span = text.span(start, max(start + 1, text.offset_of(bad.end_line, bad.end_col) + 1))
     chain = "".join(f"{module_path(f, src)}:{line}, imported by " for f, line in reversed(via))
+    fix = "split the expression that nests or chains too deeply" if bad.whole else "fix the syntax"
     diags.error("E109", f"the Python module `{info.dotted}` does not parse: {bad.message}", span,
-                label="Python stops here", notes=(f"imported at {chain}{imp.span}",),
-                help=f"fix the syntax in {shown}; `python -m py_compile {shown}` shows the same error")
+                label="Python gives up on this module" if bad.whole else "Python stops here",
+                notes=(f"imported at {chain}{imp.span}",),
+                help=f"{fix} in {shown}; `python -m py_compile {shown}` shows the same error")
 
 
 def module_path(path: str | Path, src: SourceFile) -> str:

@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from mloc.lang.limits import flag_error
 from mloc.runtime.checkpoint import CheckpointError, load_checkpoint
 from mloc.runtime.distributed import is_peer_failure, launched_rank
 from mloc.runtime.engine import Program, RunConfig
@@ -139,6 +140,10 @@ def main(ns: dict, argv: list[str] | None = None) -> int:
     if options.threads is not None and options.threads < 1:
         print("error: --threads must be at least 1", file=sys.stderr)
         return 2
+    bad = flag_error("--steps", options.steps) or flag_error("--seed", options.seed)
+    if bad:                             # mloc.lang.limits: as `mloc run` refuses them
+        print(f"error: {bad}", file=sys.stderr)
+        return 2
     try:
         options, record = resumed(ns, options)
         return _main(ns, options, options.config(ns["DEFAULTS"]), record)
@@ -202,6 +207,8 @@ def _main(ns: dict, options: RunOptions, config: RunConfig, record: dict | None 
     resolve_device(config.device)       # before the folder: a device that is not there leaves nothing
     choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])
     with RunFolder(choice) as folder:
+        if options.resume is not None:      # again, holding the lock: the checkpoint that counts
+            check_resume(folder.dir, ns["NAME"], config.steps)
         program = program_record(ns, file=ns.get("__file__"))
         write_config(folder.dir, run_record(config, program, options.resume, threads=options.threads,
                                             loggers=options.logger or (), changes=changed))
@@ -211,7 +218,9 @@ def _main(ns: dict, options: RunOptions, config: RunConfig, record: dict | None 
 
 def check_resume(directory: Path, name: str, steps: int) -> int:
     """The step of `directory`'s checkpoint, read and verified before anything is written;
-    a :class:`RunFolderError` when `steps` leaves nothing to train."""
+    a :class:`RunFolderError` when `steps` leaves nothing to train. Made before the folder
+    is opened, to refuse early, and again holding its lock (a run that went on there while
+    this start waited): that one counts, as the folder rule is applied again there."""
     step = int(load_checkpoint(Path(directory) / CHECKPOINT, name)["step"])
     if steps <= step:
         raise RunFolderError(f"the checkpoint in {directory} is at step {step}, and the run is {steps} steps "

@@ -10,7 +10,8 @@ What a file must be (docs/reliability.md, "What a run folder may contain"):
   ``problem``, and for an evaluation a string ``eval``. A line that is not JSON (the torn
   last line of a killed run) is skipped.
 - ``config.json``: an object; ``"run"`` an object (a start's record), ``"resumes"`` a list of
-  them; in a record ``steps`` an integer, ``program`` an object whose ``set`` is a list of
+  them; in a record ``steps`` an integer from 1 to 10^9, ``seed`` one from 0 to 2^63 - 1
+  (:data:`BOUNDED`), ``nproc`` an integer, ``program`` an object whose ``set`` is a list of
   strings, ``name`` and ``file`` strings, ``directions`` an object of strings.
 - ``summary.json``: an object; ``best`` an object (``metric``/``mode`` strings, ``value`` a
   number, ``step`` an integer) or null; ``final`` an object; ``steps_done`` an integer;
@@ -25,13 +26,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mloc.lang.limits import MAX_SEED, MAX_STEPS
 from mloc.runtime.runfolder import RunIOError
 
 KINDS = ("train", "speed", "eval", "summary")
 """The kinds of record in ``metrics.jsonl`` (the schema: :mod:`mloc.runtime.metrics`)."""
 INT, NUMBER, STR, OBJECT, LIST = (int,), (int, float), (str,), (dict,), (list,)
 
-START = {"steps": INT, "program": OBJECT}
+START = {"steps": INT, "seed": INT, "nproc": INT, "program": OBJECT}
+BOUNDED = {"steps": (1, MAX_STEPS), "seed": (0, MAX_SEED)}
+"""A resume takes these from the record (:mod:`mloc.runtime.resumption`): within mloc's
+bounds (:mod:`mloc.lang.limits`), as the command line would have them."""
 PROGRAM = {"set": LIST, "name": STR, "file": STR, "directions": OBJECT}
 SUMMARY = {"best": OBJECT, "final": OBJECT, "steps_done": INT, "status": STR}
 BEST = {"metric": STR, "mode": STR, "value": NUMBER, "step": INT}
@@ -103,6 +108,15 @@ def metrics(path: Path) -> list[dict]:
     return out
 
 
+def _outside(start: dict, where: str) -> str | None:
+    """What of ``start``'s :data:`BOUNDED` integers lies outside its bounds."""
+    for name, (lo, hi) in BOUNDED.items():
+        v = start.get(name)
+        if isinstance(v, int) and not lo <= v <= hi:
+            return f"{where}.{name} is {str(v)[:40]}, not in [{lo}, {hi}]"
+    return None
+
+
 def config(path: Path) -> dict | None:
     """``config.json`` checked; None when there is none."""
     data = _object(Path(path))
@@ -118,7 +132,8 @@ def config(path: Path) -> dict | None:
         if not isinstance(start, dict):
             raise Unreadable(path, f"{where} is {json.dumps(start)[:40]}, not an object")
         program = start.get("program") or {}
-        wrong = _wrong(start, START, f"{where}.") or _wrong(program, PROGRAM, f"{where}.program.") or (
+        wrong = _wrong(start, START, f"{where}.") or _outside(start, where) or \
+            _wrong(program, PROGRAM, f"{where}.program.") or (
             f"{where}.program.set holds a non-string" if any(not isinstance(s, str) for s in program.get("set") or ())
             else f"{where}.program.directions holds a non-string"
             if any(not isinstance(v, str) for v in (program.get("directions") or {}).values()) else None)

@@ -22,6 +22,8 @@ def run_dir(tmp_path_factory):
 
 @pytest.mark.parametrize("file, data", [("config.json", b'{"run": "x"}'),
                                         ("config.json", b'{"run": {"steps": 5}, "resumes": 3}'),
+                                        ("config.json", b'{"run": {"steps": 5, "seed": 1' + b'0' * 30 + b'}}'),
+                                        ("config.json", b'{"run": {"steps": 1' + b'0' * 20 + b'}}'),
                                         ("metrics.jsonl", b'{"step": 1}\n\xff\n')])
 def test_resume_names_the_unreadable_file(run_dir, tmp_path, file, data):
     import shutil
@@ -51,3 +53,18 @@ def test_a_symlinked_metrics_file_is_replaced_and_its_target_left_as_it_was(run_
     assert not (d / "metrics.jsonl").is_symlink()
     steps = [json.loads(line)["step"] for line in (d / "metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 10 and min(steps) >= 1
+
+
+def test_resume_with_the_csv_logger_names_a_metrics_csv_that_is_not_utf8(run_dir, tmp_path):
+    """`--logger csv` keeps metrics.csv one history on resume, so it reads it: a byte that is
+    not UTF-8 there is exit 2 naming the file, before a step is trained. (`mloc plot` and
+    `mloc runs` read metrics.jsonl only: tests/hostile/test_run_folder_files.py.)"""
+    import shutil
+    d = tmp_path / "copy"
+    shutil.copytree(run_dir, d)
+    (d / "metrics.csv").write_bytes(b"step,time,kind,name,value\n5,1.0,train,net/loss,\xff\n")
+    before = (d / "checkpoint.pt").read_bytes()
+    r = mloc("run", SMALL, "--resume", str(d), "--steps", "10", "--threads", "1", "--logger", "csv")
+    assert r.returncode == 2, r.stderr
+    assert f"cannot read {d / 'metrics.csv'}: it is not UTF-8 (byte 0xff" in r.stderr, r.stderr
+    assert (d / "checkpoint.pt").read_bytes() == before

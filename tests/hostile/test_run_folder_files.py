@@ -67,3 +67,15 @@ def test_plot_names_the_unreadable_file(tmp_path, capsys, file, spoil):
     good = fake_run(tmp_path / "good", [0.5, 0.9])                 # several: the readable ones are drawn
     assert main(["plot", str(good), str(tmp_path / "bad")]) == 0
     assert f"skipped {tmp_path / 'bad'}" in capsys.readouterr().err
+
+
+def test_plot_and_runs_do_not_read_metrics_csv(tmp_path, capsys):
+    """The CSV logger's file is for other tools: a byte that is not UTF-8 there changes
+    nothing for `mloc plot` and `mloc runs`, which read metrics.jsonl (its resume check:
+    tests/hostile/test_resume_folder_files.py)."""
+    run = fake_run(tmp_path / "run", [0.5, 0.9])
+    (run / "metrics.csv").write_bytes(b"step,time,kind,name,value\n10,1.0,train,net/loss,\xff\n")
+    assert main(["plot", str(run)]) == 0
+    assert main(["runs", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert str(run) in captured.out and "skipped" not in captured.err

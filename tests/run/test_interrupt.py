@@ -114,3 +114,23 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     assert "stopping after this step" in first and "aborted" in err, (first, err)
     assert not (run_dir / "checkpoint.pt").exists(), err
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_sighup_ends_the_run_as_a_kill_does(tmp_path):
+    """A signal mloc does not catch (SIGHUP when the terminal closes, say) ends the run
+    where it is, as SIGKILL does ("What a crash leaves behind"): no checkpoint for the steps
+    since the last one, no summary; the last checkpoint stays, the lock is free, and
+    `--resume` continues from it."""
+    from tests.run.helpers import FAULTY
+    run_dir = tmp_path / "run"
+    proc = popen("run", FAULTY, "--steps", 5000, "--out", run_dir, "--quiet", *SLOW)
+    _wait_for_records(run_dir, 12, proc)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGHUP, err
+    step = step_of(run_dir)
+    assert step >= 10 and step % 5 == 0, err        # `checkpoint every 5`: the last one written
+    assert not (run_dir / "summary.json").exists()
+    resumed = mloc("run", FAULTY, "--steps", step + 3, "--resume", run_dir, "--quiet", *SLOW)
+    assert resumed.returncode == 0, resumed.stderr
+    assert step_of(run_dir) == step + 3

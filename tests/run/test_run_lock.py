@@ -142,6 +142,28 @@ def test_a_run_that_finished_while_a_start_waited_for_the_lock_is_not_overwritte
     assert step_of(out) == 6 and resumes(out) == []
 
 
+def test_a_run_resumed_while_a_resume_waited_for_the_lock_is_checked_again(tmp_path):
+    """The resume's check (`--steps` above the checkpoint's step) is made again once the lock
+    is held: a run that went on in the folder meanwhile to the same `--steps` leaves nothing
+    to train, and the waiting start is refused (exit 2) and writes nothing (on 7b53c50: exit
+    0, a second resume appended to config.json and metrics.jsonl rewritten, no step trained)."""
+    out, gate = tmp_path / "run", tmp_path / "gate"
+    assert main(["run", str(SMALL), "--steps", "5", "--out", str(out), *RUN]) == 0
+    late = start("--steps", 8, "--resume", out, gates={"before": gate})
+    try:
+        reached(gate, late)                             # checked the checkpoint at step 5
+        assert main(["run", str(SMALL), "--steps", "8", "--resume", str(out), *RUN]) == 0
+        before = {p.name: p.read_bytes() for p in out.iterdir()}
+        gate.touch()
+        code, err = finish(late)
+        assert code == 2 and f"the checkpoint in {out} is at step 8, and the run is 8 steps long" in err, err
+    finally:
+        late.kill()
+        late.wait()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert step_of(out) == 8 and len(resumes(out)) == 1
+
+
 def _state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
