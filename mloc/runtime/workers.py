@@ -270,7 +270,7 @@ def _report(code: int, rank: int, names: list[str], paths: list[Path]) -> str:
     if code == 130:
         return "interrupted"
     if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        name = next((s.name for s in signal.Signals if s == -code), str(-code))
         return (f"error: {names[rank]} was killed by {name}"
                 + ("\n  = help: the system may have run out of memory" if -code == signal.SIGKILL else ""))
     if rank == 0 and text:
