@@ -33,7 +33,7 @@ from mloc.runtime.loggers import check_available as check_loggers
 from mloc.runtime.loggers import parse as parse_loggers
 from mloc.runtime.finite import NonFiniteError
 from mloc.runtime.loop import Intervals, Stop, Where, resume, train
-from mloc.runtime.precision import DeviceError
+from mloc.runtime.precision import PRECISIONS, DeviceError
 from mloc.runtime.progress import Progress
 from mloc.runtime.selection import Selection, failed_summary
 from mloc.runtime.runfiles import amend_config, write_config
@@ -102,7 +102,7 @@ def parser(defaults: RunConfig) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help=f"outer steps (default {defaults.steps})")
     p.add_argument("--seed", type=int, help=f"random seed (default {defaults.seed})")
     p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto (default {defaults.device})")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help=f"default {defaults.precision}")
+    p.add_argument("--precision", choices=PRECISIONS, help=f"default {defaults.precision}")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None,
                    help="cast the modules, the batches and the evaluations' data arguments to this dtype")
     p.add_argument("--out", type=Path, help="folder for metrics.jsonl and checkpoint.pt (default: a fresh runs/NAME/N)")

@@ -63,7 +63,8 @@ class Outcome:
     report: str
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (for a process group's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -109,7 +110,7 @@ def child_of(parent: int):
 def launch(train_py: Path, nproc: int, argv: list[str]) -> Outcome:
     """Run ``python train_py *argv --launched-by PID`` in ``nproc`` processes (see the
     module docstring); returns when all have exited."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, str(train_py), *argv, "--launched-by", str(os.getpid())]
     return supervise([command] * nproc, [_env(rank, nproc, port) for rank in range(nproc)],
                      [f"rank {rank} of {nproc}" for rank in range(nproc)])
