@@ -244,7 +244,7 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
     is None until the run has chosen them (:func:`run` adds the count and its reason)."""
     import torch
 
-    from mloc import __version__
+    from mloc.version import __version__
     file = program.get("file")
     if file and "sha256" not in program and Path(file).is_file():
         program = {**program, "sha256": hashlib.sha256(Path(file).read_bytes()).hexdigest()}
