@@ -8,7 +8,10 @@ planner chose) and its schedule (`outer_step`, a few plain lines calling `lower_
   streams, runtime `Problem`s whose losses are `BoundLoss`es, the `Hierarchy`;
 - :mod:`mloc.runtime.sources`: where a step's gradients come from (a lower problem's
   plain gradient, an upper problem's hypergradient); :mod:`mloc.runtime.interlock`: the
-  third source, an interlocking chain's step (its `chain_step(program, first)`);
+  third source, an interlocking chain's step (:meth:`Program.chain_step`); a vectorized
+  meta-batch, :mod:`mloc.runtime.metabatch`. Each step kind is an object built at its first
+  use and owned here; what they are built from is public (:meth:`Program.drawer`,
+  :meth:`Program.pipeline`), so no step kind reaches into the program;
 - :mod:`mloc.runtime.commit`: one commit pipeline per problem that every source feeds
   (all-reduce, unscale, clip, NaN/Inf watch on the device, optimizer commit);
 - :mod:`mloc.runtime.state`: snapshot and restore (parameters, optimizer states, module
