@@ -47,7 +47,7 @@ import torch
 
 from mloc.runtime.optim import adam, blocks, shampoo
 from mloc.runtime.optim.shampoo import Shampoo
-from mloc.runtime.optim.rootwork import RootWork
+from mloc.runtime.optim.rootbatch import RootBatch
 
 EVERY = 10
 """Steps between root refreshes in every Shampoo configuration here (the issue's setting)."""
@@ -112,10 +112,10 @@ class Products:
     no grafting, momentum or update. Every weight here is one block (≤ 128). With
     ``roots``, also the inverse 4th roots of the statistics every ``EVERY`` steps, computed
     synchronously as mloc's ``auto`` does on the CPU (one float64 eigendecomposition each,
-    batched by size: ``RootWork.compute``), and not used."""
+    batched by size: ``RootBatch.compute``), and not used."""
 
     def __init__(self, roots=False):
-        self.work = RootWork(1e-6, "auto", EVERY, 0) if roots else None
+        self.work = RootBatch(1e-6, "auto") if roots else None
         self.t = 0
 
     def start(self):

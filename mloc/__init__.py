@@ -4,7 +4,9 @@
 itself imports neither torch nor the compiler.
 """
 
-__version__ = "0.1.0"
+from mloc.version import __version__
+
+__all__ = ["__version__", "load"]
 
 
 def load(path, **kwargs):

@@ -56,10 +56,6 @@ class SourceFile:
         end = self.text.find("\n", start)
         return self.text[start:] if end < 0 else self.text[start:end]
 
-    @property
-    def line_count(self) -> int:
-        return len(self._line_starts)
-
     def span(self, start: int, end: int) -> "Span":
         return Span(self, start, end)
 

@@ -133,14 +133,14 @@ def test_mloc_examples_after_a_non_editable_install(wheel, tmp_path):
 
 # --- layering ---------------------------------------------------------------------------
 
-LAYERS = ["source", "env", "diagnostics", "frontend", "lang", "builtins", "ir", "runtime", "passes", "codegen",
+LAYERS = ["version", "source", "env", "diagnostics", "frontend", "lang", "builtins", "ir", "runtime", "passes", "codegen",
           "api", "cli"]
 TORCH_ALLOWED = {"runtime"}   # everything else reaches torch only through mloc.runtime
 RUNTIME_SHARES = {"mloc.ir.composition", "mloc.ir.interlock", "mloc.lang.vocabulary", "mloc.lang.roots",
-                  "mloc.lang.limits"}
+                  "mloc.lang.limits", "mloc.version"}
 """Torch-free facts the runtime and the compiler share (one home each): how an upper's
 hypergradient is composed, who trains whom in an interlocking chain, the names of the
-semantics, when Shampoo's roots are used, and mloc's bounds on steps and seeds."""
+semantics, when Shampoo's roots are used, mloc's bounds on steps and seeds, and mloc's version."""
 
 
 def _imports(path: Path) -> set[str]:

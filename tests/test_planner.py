@@ -127,7 +127,7 @@ def test_the_planned_compositions_are_the_runtimes(name, overrides):
     ns = load_generated(c.source, str(ROOT / "build" / name / "train.py"))
     planned = ns["COMPOSITION"]
     assert planned == c.plan.compositions and planned
-    program = build({**ns, "COMPOSITION": None}, RunConfig(steps=1, device="cpu"))
+    program = build({**ns, "COMPOSITION": None}, RunConfig(steps=1, seed=0, device="cpu", precision="fp32"))
     assert {top: program.hierarchy.composition(top) for top in planned} == planned
 
 

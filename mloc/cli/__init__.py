@@ -6,7 +6,8 @@
     mloc.cli.train    compile, plan, run: run the whole pipeline (torch, user code)
     mloc.cli.hypergrad  hypergrad: the same, then hypergradients at a state (`--after N`)
     mloc.cli.examples   examples: copy the example programs to a folder
-    mloc.cli.experiments  plot, runs, sweep (mloc.cli.sweep): read run folders, run grids of runs
+    mloc.cli.experiments  plot, runs: read run folders
+    mloc.cli.sweep    sweep: run grids of runs, tabulated with mloc.cli.experiments' readers
 
 Exit codes: 0 ok (warnings allowed), 1 the program has errors, 2 usage or I/O error,
 101 internal error (a bug in mloc; MLOC_DEBUG=1 shows the traceback), 130 interrupted,
@@ -20,12 +21,12 @@ import errno
 import os
 import sys
 
-from mloc import __version__
 from mloc.cli.check import cmd_check, cmd_codes, cmd_explain, cmd_graph
 from mloc.cli.experiments import EXAMPLES as _EXPERIMENTS
 from mloc.cli.output import (EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_PIPE, EXIT_USAGE, Output, UsageError,
                              add_pass_options, io_error)
 from mloc.env import read_env
+from mloc.version import __version__
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERRORS", "EXIT_USAGE", "EXIT_INTERNAL", "EXIT_PIPE"]
 
@@ -94,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_examples(command)
     from mloc.cli.experiments import add_commands as add_experiments
     add_experiments(command)
+    from mloc.cli.sweep import add_command as add_sweep
+    add_sweep(command)
 
     p = command("explain", "explain a diagnostic code", cmd_explain)
     p.add_argument("code", metavar="CODE", help="a code such as E305")

@@ -372,3 +372,22 @@ def sweep_table(jobs: list[Job], by_seed: bool) -> tuple[str, list[dict]]:
     notes += [f"no best for {', '.join(unranked)}: neither the program nor the name says whether higher or "
               "lower is better; declare it with `checkpoint best on max|min METRIC`"] if unranked else []
     return table(rows) + "".join(f"\n({n})" for n in notes), summary
+
+
+def add_command(command) -> None:
+    """Register sweep on the CLI's subparser factory."""
+    p = command("sweep", "run a grid of overrides x seeds in parallel processes and tabulate the results",
+                cmd_sweep)
+    p.add_argument("file", metavar="FILE", help="the .mlo program")
+    p.add_argument("--set", action="append", metavar="PATH=V1,V2,...",
+                   help="a grid axis: the values split at top-level commas (commas inside calls stay); repeatable")
+    p.add_argument("--seeds", metavar="S1,S2,...", help="seeds to run each point with (default: the program's)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
+    p.add_argument("--steps", type=int, help="outer steps per run (default: the program's)")
+    p.add_argument("--out", metavar="DIR", help="the sweep's folder (default: a fresh runs/PROGRAM/sweepN)")
+    p.add_argument("--logger", action="append", metavar="NAME", help="passed to each run (csv, tensorboard, wandb)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the sweep in --out (default: the program's latest runs/PROGRAM/sweepN): finished "
+                        "runs are skipped, stopped ones resume from their checkpoints; the --set, --seeds and "
+                        "--steps not given are the sweep's. Rerunning the same command continues it too")

@@ -16,6 +16,7 @@ from mloc.cli.output import (EXIT_ERRORS, EXIT_OK, Output, UsageError, add_pass_
 from mloc.codegen.compile import PIPELINE, Compiled, compile_program, load_generated
 from mloc.codegen.overrides import OverrideError
 from mloc.ir.printer import dump_dot
+from mloc.lang.vocabulary import PRECISIONS
 from mloc.passes.plan import format_bytes, plan_table, plan_to_json
 
 
@@ -313,7 +314,7 @@ def add_commands(command) -> None:
     p.add_argument("--steps", type=int, help="outer (top-level) steps; default: the train block's")
     p.add_argument("--seed", type=int, help="random seed; default: the train block's")
     p.add_argument("--device", help="cpu, cuda, cuda:N or auto; default: the train block's")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help="autocast precision; default: the train block's")
+    p.add_argument("--precision", choices=PRECISIONS, help="autocast precision; default: the train block's")
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="cast the modules, every floating batch and the evaluations' data arguments to this "
                         "dtype (float64 for exact comparisons); default: as the program builds them")

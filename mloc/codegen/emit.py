@@ -13,7 +13,7 @@ import os
 import shlex
 from pathlib import Path
 
-from mloc import __version__
+from mloc.version import __version__
 from mloc.builtins import METHODS, OPTIMIZERS, SCHEDULES, Descriptor
 from mloc.codegen import evaluations, layout
 from mloc.codegen.values import render_value

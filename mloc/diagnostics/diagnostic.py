@@ -70,10 +70,6 @@ class Diagnostics:
             if d not in self.items:
                 self.items.append(d)
 
-    @property
-    def has_errors(self) -> bool:
-        return any(d.severity == "error" for d in self.items)
-
     def sorted(self) -> tuple[Diagnostic, ...]:
         return tuple(sorted(self.items, key=Diagnostic.sort_key))
 

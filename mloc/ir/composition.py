@@ -35,7 +35,6 @@ from typing import Iterable, Mapping
 from mloc.builtins import METHODS
 
 Step = tuple[str, tuple[str, ...], bool]  # (lower, inner targets, feeds the top)
-SHAPES = ("bound", "fused", "single", "general")
 _SIMULTANEOUS = (" (under `exact` semantics, two problems that feed back through a shared"
                  " lower form a simultaneous game; use `per_edge`)")
 

@@ -224,8 +224,3 @@ class ResolvedProgram:
 
     def reads_of(self, name: str) -> tuple[Read, ...]:
         return tuple(r for r in self.reads if r.dst == name)
-
-    @property
-    def broken(self) -> frozenset[str]:
-        """Problems whose fields had errors (absent from the graph)."""
-        return frozenset(self.names) - {p.name for p in self.problems}

@@ -11,8 +11,9 @@ without errors, each on the previous one's result, and add what they find in ord
 `emit` writes code, so it and the full `PIPELINE` live one layer up, in `mloc.codegen`.
 
 Each pass is a frozen dataclass that takes a `Unit` and returns a new one; no pass mutates
-the unit or graph it is given. After every pass the graph's invariants are verified: a
-violation is a bug in mloc (`InternalError`), never the user's fault.
+the unit or graph it is given. After every pass the graph's invariants are verified, and
+the plan's once there is one (`mloc.passes.verify_plan`): a violation is a bug in mloc
+(`InternalError`), never the user's fault.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from mloc.passes.hierarchy import HierarchyFacts, check_hierarchy
 from mloc.passes.plan import Plan, Sizes, plan_program
 from mloc.passes.resolve import resolve
 from mloc.passes.support import cannot_run_yet, unsupported
+from mloc.passes.verify_plan import verify_plan
 from mloc.source import SourceFile
 
 
@@ -241,10 +243,13 @@ def copy_graph(g: ProgramGraph) -> ProgramGraph:
 
 
 def verify(unit: Unit, after: str) -> None:
-    if unit.graph is not None:
-        problems = unit.graph.verify()
-        if problems:
-            raise InternalError(f"after pass `{after}`: " + "; ".join(problems))
+    """The graph's invariants after every pass, and the plan's once there is one
+    (:mod:`mloc.passes.verify_plan`); a broken one is :class:`InternalError`."""
+    problems = unit.graph.verify() if unit.graph is not None else []
+    if not problems and unit.plan is not None:
+        problems = verify_plan(unit.plan, unit.graph)
+    if problems:
+        raise InternalError(f"after pass `{after}`: " + "; ".join(problems))
 
 
 Observer = Callable[[Pass, Unit], None]

@@ -91,14 +91,14 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
     warmup = tuple(Action("lower_step", e.lower, e.warmup, f"warm-up: `{e.lower}` trains alone first")
                    for e in g.hierarchy_edges() if e.warmup)
     return Plan(g.info.semantics, semantics, reason, edges, order, periods,
-                schedule_of(g, edges, periods), budget, g.names(), _compositions(g, edges, semantics),
+                schedule_of(g, edges, periods), budget, g.names(), compositions_of(g, edges, semantics),
                 warmup, chains_of(g))
 
 
 def _semantics(g: ProgramGraph) -> tuple[str, str]:
     if g.info.semantics == "per_edge":
         return "per_edge", "asked for: Betty's per-edge implicit differentiation"
-    reads, uppers = _structure(g)
+    reads, uppers = structure(g)
     middles = feedback(reads, uppers)
     if not middles:
         return "per_edge", "exact asked; no middle problem reads a lower one, so per-edge is exact and cheaper"
@@ -107,7 +107,7 @@ def _semantics(g: ProgramGraph) -> tuple[str, str]:
     return "exact", f"`{m}` reads `{low}` below it: differentiate through its reduced objective"
 
 
-def _structure(g: ProgramGraph) -> tuple[dict, dict]:
+def structure(g: ProgramGraph) -> tuple[dict, dict]:
     """Each problem's loss reads and its hierarchy uppers (what the compositions depend on)."""
     reads = {n: _runtime_reads(g, n) for n in g.names()}
     uppers: dict[str, set[str]] = {n: set() for n in g.names()}
@@ -125,9 +125,9 @@ def _runtime_reads(g: ProgramGraph, name: str) -> tuple[str, ...]:
     return reads + tuple(dict.fromkeys(i for i in inits if i not in reads))
 
 
-def _compositions(g: ProgramGraph, edges: tuple[EdgePlan, ...], semantics: str) -> dict:
+def compositions_of(g: ProgramGraph, edges: tuple[EdgePlan, ...], semantics: str) -> dict:
     """Each upper's composition (`mloc.ir.composition`), from the planned methods."""
-    reads, uppers = _structure(g)
+    reads, uppers = structure(g)
     caps = {e.lower: step_caps(e.method, dict(e.args)) for e in edges}
     try:
         return compose_all(reads, uppers, caps, feedback(reads, uppers) if semantics == "exact" else {})

@@ -66,10 +66,13 @@ class ProblemSpec:
 
 @dataclass
 class RunConfig:
-    steps: int = 1000
-    seed: int = 0
-    device: str = "auto"
-    precision: str = "fp32"
+    """A run's settings. Their defaults are the train block's (``mloc.ir.payloads.TrainSpec``),
+    which generated code writes out as ``DEFAULTS``; options override them."""
+
+    steps: int
+    seed: int
+    device: str
+    precision: str
     dtype: str | None = None          # e.g. "float64" for exact checks
 
 

@@ -97,11 +97,12 @@ class Pipeline:
     run: Run
 
 
-def build_pipeline(lv: Any, dist: DistContext, guard: FiniteGuard, clock: Any) -> Pipeline:
+def build_pipeline(lv: Any, dist: DistContext, guard: FiniteGuard, clock: Any, upper: bool) -> Pipeline:
     """The pipeline of the problem whose runtime state is ``lv``
     (:class:`mloc.runtime.build.Live`: its ``problem``, ``spec``, ``scaler``, ``commit``;
     ``last_loss`` and ``steps`` are written). ``clock.step_count + 1`` is the step a
-    watch records (1-based, as logged)."""
+    watch records (1-based, as logged); ``upper``: the problem has lower problems (its
+    gradients' norm is logged as ``hypergrad_norm``)."""
     params, scaler, clip = lv.problem.params, lv.scaler, lv.spec.clip_grad_norm
     commit, seed = lv.commit, None
     acts: dict[str, Callable[[], None]] = {}        # the stages acting on .grad, in order
@@ -116,7 +117,7 @@ def build_pipeline(lv: Any, dist: DistContext, guard: FiniteGuard, clock: Any) -
     project = lv.spec.project
     if project is not None:
         commit = _projected(commit, project, lv.module)
-    run = _finite(lv, guard, clock, commit, watch_grads=scaler is None)
+    run = _finite(lv, guard, clock, commit, watch_grads=scaler is None, upper=upper)
     if acts:
         run = _on_grad(params, tuple(acts.values()), run)
     stages = (((".grad", *acts) if acts else ()) + ("finite", "commit") + (("project",) if project else ())
@@ -173,12 +174,11 @@ def committed_watcher(lv: Any, guard: FiniteGuard) -> Callable[[int], None]:
 
 
 def _finite(lv: Any, guard: FiniteGuard, clock: Any, commit: Callable[[Params], None],
-            watch_grads: bool) -> Run:
+            watch_grads: bool, upper: bool) -> Run:
     """The finite stage, then ``commit``, then the committed stage and the step counter."""
     name = lv.spec.name
     keep_loss, keep_grads = guard.loss_watcher(name), guard.grads_watcher(name, "hypergradient")
     keep_state = committed_watcher(lv, guard)
-    upper = bool(getattr(getattr(clock, "hierarchy", None), "lowers", {}).get(name))
     keep_norm = guard.norms.watcher(name, "hypergrad_norm" if upper else "grad_norm")   # logged steps only
 
     def run(grads: Params, loss: Tensor | None) -> None:

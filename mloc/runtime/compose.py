@@ -6,8 +6,8 @@ with a BR-VJP method. The hypergradient of an upper ``U`` is the total derivativ
 loss with every problem below it at its best response. Because every BR-VJP is linear in
 its input, adjoints are accumulated in reverse topological order: each lower's BR-VJP is
 applied once per upper update, to the sum of the adjoints of all paths that cross it
-(cost linear in edges). :meth:`Hierarchy.hypergrad_paths` enumerates paths as Betty does
-(exponential in dense DAGs); it is the reference the tests compare against.
+(cost linear in edges). The tests compare it with Betty's enumeration of paths
+(exponential in dense DAGs; ``tests/runtime/paths.py``).
 
 Semantics above two levels (``semantics=``):
 
@@ -42,7 +42,7 @@ from torch import Tensor
 from mloc.ir.composition import Composition, compose, factory_caps, feedback, topo
 from mloc.lang.vocabulary import SEMANTICS
 from mloc.runtime import tree
-from mloc.runtime.adjoints import ReducedOp, backward, concat, flat, grad_of, propagate, split
+from mloc.runtime.adjoints import ReducedOp, backward, concat, flat, propagate, split
 from mloc.runtime.problem import LowerOp, Problem
 
 __all__ = ["SEMANTICS", "Edge", "Hierarchy", "ReducedOp", "method_caps"]
@@ -173,8 +173,9 @@ class Hierarchy:
             points[name] = method.prepare(op)
         return ops, points
 
-    def _seed(self, plan, points, seed=None):
-        """Partials of the top loss w.r.t. the problems it reads (adjoints to start from)."""
+    def seed_adjoints(self, plan, points, seed=None):
+        """Partials of the top loss w.r.t. the problems it reads (adjoints to start from),
+        at ``points`` (:meth:`linearize`'s), by problem."""
         if not plan.seeds:  # e.g. only first_order lowers: no indirect term, no direct one
             return {}
         top = self.problems[plan.top]
@@ -212,7 +213,7 @@ class Hierarchy:
                 return plan.step(accumulate, seed)
             return (self._fused if plan.shape == "fused" else self._single)(plan, accumulate, seed)
         ops, points = self.linearize(plan)
-        adj = self._seed(plan, points, seed)
+        adj = self.seed_adjoints(plan, points, seed)
         direct = adj.pop(name, None)
         specs = propagate(plan.up, self.methods, ops, points, adj, False)
         params = self.problems[name].params
@@ -257,35 +258,3 @@ class Hierarchy:
         args = [theta if r == name else self._live[r] for r in top.reads]
         loss = top.loss(*args)
         return backward((loss if seed is None else seed(loss),), (None,), top.params, accumulate)
-
-    def hypergrad_paths(self, name: str):
-        """Reference: the hypergradient as a sum over paths, each re-applying its BR-VJPs.
-
-        Betty's algorithm (one pass per path from ``name`` down to each problem its loss
-        reads); exponential in dense DAGs. Returns the gradient instead of writing ``.grad``.
-        """
-        return _paths(self, name)
-
-
-def _paths(hier: Hierarchy, name: str):
-    """:meth:`Hierarchy.hypergrad_paths`."""
-    plan = hier.plan(name)
-    ops, points = hier.linearize(plan)
-    adj = hier._seed(plan, points)
-    targets = {n: inner + ((name,) if out else ()) for n, inner, out in plan.up}
-    total = [adj.pop(name, None) or tree.zeros(points[name])]
-
-    def walk(node, vector):
-        spec = hier.methods[node].vjp(ops[node], vector)
-        for t in targets.get(node, ()) if spec else ():
-            g = tree.fill_none(grad_of(*spec, points[t]), points[t])
-            if g is None:
-                continue
-            if t == name:
-                total[0] = tree.add(total[0], g)
-            else:
-                walk(t, g)
-
-    for node, vector in adj.items():
-        walk(node, vector)
-    return tuple(t.detach() for t in total[0])

@@ -8,7 +8,10 @@ planner chose) and its schedule (`outer_step`, a few plain lines calling `lower_
   streams, runtime `Problem`s whose losses are `BoundLoss`es, the `Hierarchy`;
 - :mod:`mloc.runtime.sources`: where a step's gradients come from (a lower problem's
   plain gradient, an upper problem's hypergradient); :mod:`mloc.runtime.interlock`: the
-  third source, an interlocking chain's step (its `chain_step(program, first)`);
+  third source, an interlocking chain's step (:meth:`Program.chain_step`); a vectorized
+  meta-batch, :mod:`mloc.runtime.metabatch`. Each step kind is an object built at its first
+  use and owned here; what they are built from is public (:meth:`Program.drawer`,
+  :meth:`Program.pipeline`), so no step kind reaches into the program;
 - :mod:`mloc.runtime.commit`: one commit pipeline per problem that every source feeds
   (all-reduce, unscale, clip, NaN/Inf watch on the device, optimizer commit);
 - :mod:`mloc.runtime.state`: snapshot and restore (parameters, optimizer states, module
@@ -23,7 +26,7 @@ lower's current point on its current batch.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -38,7 +41,7 @@ from mloc.runtime.compose import Edge
 from mloc.runtime.data import cast_data, cast_floating
 from mloc.runtime.distributed import DistContext, launched_slot
 from mloc.runtime.evaluations import metrics
-from mloc.runtime.interlock import Interlock
+from mloc.runtime.interlock import Interlock, chain_stepper
 from mloc.runtime.metabatch import MetaBatch
 from mloc.runtime.finite import FiniteGuard, verify_state
 from mloc.runtime.sources import Source, hypergradient, plain_gradient
@@ -65,10 +68,7 @@ class Program:
                       compositions)
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
         self.hierarchy, self._cast = built.hierarchy, built.cast
-        self._lower_fns: dict[str, Callable[[bool], None]] = {}    # built at first use
-        self._upper_fns: dict[str, Callable[[], None]] = {}
-        self._accumulators: dict[str, Accumulator] = {}
-        self._meta_batches: dict[str, MetaBatch] = {}
+        self._steps: dict[tuple[str, str], Any] = {}    # the step kinds' objects (:meth:`_step`)
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
             lv.problem.optimizer.start()
@@ -81,41 +81,46 @@ class Program:
 
     def lower_step(self, name: str, draw: bool = True) -> None:
         """One gradient step of `name` on its own loss (the lowest problems)."""
-        fn = self._lower_fns.get(name)
-        if fn is None:
-            fn = self._lower_fns[name] = _stepper(self._drawer(name), self._source(name),
-                                                  self._pipeline(self.live[name]))
-        fn(draw)
+        self._step("lower", name, self._stepper)(draw)
 
     def upper_step(self, name: str) -> None:
         """Hypergradient of `name` through every problem below it, then its optimizer step."""
-        fn = self._upper_fns.get(name)
-        if fn is None:
-            fn = self._upper_fns[name] = _stepper(self._drawer(name), self._source(name),
-                                                  self._pipeline(self.live[name]))
-        fn()
+        self._step("upper", name, self._stepper)()
 
     def accumulate(self, name: str) -> None:
         """One micro-step of `name` (`accumulate = k`): draw, add its gradient up."""
-        acc = self._accumulators.get(name)
-        if acc is None:
-            acc = self._accumulators[name] = Accumulator(self._drawer(name), self._source(name),
-                                                         self._pipeline(self.live[name]))
-        acc.add()
+        self._step("accumulate", name, self._accumulator).add()
 
     def apply(self, name: str) -> None:
         """`name`'s optimizer step on the mean of its accumulated micro-steps."""
-        self._accumulators[name].apply()
+        self._step("accumulate", name, self._accumulator).apply()
 
     def meta_batch(self, name: str, tasks: int, steps: int) -> None:
         """One step of `name` on the mean hypergradient of `tasks` solves of its lower
         problem (`steps` steps each, from its reset), vectorized with ``torch.func.vmap``
         (`vmap = true`; :mod:`mloc.runtime.metabatch`)."""
-        batch = self._meta_batches.get(name)
-        if batch is None:
-            (lower,) = self.hierarchy.lowers[name]
-            batch = self._meta_batches[name] = MetaBatch(self, name, lower, tasks, steps)
-        batch()
+        self._step("meta_batch", name, lambda n: MetaBatch(self, n, tasks, steps))()
+
+    def chain_step(self, first: str) -> None:
+        """One interlocking step of the chain that starts at stage `first`
+        (:func:`mloc.runtime.interlock.chain_stepper`: every stage, each committed through
+        its own pipeline)."""
+        self._step("chain", first, lambda n: chain_stepper(self.chains[n], self.live, self.drawer(n),
+                                                           self.pipeline))()
+
+    def _step(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
+        """The step of kind `kind` of problem `name`, ``make(name)`` at its first use and
+        kept: one object per step kind and problem, owned here."""
+        step = self._steps.get((kind, name))
+        if step is None:
+            step = self._steps[kind, name] = make(name)
+        return step
+
+    def _stepper(self, name: str) -> Callable[..., None]:
+        return _stepper(self.drawer(name), self._source(name), self.pipeline(name))
+
+    def _accumulator(self, name: str) -> Accumulator:
+        return Accumulator(self.drawer(name), self._source(name), self.pipeline(name))
 
     def _source(self, name: str) -> Source:
         """Where `name`'s steps take their gradients: its plain gradient (a lowest problem)
@@ -128,7 +133,7 @@ class Program:
                                 exclude=tuple(lv.module.buffers()))
             return guard_step(plain_gradient(lv.problem.params, loss, lv.autocast), others)
         source = hypergradient(self.hierarchy.hypergrad, name, lv.problem.params, lv.autocast,
-                               into_grad=self._pipeline(lv).on_grad)
+                               into_grad=self.pipeline(name).on_grad)
         own = buffers_of((lv.module,))
         return guard_step(source, buffers_of(self.modules.values(), exclude=own), own, lv.problem.loss)
 
@@ -141,7 +146,8 @@ class Program:
         self._schedule(self)
         self.step_count += 1
 
-    def _drawer(self, name: str) -> Callable[[], None]:
+    # --- what step kinds are built from (the chain step, the meta-batch, a pipeline worker) ---
+    def drawer(self, name: str) -> Callable[[], None]:
         """:meth:`draw` for one problem, bound once."""
         if self._cast is not None:
             return lambda: self.draw(name)
@@ -151,11 +157,12 @@ class Program:
             lv.batch = next_batch()
         return draw
 
-    def _pipeline(self, lv: Live) -> Pipeline:
-        """The problem's commit pipeline, built at its first step (a precision setting
-        changed before it is taken into account)."""
+    def pipeline(self, name: str) -> Pipeline:
+        """`name`'s commit pipeline (:mod:`mloc.runtime.commit`), built at its first step (a
+        precision setting changed before it is taken into account)."""
+        lv = self.live[name]
         if lv.pipeline is None:
-            lv.pipeline = build_pipeline(lv, self.dist, self.guard, self)
+            lv.pipeline = build_pipeline(lv, self.dist, self.guard, self, upper=bool(self.hierarchy.lowers.get(name)))
         return lv.pipeline
 
     # --- reading ------------------------------------------------------------------------

@@ -267,13 +267,14 @@ def stages_of(chain: Interlock, live: dict) -> list[StageRuntime]:
 
 def chain_stepper(chain: Interlock, live: dict, draw_first: Callable[[], None],
                   pipeline_of: Callable) -> Callable[[], None]:
-    """The engine's chain step: draw the first stage's next batch, give it to every stage
-    (the chain's stages read one batch: their `data` is one call, E507), take the chain's
-    gradients, commit each stage's through its own pipeline (its own optimizer, clipping,
-    NaN watch, all-reduce), in depth order."""
+    """The engine's chain step (:meth:`mloc.runtime.engine.Program.chain_step`): draw the
+    first stage's next batch, give it to every stage (the chain's stages read one batch:
+    their `data` is one call, E507), take the chain's gradients, commit each stage's through
+    its own pipeline (``pipeline_of(stage)``: its own optimizer, clipping, NaN watch,
+    all-reduce), in depth order."""
     lives = [live[n] for n in chain.stages]
     step = ChainStep(chain, stages_of(chain, live))
-    pipelines = [pipeline_of(lv) for lv in lives]
+    pipelines = [pipeline_of(n) for n in chain.stages]
     scaled = [lv.spec.name for lv, p in zip(lives, pipelines) if p.seed is not None]
     if scaled:
         raise ChainContractError(f"stage `{scaled[0]}` trains in fp16 with loss scaling, which chain steps "
@@ -290,10 +291,6 @@ def chain_stepper(chain: Interlock, live: dict, draw_first: Callable[[], None],
 
 
 def chain_step(program, first: str) -> None:
-    """One step of the chain of ``program`` (an :class:`mloc.runtime.engine.Program`) that
-    starts at stage ``first``: what the generated schedule calls. The step is built at its
-    first call (:func:`chain_stepper`) and kept on the program."""
-    steps = program.__dict__.setdefault("_chain_steps", {})
-    if first not in steps:
-        steps[first] = chain_stepper(program.chains[first], program.live, program._drawer(first), program._pipeline)
-    steps[first]()
+    """``program.chain_step(first)`` (an :class:`mloc.runtime.engine.Program`), as the
+    generated schedule spells it."""
+    program.chain_step(first)

@@ -34,7 +34,7 @@ from mloc.runtime.loggers import check_available as check_loggers
 from mloc.runtime.loggers import parse as parse_loggers
 from mloc.runtime.finite import NonFiniteError
 from mloc.runtime.loop import Intervals, Stop, Where, resume, train
-from mloc.runtime.precision import DeviceError
+from mloc.runtime.precision import PRECISIONS, DeviceError
 from mloc.runtime.progress import Progress
 from mloc.runtime.selection import Selection, failed_summary
 from mloc.runtime.runfiles import amend_config, write_config
@@ -103,7 +103,7 @@ def parser(defaults: RunConfig) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help=f"outer steps (default {defaults.steps})")
     p.add_argument("--seed", type=int, help=f"random seed (default {defaults.seed})")
     p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto (default {defaults.device})")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), help=f"default {defaults.precision}")
+    p.add_argument("--precision", choices=PRECISIONS, help=f"default {defaults.precision}")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None,
                    help="cast the modules, the batches and the evaluations' data arguments to this dtype")
     p.add_argument("--out", type=Path, help="folder for metrics.jsonl and checkpoint.pt (default: a fresh runs/NAME/N)")
@@ -253,7 +253,7 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
     is None until the run has chosen them (:func:`run` adds the count and its reason)."""
     import torch
 
-    from mloc import __version__
+    from mloc.version import __version__
     file = program.get("file")
     if file and "sha256" not in program and Path(file).is_file():
         program = {**program, "sha256": hashlib.sha256(Path(file).read_bytes()).hexdigest()}

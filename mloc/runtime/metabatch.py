@@ -63,7 +63,8 @@ class _TaskOp:
 class MetaBatch:
     """``U``'s meta-batch of ``tasks`` lower solves of ``steps`` steps each, vectorized."""
 
-    def __init__(self, program, upper: str, lower: str, tasks: int, steps: int):
+    def __init__(self, program, upper: str, tasks: int, steps: int):
+        (lower,) = program.hierarchy.lowers[upper]
         self.program, self.upper, self.lower = program, upper, lower
         self.tasks, self.steps = tasks, steps
         live = program.live
@@ -118,7 +119,7 @@ class MetaBatch:
         if self._keep_lower is None:
             self._keep_lower = committed_watcher(L, program.guard)
         self._keep_lower(program.step_count + 1)
-        program._pipeline(U).run(tuple(grads), None)
+        program.pipeline(self.upper).run(tuple(grads), None)
 
     def _task(self, x, lb_template, ub_template, holder):
         """One task's solve and hypergradient, written for ``vmap`` (over the start and the

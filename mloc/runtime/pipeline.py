@@ -59,7 +59,7 @@ import sys
 from pathlib import Path
 
 from mloc.runtime.loop import CHECKPOINT
-from mloc.runtime.workers import Outcome, _free_port, exit_code, supervise
+from mloc.runtime.workers import Outcome, exit_code, free_port, supervise
 
 
 class PipelineError(Exception):
@@ -98,7 +98,7 @@ def start(train_py: Path, world: int, steps: int, out: Path, *, seed: int | None
     (``mloc run --pipeline``), which the workers check before they write there. The
     outcome: exit code and the one report to show."""
     out.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN}    # not a data-parallel rank
     env["OMP_NUM_THREADS"] = "1"
     base = [sys.executable, "-m", "mloc.runtime.pipeline_stage", str(train_py), "--world", str(world), "--port",

@@ -25,6 +25,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from mloc.lang.vocabulary import PRECISIONS
+
 
 class DeviceError(ValueError):
     """The device or precision a run asks for is not available on this machine (an
@@ -33,8 +35,6 @@ class DeviceError(ValueError):
     def __init__(self, message: str, help: str):
         super().__init__(message)
         self.help = help
-
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def _device_type(device) -> str:

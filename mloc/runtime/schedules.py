@@ -63,21 +63,6 @@ class ScheduleError(ValueError):
         self.help = help
 
 
-def stand_in(group: dict):
-    """A ``torch.optim.Optimizer`` over one dummy tensor whose ``defaults`` and only param
-    group are ``group`` (an mloc optimizer's hyperparameters under torch's keys, as
-    :meth:`mloc.runtime.optim.Optimizer.schedule_stand_in` gives them), and whose ``step`` does nothing: what
-    a scheduler reads (``"betas" in optimizer.defaults`` picks what OneCycleLR cycles) is
-    what the real optimizer has."""
-    import torch
-
-    class StandIn(torch.optim.Optimizer):
-        def step(self, closure=None):       # noqa: ARG002 - nothing to update
-            return None
-
-    return StandIn([torch.zeros(1, requires_grad=True)], dict(group))
-
-
 class TorchSchedule:
     r"""A ``torch.optim.lr_scheduler`` class (or a factory ``f(optimizer, **options)``
     returning a scheduler; ``cls`` as ``"module:attr"``) driven by the step count.

@@ -63,7 +63,8 @@ class Outcome:
     report: str
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (for a process group's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -109,7 +110,7 @@ def child_of(parent: int):
 def launch(train_py: Path, nproc: int, argv: list[str]) -> Outcome:
     """Run ``python train_py *argv --launched-by PID`` in ``nproc`` processes (see the
     module docstring); returns when all have exited."""
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, str(train_py), *argv, "--launched-by", str(os.getpid())]
     return supervise([command] * nproc, [_env(rank, nproc, port) for rank in range(nproc)],
                      [f"rank {rank} of {nproc}" for rank in range(nproc)])
@@ -270,7 +271,7 @@ def _report(code: int, rank: int, names: list[str], paths: list[Path]) -> str:
     if code == 130:
         return "interrupted"
     if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        name = next((s.name for s in signal.Signals if s == -code), str(-code))
         return (f"error: {names[rank]} was killed by {name}"
                 + ("\n  = help: the system may have run out of memory" if -code == signal.SIGKILL else ""))
     if rank == 0 and text:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -15,13 +14,8 @@ import torch
 from mloc.runtime.build import resolve_device
 from mloc.runtime.distributed import DistContext, backend_for
 from mloc.runtime.precision import DeviceError
+from mloc.runtime.workers import free_port
 from tests.conftest import ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_gloo_processes():

@@ -40,7 +40,7 @@ if __name__ == "__main__":
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     params = initial()
     opt, state = train(params)
-    assert opt.work.shard == (rank, world)
+    assert opt.work.batch.shard == (rank, world)
     if rank == 0:
         torch.save({"params": params, "roots": state.roots}, out)
     dist.destroy_process_group()

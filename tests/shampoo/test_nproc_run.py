@@ -6,7 +6,7 @@ Shampoo at the lower level of a two-level program under SAMA, roots every 2 step
 blocks of 4, 12 steps, a checkpoint at the end. Its weights ``(24, 4)`` and ``(3, 24)``
 give 18 statistics of size 4 (and 6 of size 3): a refresh computes the size-4 roots in
 two chunks (16, and 2 padded with identities), so with synchronous roots rank 0 computes
-one and rank 1 the other, and they are all-gathered (mloc/runtime/optim/rootwork.py).
+one and rank 1 the other, and they are all-gathered (mloc/runtime/optim/rootbatch.py).
 The data are read in order, so two ranks with batches of 8 see, step by step, the same 16
 examples as one process with batches of 16 (mloc/runtime/data.py).
 
@@ -46,7 +46,7 @@ import torch
 
 from mloc.runtime.checkpoint import load_checkpoint
 from mloc.runtime.optim import blocks
-from mloc.runtime.optim.rootwork import ROOT_CHUNK
+from mloc.runtime.optim.rootbatch import ROOT_CHUNK
 from tests.conftest import ROOT
 
 PROGRAM = Path(__file__).parent / "shampoo_nproc.mlo"

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from mloc.runtime.optim.roots import inverse_root, keep_previous, max_eigenvalue, ridged
+from mloc.runtime.optim.roots import inverse_root, max_eigenvalue, ridged
 
 F64 = torch.float64
 CONDS = (1.0, 1e2, 1e4, 1e6)
@@ -143,7 +143,7 @@ def test_root_work_falls_back_to_eigh_where_newton_rejects_a_drifted_statistic()
     """The same drifted float32 statistic: coupled Newton rejects it (its ridged matrix is
     indefinite), and the optimizer's root work then takes the clamped eigh root; a NaN
     statistic beside it stays rejected (status 0), a clean one keeps Newton's root."""
-    from mloc.runtime.optim.rootwork import RootWork
+    from mloc.runtime.optim.rootbatch import RootBatch
     gen = torch.Generator().manual_seed(4)
     q, _ = torch.linalg.qr(torch.randn(3, 10, 10, generator=gen, dtype=F64))
     lam = torch.logspace(0, -2, 10, dtype=F64).repeat(3, 1)
@@ -152,7 +152,7 @@ def test_root_work_falls_back_to_eigh_where_newton_rejects_a_drifted_statistic()
     s[1, 0, 0] = float("nan")
     newton = inverse_root(s, 4, epsilon=1e-6, method="newton")
     assert newton.ok.tolist() == [False, False, True]
-    done = RootWork(1e-6, "newton", 1, 0).compute(((s,),), (4,))
+    done = RootBatch(1e-6, "newton").compute(((s,),), (4,))
     root, status = done["roots"][0][0], done["status"][0][0]
     assert status.tolist() == [1, 0, 1]
     eigh = inverse_root(s[[0]], 4, epsilon=1e-6, method="eigh")
@@ -164,7 +164,7 @@ def test_root_work_falls_back_to_eigh_where_newton_rejects_a_drifted_statistic()
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_input_is_rejected_not_propagated(method, bad):
     """One poisoned matrix of a batch: rejected (ok False), its root is zeros, not NaN; the
-    others are computed as if it were not there; keep_previous restores the old root."""
+    others are computed as if it were not there; `ok` selects the old root where it is rejected."""
     a = spd(8, 1e3, seed=5)
     poisoned = a.clone()
     poisoned[1, 2, 3] = bad
@@ -174,7 +174,7 @@ def test_non_finite_input_is_rejected_not_propagated(method, bad):
     assert bool(torch.isfinite(r.root).all())
     assert torch.equal(r.root[[0, 2]], alone.root)
     previous = torch.eye(8, dtype=F64).expand(3, 8, 8) * 5
-    kept = keep_previous(r, previous)
+    kept = torch.where(r.ok[..., None, None], r.root, previous)      # what a caller keeps
     assert torch.equal(kept[1], previous[1]) and torch.equal(kept[0], r.root[0])
 
 

@@ -522,12 +522,12 @@ def test_the_benchmarks_minimal_step_is_shampoos_step():
 def test_the_root_worker_process_computes_what_root_work_computes(monkeypatch):
     """RootProcess alone: statistics of mixed dtypes and shapes (float32 and float64, batches
     of 1 and 3, odd byte sizes), two slots, jobs answered out of order: every root and
-    status equals ``RootWork.compute`` in this process bit for bit. Without
+    status equals ``RootBatch.compute`` in this process bit for bit. Without
     PYTHONUNBUFFERED (set where this suite was written), so the worker's stdout is
     block-buffered as on a user's machine: every message must be flushed."""
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
     from mloc.runtime.optim.rootproc import RootProcess
-    from mloc.runtime.optim.rootwork import RootWork
+    from mloc.runtime.optim.rootbatch import RootBatch
 
     def spd(b, n, dtype, seed):
         x = torch.randn(b, n, 2 * n, generator=torch.Generator().manual_seed(seed), dtype=dtype)
@@ -535,7 +535,7 @@ def test_the_root_worker_process_computes_what_root_work_computes(monkeypatch):
     jobs = [((spd(1, 3, torch.float32, s), spd(3, 5, torch.float32, s + 1)), (spd(2, 7, F64, s + 2),))
             for s in (0, 10)]
     ps = (4, 2)
-    proc = RootProcess(1e-6, "auto", 1, 2)
+    proc = RootProcess(1e-6, "auto")
     proc.start()
     try:
         assert proc.ready(60)
@@ -547,7 +547,7 @@ def test_the_root_worker_process_computes_what_root_work_computes(monkeypatch):
     finally:
         proc.close()
     for stats, got in zip(jobs, fresh):
-        want = RootWork(1e-6, "auto", 1, 2).compute(stats, ps)
+        want = RootBatch(1e-6, "auto").compute(stats, ps)
         for key in ("roots", "status"):
             pairs = [(a, b) for ga, gb in zip(want[key], got[key]) for a, b in zip(ga, gb)]
             assert len(pairs) == 3 and all(a.dtype == b.dtype and torch.equal(a, b) for a, b in pairs)

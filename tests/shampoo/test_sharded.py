@@ -6,21 +6,15 @@ does not depend on which matrices share its batch)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from mloc.runtime.workers import free_port
 from tests.conftest import ROOT
 from tests.shampoo._sharded_worker import initial, train
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow      # two interpreter starts: 17 s on 2 busy cores

@@ -106,8 +106,7 @@ class Optimizer(ABC):
     def schedule_stand_in(self, lr: float):
         """What a ``torch.optim.lr_scheduler`` steps in this optimizer's place: a
         ``torch.optim`` optimizer whose only param group holds :attr:`hyper` (torch's keys)
-        with the rate ``lr`` (:func:`mloc.runtime.schedules.stand_in`)."""
-        from mloc.runtime.schedules import stand_in
+        with the rate ``lr`` (:func:`stand_in`)."""
         return stand_in({**{k: v for k, v in self.hyper.items() if not isinstance(v, Tensor)}, "lr": lr})
 
     def drives(self, key: str) -> bool:
@@ -149,6 +148,21 @@ class Optimizer(ABC):
 
     def close(self) -> None:
         """The run ends, normally or not: stop background workers."""
+
+
+def stand_in(group: dict):
+    """A ``torch.optim.Optimizer`` over one dummy tensor whose ``defaults`` and only param
+    group are ``group`` (an mloc optimizer's hyperparameters under torch's keys, as
+    :meth:`Optimizer.schedule_stand_in` gives them), and whose ``step`` does nothing: what
+    a scheduler reads (``"betas" in optimizer.defaults`` picks what OneCycleLR cycles) is
+    what the real optimizer has."""
+    import torch
+
+    class StandIn(torch.optim.Optimizer):
+        def step(self, closure=None):       # noqa: ARG002 - nothing to update
+            return None
+
+    return StandIn([torch.zeros(1, requires_grad=True)], dict(group))
 
 
 def per_parameter(state: Any, n: int) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ The worker is a fresh Python running :func:`main` with one intra-op thread. It i
 neither ``__main__`` nor the user's code (``multiprocessing``'s start methods would
 re-import the main script), ignores SIGINT (Ctrl-C stops training, which drains or drops
 the jobs), and exits when its input closes, so it never outlives training. It runs
-:meth:`RootWork.compute` with the same settings, so its roots are the synchronous ones bit
+:meth:`~.rootbatch.RootBatch.compute` with the same settings, so its roots are the synchronous ones bit
 for bit.
 
 Data: per staleness slot, two files mapped by both processes (``torch.from_file``,
@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from mloc.runtime import scratch
+from mloc.runtime.optim.rootbatch import RootBatch
 
 _LEN = struct.Struct("<Q")
 FOLDER_PREFIX = "mloc-roots"     # the shared folder: mloc-roots-PID-START-RANDOM (mloc.runtime.scratch)
@@ -78,8 +79,8 @@ class Buffers:
 class RootProcess:
     """The worker process, its shared buffers and its queue of unanswered jobs."""
 
-    def __init__(self, epsilon: float, method: str, every: int, staleness: int):
-        self.settings = (epsilon, method, every, staleness)
+    def __init__(self, epsilon: float, method: str):
+        self.settings = (epsilon, method)
         self._proc: subprocess.Popen | None = None
         self._folder: Path | None = None
         self._ready = False
@@ -94,8 +95,7 @@ class RootProcess:
             return
         shm = Path("/dev/shm")          # named by this process: a later start removes it if we are killed
         self._folder = scratch.make(FOLDER_PREFIX, shm if shm.is_dir() and os.access(shm, os.W_OK) else None)
-        import mloc                     # the worker imports this mloc, wherever it was found
-        home = str(Path(mloc.__file__).resolve().parents[1])
+        home = str(Path(__file__).resolve().parents[3])   # the worker imports this mloc, wherever it was found
         path = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH", "")) if p)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": path}
         self._proc = subprocess.Popen([sys.executable, "-c", f"from {__name__} import main; main()",
@@ -179,8 +179,7 @@ class RootProcess:
     def _computed_here(self, bufs: Buffers, ps: tuple) -> tuple:
         """The worker is gone: say so (once), then compute the roots of ``bufs``' statistics."""
         self._gone()
-        from mloc.runtime.optim.rootwork import RootWork
-        done = RootWork(*self.settings).compute(_regroup(bufs.stats, bufs.specs), ps)
+        done = RootBatch(*self.settings).compute(_regroup(bufs.stats, bufs.specs), ps)
         return done["roots"] + done["status"]
 
 
@@ -267,10 +266,9 @@ def _read_exactly(stream, n: int) -> bytes:
 
 def serve(settings: tuple, folder: str, stdin, stdout) -> None:
     """The worker's loop: for each job, compute the roots of its slot's statistics with
-    ``RootWork(*settings)`` into the slot's output file and answer with the slot; on end
+    ``RootBatch(*settings)`` into the slot's output file and answer with the slot; on end
     of input, remove ``folder`` and return."""
-    from mloc.runtime.optim.rootwork import RootWork
-    work, mapped = RootWork(*settings), {}
+    work, mapped = RootBatch(*settings), {}
     try:
         _write(stdout, READY)
         while True:

@@ -42,9 +42,8 @@ on an accelerator the matrix products are cheap and batched ``eigh`` is not.
 Acceptance: a root is **rejected** (``ok`` false for that matrix) when the input, the ridge
 or the root is not finite, or its final error ``max|M − I|`` exceeds ``error_tolerance``
 (for ``eigh``: when a clamped, ridged eigenvalue is not positive, i.e. a zero statistic,
-or a singular one with ``ε = 0``). The caller keeps
-its previous root for a rejected matrix (:func:`keep_previous`) and counts consecutive
-failures; a NaN or Inf never leaves this module inside an accepted root.
+or a singular one with ``ε = 0``). The caller keeps its previous root for a rejected
+matrix and counts consecutive failures; a NaN or Inf never leaves this module inside an accepted root.
 
 Numbers are computed in ``compute_dtype`` (float64 by default: cheap on the CPU for
 Shampoo's block sizes, and what lets a float32 model reach a 1e-4-accurate root at
@@ -256,7 +255,3 @@ def default_tol(dtype) -> float:
     condition number 1e6), 1e-6 in lower precisions (what they can reach)."""
     return 1e-10 if dtype == torch.float64 else 1e-6
 
-
-def keep_previous(new: Roots, previous: Tensor) -> Tensor:
-    """The accepted roots of ``new``, and ``previous`` where a root was rejected."""
-    return torch.where(new.ok[..., None, None], new.root, previous)
