@@ -136,10 +136,11 @@ def test_mloc_examples_after_a_non_editable_install(wheel, tmp_path):
 LAYERS = ["source", "env", "diagnostics", "frontend", "lang", "builtins", "ir", "runtime", "passes", "codegen",
           "api", "cli"]
 TORCH_ALLOWED = {"runtime"}   # everything else reaches torch only through mloc.runtime
-RUNTIME_SHARES = {"mloc.ir.composition", "mloc.ir.interlock", "mloc.lang.vocabulary", "mloc.lang.roots"}
+RUNTIME_SHARES = {"mloc.ir.composition", "mloc.ir.interlock", "mloc.lang.vocabulary", "mloc.lang.roots",
+                  "mloc.lang.hyper"}
 """Torch-free facts the runtime and the compiler share (one home each): how an upper's
 hypergradient is composed, who trains whom in an interlocking chain, the names of the
-semantics, and when Shampoo's roots are used."""
+semantics, when Shampoo's roots are used, and each optimizer's hyperparameter record."""
 
 
 def _imports(path: Path) -> set[str]:

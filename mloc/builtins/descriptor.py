@@ -7,6 +7,9 @@ A `Descriptor` joins the views every stage needs of one built-in:
   checks, the planner and codegen read instead of comparing names;
 - `cost`: for a method, `cost(args, shape) -> (time in G, memory in bytes or None)`, a pure
   function of the sizes (the planner's view); None where the planner has nothing to price;
+- `hyper`: for an optimizer, its hyperparameter record (`mloc.lang.hyper`): the
+  signature is read from it, and it says which field a schedule scales (`rate`) and which
+  a torch scheduler may drive; the implementation steps with the same record;
 - `runtime`: `"module:attr"` of the runtime factory generated code calls, or None while
   the built-in is checked but not implemented (the checker reports E704 where it is used);
 - `aliases`: the names the literature gives it (`darts` for `finite_diff`), each with the
@@ -20,7 +23,7 @@ only code that executes a program calls it.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Callable, Union
 
 from mloc.lang.types import Kwargs, Ref, Type
@@ -67,6 +70,19 @@ class Signature:
 
 def signature(name: str, doc: str, *params: Param) -> Signature:
     return Signature(name, params, doc)
+
+
+def record_signature(record: type, name: str, doc: str, types: dict[str, "Type | Param"]) -> Signature:
+    """The signature of a hyperparameter record (`mloc.lang.hyper.Hyper`): its fields in
+    order, with their defaults and docs; `types` gives each field's language type (or a
+    whole `Param`, where the language's value differs from Python's: a `Ref`, `Kwargs`)."""
+    spec = record.spec()
+    missing = {n for n, _, _ in spec} ^ set(types)
+    if missing:
+        raise ValueError(f"the types of {name}'s record {record.__name__} do not match its fields: {sorted(missing)}")
+    return Signature(name, tuple(types[n] if isinstance(types[n], Param) else
+                                 Param(n, types[n], REQUIRED if default is MISSING else default, pdoc)
+                                 for n, default, pdoc in spec), doc)
 
 
 @dataclass(frozen=True)
@@ -170,6 +186,12 @@ class Descriptor:
     runtime: str | None
     cost: Cost | None = None
     aliases: tuple[Alias, ...] = ()
+    hyper: type | None = None
+
+    @property
+    def rate(self) -> str | None:
+        """The parameter a schedule scales (an optimizer's record's `RATE`), if any."""
+        return getattr(self.hyper, "RATE", None)
 
     @property
     def name(self) -> str:
@@ -194,6 +216,18 @@ class Descriptor:
     @property
     def runtime_attr(self) -> str | None:
         return self.runtime.split(":")[1] if self.runtime else None
+
+
+def optimizer(record: type, name: str, doc: str, caps: OptimizerCaps, runtime: str | None,
+              **types: "Type | Param") -> Descriptor:
+    """An optimizer's descriptor, its signature read from its hyperparameter `record`
+    (`record_signature`; `types`: each field's language type). The record must name its
+    rate, a field, and drive only its own fields (or any: `"*"`)."""
+    names = {n for n, _, _ in record.spec()}
+    if record.RATE not in names or not set(record.SCHEDULABLE) <= names | {"*"}:
+        raise ValueError(f"{record.__name__}: RATE must be one of its fields {sorted(names)}, and "
+                         f"SCHEDULABLE some of them (got {record.RATE!r}, {record.SCHEDULABLE!r})")
+    return Descriptor(record_signature(record, name, doc, types), caps, runtime, hyper=record)
 
 
 def registry(*descriptors: Descriptor) -> dict[str, Descriptor]:
