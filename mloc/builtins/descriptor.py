@@ -108,6 +108,18 @@ class OptimizerCaps:
 
 
 @dataclass(frozen=True)
+class AutoRank:
+    """That `auto` may choose a method, and how it ranks: among the methods that fit the
+    memory budget (their `cost` with the signature's defaults, the arguments `auto` gives
+    them), those of the lowest `tier` (accuracy first: 0 the most accurate), and among
+    those the fastest; when none fits, the one needing the least memory. `reason`: what
+    the plan prints when it is chosen (after "auto: ")."""
+
+    tier: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class MethodCaps:
     """`unrolls`: differentiates through the edge's unrolled lower steps (its `steps`
     default to the edge's `unroll`). `implicit`: solves with the lower Hessian.
@@ -122,8 +134,11 @@ class MethodCaps:
     `fusable`: with `mode="reverse"`, two levels, the upper's loss can back-propagate through
     the unrolled point directly (one backward). `two_level`: the runtime offers the whole
     two-level step as one closure, with the same numbers as the general path.
-    `task_vmap`: a meta-batch of its lower solves can be vectorized (`vmap = true`): its
-    BR-VJP is a solver on Hessian-vector products (`solve`) or has no indirect term."""
+    `task_vmap`: a meta-batch of its lower solves can be vectorized (`vmap = true`): the
+    runtime object offers `solve(op, v) -> q ≈ H⁻¹v` on Hessian-vector products, or the
+    method has no indirect term (`no_indirect`); declared here, checked at `mloc check`
+    (E219 for `vmap` with a method without it) and by the registry tests (`solve` exists).
+    `auto`: that the planner's `auto` may choose it, and how it ranks (`AutoRank`)."""
 
     unrolls: bool = False
     implicit: bool = False
@@ -135,6 +150,7 @@ class MethodCaps:
     fusable: bool = False
     two_level: bool = False
     task_vmap: bool = False
+    auto: AutoRank | None = None
 
 
 @dataclass(frozen=True)
@@ -228,13 +244,6 @@ def optimizer(record: type, name: str, doc: str, caps: OptimizerCaps, runtime: s
         raise ValueError(f"{record.__name__}: RATE must be one of its fields {sorted(names)}, and "
                          f"SCHEDULABLE some of them (got {record.RATE!r}, {record.SCHEDULABLE!r})")
     return Descriptor(record_signature(record, name, doc, types), caps, runtime, hyper=record)
-
-
-def registry(*descriptors: Descriptor) -> dict[str, Descriptor]:
-    table = {d.name: d for d in descriptors}
-    aliases = [a.name for d in descriptors for a in d.aliases]
-    assert len(set(aliases)) == len(aliases) and not set(aliases) & set(table), aliases
-    return table
 
 
 def alias_in(table: dict[str, Descriptor], name: str) -> Alias | None:

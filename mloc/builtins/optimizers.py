@@ -7,7 +7,8 @@ record, its descriptor (`optimizer(record, ...)`), its `Optimizer` (named by `ru
 
 from __future__ import annotations
 
-from mloc.builtins.descriptor import Descriptor, OptimizerCaps, Param, optimizer, registry
+from mloc.builtins.descriptor import Descriptor, OptimizerCaps, Param, optimizer
+from mloc.builtins.registry import Registry
 from mloc.lang.hyper import GRAFTS, ROOT_ALGORITHMS, AdamHyper, AdamWHyper, SGDHyper, ShampooHyper, TorchHyper
 from mloc.lang.types import Bool, Enum, Float, Int, Kwargs, Options, PyRef, Ref, TupleOf
 
@@ -66,4 +67,4 @@ TORCH = optimizer(
               PyRef(TorchHyper.cls), doc="the class or factory (default torch.optim.SGD)"),
     options=Param("options", Kwargs(), Options(), doc="its other keyword arguments"))
 
-OPTIMIZERS: dict[str, Descriptor] = registry(SGD, ADAM, ADAMW, SHAMPOO, TORCH)
+OPTIMIZERS: Registry = Registry(OptimizerCaps, SGD, ADAM, ADAMW, SHAMPOO, TORCH)
