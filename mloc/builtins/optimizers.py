@@ -7,9 +7,10 @@ record, its descriptor (`optimizer(record, ...)`), its `Optimizer` (named by `ru
 
 from __future__ import annotations
 
-from mloc.builtins.descriptor import Descriptor, OptimizerCaps, Param, optimizer
+from mloc.builtins.descriptor import OptimizerCaps, Param, optimizer
 from mloc.builtins.registry import Registry
-from mloc.lang.hyper import GRAFTS, ROOT_ALGORITHMS, AdamHyper, AdamWHyper, SGDHyper, ShampooHyper, TorchHyper
+from mloc.lang.hyper import (GRAFTS, ROOT_ALGORITHMS, AdamHyper, AdamWHyper, SGDHyper, ShampooHyper,
+                             TorchHyper)
 from mloc.lang.types import Bool, Enum, Float, Int, Kwargs, Options, PyRef, Ref, TupleOf
 
 LR = Float(0, open_lo=True)

@@ -209,7 +209,8 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) ->
     options = []
     for name, d in METHODS.items():
         caps = d.caps
-        if caps.auto is None or not caps.needs <= provides or (semantics == "exact" and not caps.differentiable):
+        applies = caps.needs <= provides and (semantics != "exact" or caps.differentiable)
+        if caps.auto is None or not applies:
             continue
         args = {p.name: p.default for p in d.signature.params}     # `auto` gives the defaults
         time, memory = _cost(name, args, sizes, e.lower, e.upper)
