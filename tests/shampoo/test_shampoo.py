@@ -183,7 +183,7 @@ def test_stale_roots_are_the_roots_of_s_steps_before():
         _, state = opt.update(g, state, (w,))
         stats_at[t] = state.stats[0]
         if t > 2 and t % 2 == 0:
-            want = [inverse_root(s, 4, epsilon=1e-6, method=opt.method).root for s in stats_at[t - 2]]
+            want = [inverse_root(s, 4, epsilon=1e-6, method=opt.hyper.root_method).root for s in stats_at[t - 2]]
             assert all(torch.equal(r, x) for r, x in zip(state.roots[0], want))
 
 
