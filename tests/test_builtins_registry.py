@@ -159,3 +159,23 @@ def test_optimizer_capabilities_are_ones_methods_can_ask_for():
 def test_schedule_factories_are_named_by_their_descriptors():
     assert SCHEDULES["step"].runtime == "mloc.runtime.schedules:step_decay"
     assert [n for n, d in SCHEDULES.items() if d.caps.identity] == ["constant"]
+
+
+VMAP_SOLVERS = [d for d in METHODS.values() if d.caps.task_vmap and not d.caps.no_indirect and d.runtime]
+
+
+@pytest.mark.parametrize("d", VMAP_SOLVERS, ids=lambda d: d.name)
+def test_a_method_declaring_task_vmap_offers_solve(d):
+    """`task_vmap` without `no_indirect` promises the meta-batch a `solve(op, v)` (what the
+    vectorized meta-batch calls; `mloc check` trusts the declaration, E219 otherwise)."""
+    defaults = {p.name: p.default for p in d.signature.params if p.default is not REQUIRED}
+    assert callable(getattr(d.load()(**defaults), "solve", None))
+
+
+@pytest.mark.parametrize("d", [d for d in OPTIMIZERS.values() if d.runtime], ids=lambda d: d.name)
+def test_an_optimizer_steps_with_its_descriptors_record(d):
+    """The implementation holds the record the signature was read from, and its rate is
+    the record's `RATE` field."""
+    required = {p.name: _value(p.type) for p in d.signature.params if p.default is REQUIRED}
+    opt = d.load()(**required)
+    assert type(opt.hyper) is d.hyper and opt.rate == getattr(opt.hyper, d.rate)

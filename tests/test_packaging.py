@@ -137,10 +137,11 @@ LAYERS = ["version", "source", "env", "diagnostics", "frontend", "lang", "builti
           "api", "cli"]
 TORCH_ALLOWED = {"runtime"}   # everything else reaches torch only through mloc.runtime
 RUNTIME_SHARES = {"mloc.ir.composition", "mloc.ir.interlock", "mloc.lang.vocabulary", "mloc.lang.roots",
-                  "mloc.lang.limits", "mloc.version"}
+                  "mloc.lang.limits", "mloc.lang.hyper", "mloc.version"}
 """Torch-free facts the runtime and the compiler share (one home each): how an upper's
 hypergradient is composed, who trains whom in an interlocking chain, the names of the
-semantics, when Shampoo's roots are used, mloc's bounds on steps and seeds, and mloc's version."""
+semantics, when Shampoo's roots are used, mloc's bounds on steps and seeds, each
+optimizer's hyperparameter record, and mloc's version."""
 
 
 def _imports(path: Path) -> set[str]:

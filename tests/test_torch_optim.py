@@ -20,7 +20,7 @@ import torch
 import mloc
 from mloc.passes.pipeline import compile_file, compile_source
 from mloc.runtime import tree
-from mloc.runtime.optim import TorchOptimizer, torch_optimizer
+from mloc.runtime.optim import torch_optimizer
 from mloc.source import SourceFile
 
 HERE = Path(__file__).parent / "torch_optim"
@@ -216,9 +216,9 @@ def test_update_is_the_same_step_out_of_place():
 
 def test_refused_optimizers_say_why():
     with pytest.raises(TypeError, match="not a torch.optim.Optimizer"):
-        TorchOptimizer(0.1, _quad().not_an_optimizer).init(_params())
+        torch_optimizer(0.1, _quad().not_an_optimizer).init(_params())
     with pytest.raises(TypeError, match="closure"):
-        TorchOptimizer(0.1, "torch.optim:LBFGS").init(_params())
+        torch_optimizer(0.1, "torch.optim:LBFGS").init(_params())
 
 
 # --- the checker --------------------------------------------------------------------------
@@ -246,5 +246,5 @@ def test_train_py_names_the_class_and_passes_the_options_through():
     assert compile_file(str(QUAD)).ok
     src = mloc.load(QUAD).source
     calls = {pyast.unparse(n) for n in pyast.walk(pyast.parse(src)) if isinstance(n, pyast.Call)}
-    assert "torch_optimizer(lr, cls='torch.optim:RAdam', options={'betas': (0.8, 0.99)})" in calls  # however wrapped
-    assert "torch_optimizer(lr, cls='torch.optim:RAdam', options={})" in calls
+    assert "torch_optimizer(lr=lr, cls='torch.optim:RAdam', options={'betas': (0.8, 0.99)})" in calls  # however wrapped
+    assert "torch_optimizer(lr=lr, cls='torch.optim:RAdam', options={})" in calls

@@ -7,6 +7,9 @@ A `Descriptor` joins the views every stage needs of one built-in:
   checks, the planner and codegen read instead of comparing names;
 - `cost`: for a method, `cost(args, shape) -> (time in G, memory in bytes or None)`, a pure
   function of the sizes (the planner's view); None where the planner has nothing to price;
+- `hyper`: for an optimizer, its hyperparameter record (`mloc.lang.hyper`): the
+  signature is read from it, and it says which field a schedule scales (`rate`) and which
+  a torch scheduler may drive; the implementation steps with the same record;
 - `runtime`: `"module:attr"` of the runtime factory generated code calls, or None while
   the built-in is checked but not implemented (the checker reports E704 where it is used);
 - `aliases`: the names the literature gives it (`darts` for `finite_diff`), each with the
@@ -20,7 +23,7 @@ only code that executes a program calls it.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Callable, Union
 
 from mloc.lang.types import Kwargs, Ref, Type
@@ -69,6 +72,19 @@ def signature(name: str, doc: str, *params: Param) -> Signature:
     return Signature(name, params, doc)
 
 
+def record_signature(record: type, name: str, doc: str, types: dict[str, "Type | Param"]) -> Signature:
+    """The signature of a hyperparameter record (`mloc.lang.hyper.Hyper`): its fields in
+    order, with their defaults and docs; `types` gives each field's language type (or a
+    whole `Param`, where the language's value differs from Python's: a `Ref`, `Kwargs`)."""
+    spec = record.spec()
+    missing = {n for n, _, _ in spec} ^ set(types)
+    if missing:
+        raise ValueError(f"the types of {name}'s record {record.__name__} do not match its fields: {sorted(missing)}")
+    return Signature(name, tuple(types[n] if isinstance(types[n], Param) else
+                                 Param(n, types[n], REQUIRED if default is MISSING else default, pdoc)
+                                 for n, default, pdoc in spec), doc)
+
+
 @dataclass(frozen=True)
 class OptimizerCaps:
     """`differentiable`: its update is a differentiable function of the gradient and state,
@@ -92,6 +108,18 @@ class OptimizerCaps:
 
 
 @dataclass(frozen=True)
+class AutoRank:
+    """That `auto` may choose a method, and how it ranks: among the methods that fit the
+    memory budget (their `cost` with the signature's defaults, the arguments `auto` gives
+    them), those of the lowest `tier` (accuracy first: 0 the most accurate), and among
+    those the fastest; when none fits, the one needing the least memory. `reason`: what
+    the plan prints when it is chosen (after "auto: ")."""
+
+    tier: int
+    reason: str
+
+
+@dataclass(frozen=True)
 class MethodCaps:
     """`unrolls`: differentiates through the edge's unrolled lower steps (its `steps`
     default to the edge's `unroll`). `implicit`: solves with the lower Hessian.
@@ -106,8 +134,11 @@ class MethodCaps:
     `fusable`: with `mode="reverse"`, two levels, the upper's loss can back-propagate through
     the unrolled point directly (one backward). `two_level`: the runtime offers the whole
     two-level step as one closure, with the same numbers as the general path.
-    `task_vmap`: a meta-batch of its lower solves can be vectorized (`vmap = true`): its
-    BR-VJP is a solver on Hessian-vector products (`solve`) or has no indirect term."""
+    `task_vmap`: a meta-batch of its lower solves can be vectorized (`vmap = true`): the
+    runtime object offers `solve(op, v) -> q ≈ H⁻¹v` on Hessian-vector products, or the
+    method has no indirect term (`no_indirect`); declared here, checked at `mloc check`
+    (E219 for `vmap` with a method without it) and by the registry tests (`solve` exists).
+    `auto`: that the planner's `auto` may choose it, and how it ranks (`AutoRank`)."""
 
     unrolls: bool = False
     implicit: bool = False
@@ -119,6 +150,7 @@ class MethodCaps:
     fusable: bool = False
     two_level: bool = False
     task_vmap: bool = False
+    auto: AutoRank | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +202,12 @@ class Descriptor:
     runtime: str | None
     cost: Cost | None = None
     aliases: tuple[Alias, ...] = ()
+    hyper: type | None = None
+
+    @property
+    def rate(self) -> str | None:
+        """The parameter a schedule scales (an optimizer's record's `RATE`), if any."""
+        return getattr(self.hyper, "RATE", None)
 
     @property
     def name(self) -> str:
@@ -196,11 +234,16 @@ class Descriptor:
         return self.runtime.split(":")[1] if self.runtime else None
 
 
-def registry(*descriptors: Descriptor) -> dict[str, Descriptor]:
-    table = {d.name: d for d in descriptors}
-    aliases = [a.name for d in descriptors for a in d.aliases]
-    assert len(set(aliases)) == len(aliases) and not set(aliases) & set(table), aliases
-    return table
+def optimizer(record: type, name: str, doc: str, caps: OptimizerCaps, runtime: str | None,
+              **types: "Type | Param") -> Descriptor:
+    """An optimizer's descriptor, its signature read from its hyperparameter `record`
+    (`record_signature`; `types`: each field's language type). The record must name its
+    rate, a field, and drive only its own fields (or any: `"*"`)."""
+    names = {n for n, _, _ in record.spec()}
+    if record.RATE not in names or not set(record.SCHEDULABLE) <= names | {"*"}:
+        raise ValueError(f"{record.__name__}: RATE must be one of its fields {sorted(names)}, and "
+                         f"SCHEDULABLE some of them (got {record.RATE!r}, {record.SCHEDULABLE!r})")
+    return Descriptor(record_signature(record, name, doc, types), caps, runtime, hyper=record)
 
 
 def alias_in(table: dict[str, Descriptor], name: str) -> Alias | None:

@@ -28,7 +28,8 @@ Adding a method: its descriptor here, its factory in `mloc/runtime/methods/` (na
 
 from __future__ import annotations
 
-from mloc.builtins.descriptor import Alias, Descriptor, MethodCaps, Param, Shape, registry, signature
+from mloc.builtins.descriptor import Alias, AutoRank, Descriptor, MethodCaps, Param, Shape, signature
+from mloc.builtins.registry import Registry
 from mloc.lang.types import Enum, Float
 from mloc.lang.vocabulary import ITD_MODES, REPEATS
 
@@ -87,7 +88,8 @@ ITD = Descriptor(
 CG = Descriptor(
     signature("cg", "implicit differentiation, H⁻¹v by conjugate gradients",
               Param("iters", REPEATS, 10), Param("tol", Float(0), 1e-10)),
-    MethodCaps(implicit=True, differentiable=True, task_vmap=True),
+    MethodCaps(implicit=True, differentiable=True, task_vmap=True,
+               auto=AutoRank(0, "the most accurate implicit method (10 CG steps) fits the budget")),
     "mloc.runtime.methods:cg", _implicit(4),
     (Alias("imaml", "cg", "iMAML's implicit hypergradient by conjugate gradients (Rajeswaran et al., 2019)"),
      Alias("hoag", "cg", "HOAG's implicit hypergradient by conjugate gradients (Pedregosa, 2016)")))
@@ -101,14 +103,16 @@ NEUMANN = Descriptor(
 FINITE_DIFF = Descriptor(
     signature("finite_diff", "identity Hessian, mixed product by central differences (DARTS)",
               Param("eps", POSITIVE, 0.01)),
-    MethodCaps(two_level=True),
+    MethodCaps(two_level=True,
+               auto=AutoRank(2, "second-order methods exceed the budget; finite differences")),
     "mloc.runtime.methods:finite_diff", _finite_diff,
     (Alias("darts", "finite_diff", "DARTS's second-order approximation (Liu et al., 2019)"),))
 
 SAMA = Descriptor(
     signature("sama", "SAMA: finite differences on the optimizer-adjusted direction",
               Param("eps", POSITIVE, 0.01)),
-    MethodCaps(needs=frozenset({"sama_diag"}), two_level=True),
+    MethodCaps(needs=frozenset({"sama_diag"}), two_level=True,
+               auto=AutoRank(1, "CG's Hessian-vector graphs exceed the budget; SAMA needs no second order")),
     "mloc.runtime.methods:sama", _sama)
 
 FIRST_ORDER = Descriptor(
@@ -122,4 +126,4 @@ AUTO = Descriptor(
     MethodCaps(planned=True),
     None)
 
-METHODS: dict[str, Descriptor] = registry(ITD, CG, NEUMANN, FINITE_DIFF, SAMA, FIRST_ORDER, AUTO)
+METHODS: Registry = Registry(MethodCaps, ITD, CG, NEUMANN, FINITE_DIFF, SAMA, FIRST_ORDER, AUTO)

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from mloc.builtins.descriptor import Descriptor, Param, ScheduleCaps, registry, signature
+from mloc.builtins.descriptor import Descriptor, Param, ScheduleCaps, signature
+from mloc.builtins.registry import Registry
 from mloc.lang.types import Float, Int, Kwargs, ListOf, Options, Ref
 
 GAMMA = Float(0, 1, open_lo=True)
 
-SCHEDULES: dict[str, Descriptor] = registry(
+SCHEDULES: Registry = Registry(ScheduleCaps, 
     Descriptor(signature("constant", "the optimizer's learning rate, unchanged"),
                ScheduleCaps(identity=True), "mloc.runtime.schedules:constant"),
     Descriptor(signature("cosine", "cosine decay to min_lr over `total` steps, after a linear warm-up",

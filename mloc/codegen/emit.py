@@ -110,13 +110,11 @@ class Emitter:
         self.block()
 
     def problem_spec(self, p: ProblemNode) -> None:
-        args = dict(p.optimizer.args)
-        lr = args.pop("lr")
-        opt_args = ", ".join(f"{k}={v!r}" for k, v in args.items())
+        optimizer, args = OPTIMIZERS[p.optimizer.name], dict(p.optimizer.args)
+        lr = args[optimizer.rate]       # the rate, whatever its name: the runtime schedules it
+        opt_args = ", ".join(f"{k}={'lr' if k == optimizer.rate else repr(v)}" for k, v in args.items())
         fields = [f"{p.name!r}", f"reads={p.loss.read_names()!r}", f"loss={p.name}_loss",
-                  f"optimizer=lambda lr: {OPTIMIZERS[p.optimizer.name].runtime_attr}"
-                  f"(lr{', ' + opt_args if opt_args else ''})",
-                  f"lr={lr!r}"]
+                  f"optimizer=lambda lr: {optimizer.runtime_attr}({opt_args})", f"lr={lr!r}"]
         if p.trainable != ("*",):
             fields.append(f"trainable={p.trainable!r}")
         if p.frozen:

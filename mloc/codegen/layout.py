@@ -7,10 +7,10 @@ line); the closing bracket and what follows it end the last item's line. An item
 for a line of its own is split the same way. Splitting only ever happens inside brackets,
 so the code means what the one line meant::
 
-    optimizer=lambda lr: shampoo(lr, beta2=1.0, momentum=0.9, ..., graft_beta2=0.999),
+    optimizer=lambda lr: shampoo(lr=lr, beta2=1.0, momentum=0.9, ..., graft_beta2=0.999),
 ->
     optimizer=lambda lr: shampoo(
-        lr, beta2=1.0, momentum=0.9, nesterov=True, epsilon=1e-06, weight_decay=0.0,
+        lr=lr, beta2=1.0, momentum=0.9, nesterov=True, epsilon=1e-06, weight_decay=0.0,
         ..., graft_beta2=0.999),
 
 A source location (`# prog.mlo:12`) stays on the first line of its statement, where a

@@ -196,28 +196,33 @@ def _itd_mode(e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str) -> E
 
 
 def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) -> EdgePlan:
+    """`auto`'s choice among the methods whose descriptors declare an `AutoRank` and that
+    apply (the lower optimizer provides what they need; `exact` semantics: differentiable):
+    of those that fit the budget, the lowest tier, then the fastest; else the smallest."""
     lower = g.problem(e.lower)
     init_only = lower.init is not None and lower.init[0] == e.upper and \
         e.upper not in lower.loss.read_names()
     if init_only:
         return _itd_mode(e, {"steps": e.unroll, "truncate": None, "mode": "auto"}, sizes, budget,
                          "auto: the lower starts from the upper's weights (init), only itd sees that")
-    candidates = [("cg", {"iters": 10, "tol": 1e-10}), ("sama", {"eps": 0.01}), ("finite_diff", {"eps": 0.01})]
-    if semantics == "exact":
-        candidates = candidates[:1]
     provides = OPTIMIZERS[lower.optimizer.name].caps.provides
-    candidates = [c for c in candidates if METHODS[c[0]].caps.needs <= provides]
-    for name, args in candidates:
+    options = []
+    for name, d in METHODS.items():
+        caps = d.caps
+        applies = caps.needs <= provides and (semantics != "exact" or caps.differentiable)
+        if caps.auto is None or not applies:
+            continue
+        args = {p.name: p.default for p in d.signature.params}     # `auto` gives the defaults
         time, memory = _cost(name, args, sizes, e.lower, e.upper)
-        if _fits(memory, budget):
-            why = {"cg": "auto: the most accurate implicit method (10 CG steps) fits the budget",
-                   "sama": "auto: CG's Hessian-vector graphs exceed the budget; SAMA needs no second order",
-                   "finite_diff": "auto: second-order methods exceed the budget; finite differences"}[name]
-            return EdgePlan(e.upper, e.lower, name, tuple(args.items()), e.unroll, time, memory, why)
-    name, args = candidates[-1]
-    time, memory = _cost(name, args, sizes, e.lower, e.upper)
-    return EdgePlan(e.upper, e.lower, name, tuple(args.items()), e.unroll, time, memory,
-                    f"auto: nothing fits the budget ({format_bytes(budget)}); the smallest method")
+        options.append((not _fits(memory, budget), caps.auto.tier, time, memory or 0, name, args, memory))
+    fits = sorted(o for o in options if not o[0])
+    if fits:
+        _, _, time, _, name, args, memory = fits[0]
+        why = f"auto: {METHODS[name].caps.auto.reason}"
+    else:                                   # nothing fits: the least memory
+        _, _, time, _, name, args, memory = min(options, key=lambda o: (o[3], o[1]))
+        why = f"auto: nothing fits the budget ({format_bytes(budget)}); the smallest method"
+    return EdgePlan(e.upper, e.lower, name, tuple(args.items()), e.unroll, time, memory, why)
 
 
 def format_bytes(n: int | None) -> str:

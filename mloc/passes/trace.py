@@ -193,7 +193,7 @@ def _check_schedules(g, diags: list, warnings: list) -> None:
         if p.schedule is None or SCHEDULES[p.schedule.name].caps.identity:
             continue
         desc, args = SCHEDULES[p.schedule.name], dict(p.schedule.args)
-        lr = dict(p.optimizer.args)["lr"]
+        lr = dict(p.optimizer.args)[OPTIMIZERS[p.optimizer.name].rate]
         try:
             optimizer = OPTIMIZERS[p.optimizer.name].load()(**dict(p.optimizer.args))
         except Exception:  # noqa: BLE001 - the optimizer's own errors are reported when it is built

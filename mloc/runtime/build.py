@@ -131,12 +131,12 @@ class Live:
     module: nn.Module
     params: tuple                        # the trainable tensors (δ for an `init` problem)
     slots: list[str]
-    lr: Any                              # a number, or a 0-dim tensor a schedule rewrites
     autocast: Callable[[], Any] = None   # the problem's precision context, built once
     scaler: Any = None                   # a GradScaler for fp16 on CUDA, else None
     problem: Problem | None = None       # set once every problem's parameters exist
     commit: Callable | None = None       # commit(grads): the optimizer step, bound once
     schedule: Callable | None = None     # the spec's schedule as bound to the optimizer (factor(step))
+    rate: Callable | None = None         # set(value): the optimizer's scheduled rate
     drive: Callable | None = None        # set(values): the other hyperparameters a schedule drives
     pipeline: Pipeline | None = None     # the commit pipeline, built at the first step
     batch: Any = None                    # the current batch; None until the first draw
@@ -170,7 +170,7 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
                for n, f in data.items()}
     live = {spec.name: _live(spec, modules[spec.name], config.precision, device, cast) for spec in specs}
     for lv in live.values():    # every problem's parameters exist now: bind the losses
-        lv.problem = _problem(lv, live)
+        lv.problem = _problem(lv, live, device, cast)
         lv.commit = optimizer_commit(lv)
     reduce = dist.mean if dist.world > 1 else None
     hierarchy = Hierarchy([lv.problem for lv in live.values()], edges, semantics, reduce, compositions)
@@ -190,16 +190,13 @@ def _live(spec: ProblemSpec, module: nn.Module, precision: str, device: torch.de
         params = tuple(torch.zeros_like(named[s]).requires_grad_() for s in slots)
     for n, t in named.items():
         t.requires_grad_(n in slots and spec.init is None)
-    # a scheduled rate lives in a tensor the schedule rewrites: in the run's dtype (float64
-    # runs keep it exact), else torch's default
-    lr = torch.tensor(spec.lr, device=device, dtype=cast) if spec.schedule else spec.lr
     precision = spec.precision or precision
     autocast = autocast_factory(precision, device)
     scaler = grad_scaler_for(precision, device)
-    return Live(spec, module, params, slots, lr, autocast, scaler if scaler.is_enabled() else None)
+    return Live(spec, module, params, slots, autocast, scaler if scaler.is_enabled() else None)
 
 
-def _problem(lv: Live, live: dict[str, Live]) -> Problem:
+def _problem(lv: Live, live: dict[str, Live], device: torch.device, cast: torch.dtype | None) -> Problem:
     """The runtime problem: its loss bound to the modules it reads, and the reads that
     implies (a read problem's `init` problem is read too: its parameters are added)."""
     reads = list(lv.spec.reads)
@@ -209,20 +206,25 @@ def _problem(lv: Live, live: dict[str, Live]) -> Problem:
     bound = BoundLoss(lv.spec.loss, [live[r].module for r in reads], [live[r].slots for r in reads],
                       [live[r].params for r in runtime_reads], lambda: (lv.batch,),
                       offsets, module_count=len(reads))
-    return Problem(lv.spec.name, lv.params, bound, tuple(runtime_reads), _optimizer(lv))
+    return Problem(lv.spec.name, lv.params, bound, tuple(runtime_reads), _optimizer(lv, device, cast))
 
 
-def _optimizer(lv: Live) -> Optimizer:
-    """The problem's optimizer with its schedule bound to it (``lv.schedule``): a torch
-    scheduler is re-created on the optimizer's stand-in, and the hyperparameters it drives
-    besides the rate (OneCycleLR's momentum) become tensors set by ``lv.drive`` before each
-    commit (:func:`mloc.runtime.schedules.bind`; a ``ScheduleError`` if the optimizer
-    cannot take one)."""
-    optimizer = lv.spec.optimizer(lv.lr)
+def _optimizer(lv: Live, device: torch.device, cast: torch.dtype | None) -> Optimizer:
+    """The problem's optimizer with its schedule bound to it (``lv.schedule``): its rate
+    held in a 0-dim tensor set by ``lv.rate`` before each commit, in the run's dtype
+    (float64 runs keep it exact), else torch's default; a torch scheduler re-created on the
+    optimizer's stand-in, and the hyperparameters it drives besides the rate (OneCycleLR's
+    momentum) tensors set by ``lv.drive`` (:func:`mloc.runtime.schedules.bind`; a
+    ``ScheduleError`` if the optimizer cannot take one)."""
+    optimizer = lv.spec.optimizer(lv.spec.lr)
     lv.schedule = bind(lv.spec.schedule, optimizer, lv.spec.lr, f"the optimizer of `{lv.spec.name}`")
+    if lv.schedule is None:
+        return optimizer
+    dtype = cast or torch.get_default_dtype()
+    lv.rate = optimizer.scheduled_rate(dtype, device)
     keys = getattr(lv.schedule, "keys", ())
     if keys:
-        lv.drive = optimizer.drive(keys, lv.lr)
+        lv.drive = optimizer.drive(keys, torch.empty((), dtype=dtype, device=device))
     return optimizer
 
 

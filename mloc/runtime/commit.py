@@ -128,17 +128,17 @@ def build_pipeline(lv: Any, dist: DistContext, guard: FiniteGuard, clock: Any, u
 def optimizer_commit(lv: Any) -> Callable[[Params], None]:
     """``commit(grads)``: the schedule, then the optimizer's step in place
     (:meth:`Optimizer.commit`). The schedule (``lv.schedule``, bound to the optimizer)
-    reads ``lv.steps``: it writes the rate, and ``lv.drive`` the other hyperparameters a
-    torch scheduler drives (OneCycleLR's momentum). The optimizer state is read from and
+    reads ``lv.steps``: ``lv.rate`` writes the rate, and ``lv.drive`` the other
+    hyperparameters a torch scheduler drives (OneCycleLR's momentum). The optimizer state is read from and
     written to ``lv.problem`` at every call (a restore replaces it)."""
     problem, spec = lv.problem, lv.spec
     no_grad = torch.no_grad()      # one context object, entered once per commit
-    schedule, drive, lr, base = lv.schedule, lv.drive, lv.lr, spec.lr
+    schedule, rate, drive, base = lv.schedule, lv.rate, lv.drive, spec.lr
     params, step, optimizer = problem.params, problem.optimizer.commit, problem.optimizer
 
     def commit(grads: Params) -> None:
         if schedule is not None:
-            lr.fill_(base * schedule(lv.steps))
+            rate(base * schedule(lv.steps))
             if drive is not None:
                 drive(schedule.values(lv.steps))
         missing = absent(grads)

@@ -58,9 +58,9 @@ def optimizer_report(lv: Any) -> dict[str, float]:
 
 
 def learning_rate(lv: Any) -> float | None:
-    """A problem's learning rate now: its ``lr`` (a number, or the 0-dim tensor its
-    schedule rewrites before each step); None when its optimizer has none."""
-    lr = getattr(lv, "lr", None)
+    """A problem's learning rate now: its optimizer's rate (a number, or the 0-dim tensor
+    its schedule rewrites before each step); None when its optimizer has none."""
+    lr = getattr(getattr(lv.problem, "optimizer", None), "rate", None)
     if isinstance(lr, Tensor):
         return float(lr)
     return float(lr) if isinstance(lr, (int, float)) and not isinstance(lr, bool) else None

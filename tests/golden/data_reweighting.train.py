@@ -50,14 +50,14 @@ PROBLEMS = (
         reads=('classifier', 'weight_net'),
         loss=classifier_loss,
         optimizer=lambda lr: sgd(
-            lr, momentum=0.9, nesterov=False, weight_decay=0.0005, dampening=0.0),
+            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0005, dampening=0.0),
         lr=0.02,
         schedule=cosine(total=3000, warmup=0, min_lr=0.0, base=0.02)),
     ProblemSpec(  # data_reweighting.mlo:15
         'weight_net',
         reads=('classifier',),
         loss=weight_net_loss,
-        optimizer=lambda lr: adam(lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0001),
+        optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0001),
         lr=0.01),
 )
 

@@ -48,13 +48,14 @@ PROBLEMS = (
         'model',
         reads=('model', 'decay'),
         loss=model_loss,
-        optimizer=lambda lr: sgd(lr, momentum=0.9, nesterov=False, weight_decay=0.0, dampening=0.0),
+        optimizer=lambda lr: sgd(
+            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0, dampening=0.0),
         lr=0.5),
     ProblemSpec(  # hpo.mlo:15
         'decay',
         reads=('model',),
         loss=decay_loss,
-        optimizer=lambda lr: adam(lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
+        optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
         lr=0.05,
         clip_grad_norm=10.0),
 )

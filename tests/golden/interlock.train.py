@@ -56,21 +56,21 @@ PROBLEMS = (
         reads=('stage1',),
         loss=stage1_loss,
         optimizer=lambda lr: sgd(
-            lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
+            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
         lr=0.1),
     ProblemSpec(  # interlock.mlo:14
         'stage2',
         reads=('stage1', 'stage2'),
         loss=stage2_loss,
         optimizer=lambda lr: sgd(
-            lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
+            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
         lr=0.1),
     ProblemSpec(  # interlock.mlo:21
         'stage3',
         reads=('stage1', 'stage2', 'stage3'),
         loss=stage3_loss,
         optimizer=lambda lr: sgd(
-            lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
+            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
         lr=0.1),
 )
 

@@ -48,13 +48,14 @@ PROBLEMS = (
         'meta',
         reads=('adapt',),
         loss=meta_loss,
-        optimizer=lambda lr: adam(lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
+        optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
         lr=0.001),
     ProblemSpec(  # maml.mlo:15
         'adapt',
         reads=('adapt',),
         loss=adapt_loss,
-        optimizer=lambda lr: sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0),
+        optimizer=lambda lr: sgd(
+            lr=lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0),
         lr=0.01,
         init='meta'),
 )

@@ -54,19 +54,20 @@ PROBLEMS = (
         'classifier',
         reads=('classifier', 'weight_net'),
         loss=classifier_loss,
-        optimizer=lambda lr: sgd(lr, momentum=0.9, nesterov=False, weight_decay=0.0, dampening=0.0),
+        optimizer=lambda lr: sgd(
+            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0, dampening=0.0),
         lr=0.1),
     ProblemSpec(  # trilevel.mlo:17
         'weight_net',
         reads=('classifier', 'weight_net', 'strength'),
         loss=weight_net_loss,
-        optimizer=lambda lr: adam(lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
+        optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
         lr=0.001),
     ProblemSpec(  # trilevel.mlo:24
         'strength',
         reads=('classifier',),
         loss=strength_loss,
-        optimizer=lambda lr: adam(lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
+        optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
         lr=0.01),
 )
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mloc.runtime import tree
-from mloc.runtime.optim import Adam, SGD, shampoo
+from mloc.runtime.optim import adam as make_adam, sgd as make_sgd, shampoo
 from mloc.runtime.optim.blocks import from_blocks, kron_diagonal, layout, precondition, to_blocks
 from tests.shampoo.helpers import F64, blockwise_direction, eig_root
 
@@ -116,10 +116,10 @@ def test_before_the_start_it_is_the_grafted_optimizer():
     b = tuple(p.clone() for p in init)
     run(shampoo(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
                 decoupled_weight_decay=False, graft="sgd", start_preconditioning_step=100), a, seq)
-    state = SGD(0.1, 0.9, True, 0.01).init(b)
+    state = make_sgd(0.1, 0.9, True, 0.01).init(b)
     for g in seq:
-        state = SGD(0.1, 0.9, True, 0.01).update(g, state, b)[1:] and state
-    sgd, st = SGD(0.1, 0.9, True, 0.01), None
+        state = make_sgd(0.1, 0.9, True, 0.01).update(g, state, b)[1:] and state
+    sgd, st = make_sgd(0.1, 0.9, True, 0.01), None
     b = tuple(p.clone() for p in init)
     st = sgd.init(b)
     for g in seq:
@@ -129,7 +129,7 @@ def test_before_the_start_it_is_the_grafted_optimizer():
     c = tuple(p.clone() for p in init)
     run(shampoo(lr=0.01, momentum=0.0, graft="adam", graft_beta2=0.999,
                 start_preconditioning_step=100), c, seq)
-    adam, st = Adam(0.01, (0.9, 0.999), 1e-10), None
+    adam, st = make_adam(0.01, (0.9, 0.999), 1e-10), None
     d = tuple(p.clone() for p in init)
     st = adam.init(d)
     for g in seq:
@@ -183,7 +183,7 @@ def test_stale_roots_are_the_roots_of_s_steps_before():
         _, state = opt.update(g, state, (w,))
         stats_at[t] = state.stats[0]
         if t > 2 and t % 2 == 0:
-            want = [inverse_root(s, 4, epsilon=1e-6, method=opt.method).root for s in stats_at[t - 2]]
+            want = [inverse_root(s, 4, epsilon=1e-6, method=opt.hyper.root_method).root for s in stats_at[t - 2]]
             assert all(torch.equal(r, x) for r, x in zip(state.roots[0], want))
 
 

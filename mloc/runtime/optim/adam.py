@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import torch
 
-from mloc.runtime.optim.base import Optimizer, is_zero, numbers
+from mloc.lang.hyper import AdamHyper, AdamWHyper
+from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
 from mloc.runtime.tree import Params
 
 
@@ -33,20 +34,18 @@ class Adam(Optimizer):
     momentum cycling) is used as ``torch.optim.Adam`` uses it: the current ``β₁`` in the
     moment and in the bias correction ``1 − β₁ᵗ``."""
 
-    SCHEDULABLE = {"betas": ("b1", "b2"), "eps": ("eps",), "weight_decay": ("weight_decay",)}
-
-    def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled=False):
-        super().__init__(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        self.lr, (self.b1, self.b2), self.eps = lr, betas, eps
-        self.weight_decay, self.decoupled = weight_decay, decoupled
-        self.inplace = numbers(lr, self.b1, self.b2, eps, weight_decay)
+    def __init__(self, hyper: AdamHyper, decoupled: bool = False):
+        super().__init__(hyper)
+        self.decoupled = decoupled
+        self.inplace = numbers(hyper.lr, *hyper.betas, hyper.eps, hyper.weight_decay)
 
     def init(self, params):
         zeros = lambda: tuple(torch.zeros_like(p) for p in params)  # noqa: E731
         return AdamState(0, zeros(), zeros())
 
     def _moments(self, grads, state, params):
-        b1, b2, wd = self.b1, self.b2, self.weight_decay
+        h = self.hyper
+        (b1, b2), wd = h.betas, h.weight_decay
         if not self.decoupled and not is_zero(wd):
             grads = tuple(g + wd * p for g, p in zip(grads, params))
         mu = tuple(m + (1 - b1) * (g - m) for m, g in zip(state.mu, grads))
@@ -55,10 +54,11 @@ class Adam(Optimizer):
         return grads, mu, nu, 1 - b1**t, 1 - b2**t
 
     def update(self, grads, state, params):
-        lr, wd = self.lr, self.weight_decay
+        h = self.hyper
+        lr, wd = h.lr, h.weight_decay
         _, mu, nu, c1, c2 = self._moments(grads, state, params)
         step, root_c2 = lr / c1, c2**0.5
-        upd = tuple(-step * m / (torch.sqrt(v) / root_c2 + self.eps) for m, v in zip(mu, nu))
+        upd = tuple(-step * m / (torch.sqrt(v) / root_c2 + h.eps) for m, v in zip(mu, nu))
         if self.decoupled and not is_zero(wd):
             upd = tuple(u - lr * wd * p for u, p in zip(upd, params))
         return upd, AdamState(state.count + 1, mu, nu)
@@ -67,14 +67,15 @@ class Adam(Optimizer):
         # d/dg of  lr/c1 · m / (sqrt(v/c2) + eps), with m, v the moments after g:
         #   lr/c1 · [ (1-b1)/D  -  m (1-b2) g / (c2 sqrt(v/c2) D²) ],  D = sqrt(v/c2) + eps.
         # Bias correction is kept: s is the exact derivative of the step actually taken.
-        b1, b2 = self.b1, self.b2
+        h = self.hyper
+        b1, b2 = h.betas
         g, mu, nu, c1, c2 = self._moments(grads, state, params)
         out = []
         for gi, m, v in zip(g, mu, nu):
             root = torch.sqrt(v / c2)
-            d = root + self.eps
+            d = root + h.eps
             curv = torch.where(root > 0, m * (1 - b2) * gi / (c2 * root * d * d), 0.0)
-            out.append(self.lr / c1 * ((1 - b1) / d - curv))
+            out.append(h.lr / c1 * ((1 - b1) / d - curv))
         return tuple(out)
 
     def committed(self, state):
@@ -86,7 +87,8 @@ class Adam(Optimizer):
         step tensor back to the host: the same float)."""
         if not self.inplace:
             return super().commit(grads, state, params)
-        lr, b1, b2, wd = self.lr, self.b1, self.b2, self.weight_decay
+        h = self.hyper
+        lr, (b1, b2), wd, eps = h.lr, h.betas, h.weight_decay, h.eps
         t = state.count + 1
         step_size = lr / (1 - b1**t)
         root_c2 = (1 - b2**t) ** 0.5
@@ -98,16 +100,18 @@ class Adam(Optimizer):
                     g = g.add(p, alpha=wd)
             m.lerp_(g, 1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v.sqrt() / root_c2).add_(self.eps)
+            denom = (v.sqrt() / root_c2).add_(eps)
             p.addcdiv_(m, denom, value=-step_size)
         return AdamState(t, state.mu, state.nu)
 
 
-def adam(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0) -> Adam:
+@takes(AdamHyper)
+def adam(hyper: AdamHyper) -> Adam:
     """Adam with L2 weight decay added to the gradient (see :class:`Adam`)."""
-    return Adam(lr, betas, eps, weight_decay, decoupled=False)
+    return Adam(hyper, decoupled=False)
 
 
-def adamw(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2) -> Adam:
+@takes(AdamWHyper)
+def adamw(hyper: AdamWHyper) -> Adam:
     """AdamW: Adam with decoupled weight decay ``Δθ -= η·wd·θ`` (see :class:`Adam`)."""
-    return Adam(lr, betas, eps, weight_decay, decoupled=True)
+    return Adam(hyper, decoupled=True)

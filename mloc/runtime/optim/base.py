@@ -25,8 +25,10 @@ Scheduled hyperparameters: a ``torch.optim.lr_scheduler`` may drive more than th
 :meth:`~Optimizer.schedule_stand_in` is what such a scheduler steps in the optimizer's
 place (a ``torch.optim`` optimizer with the same param-group entries, under torch's keys),
 and :meth:`~Optimizer.drive` turns the entries it drives into 0-dim tensors the engine
-rewrites before each commit, as it rewrites a scheduled rate (``SCHEDULABLE`` says which
-entries the optimizer can take so). A tensor hyperparameter takes the functional path.
+rewrites before each commit, as it rewrites a scheduled rate (:meth:`~Optimizer.scheduled_rate`;
+the record's ``SCHEDULABLE`` says which entries the optimizer can take so). Either way the
+optimizer's record is replaced by one holding the tensors: nothing relies on the optimizer
+keeping a tensor it was given. A tensor hyperparameter takes the functional path.
 
 Lifecycle: an optimizer with background work (Shampoo's asynchronous matrix roots) is
 told when training starts (:meth:`~Optimizer.start`), must bring its state up to date
@@ -37,28 +39,40 @@ optimizers here all three do nothing.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Any, Callable, ClassVar, Sequence
 
 from torch import Tensor
+
+from mloc.lang.hyper import Hyper
 
 from mloc.runtime import tree
 from mloc.runtime.tree import Params
 
 
 class Optimizer(ABC):
-    """A functional optimizer (see the module docstring). ``hyper`` holds the
-    hyperparameters it was built with, by name."""
+    """A functional optimizer (see the module docstring). ``hyper`` is its hyperparameter
+    record (:mod:`mloc.lang.hyper`), the values it steps with: read it when stepping (a
+    scheduled field is replaced by a 0-dim tensor after construction)."""
 
     diag_uses_grad: ClassVar[bool] = True
     """Whether :meth:`diag` reads ``grads`` (SGD's does not, so SAMA skips a gradient)."""
 
-    SCHEDULABLE: ClassVar[dict[str, tuple[str, ...]]] = {}
-    """The param-group entries (torch's keys, as in :attr:`hyper`) a scheduler may drive,
-    each to the attributes that hold it: one per element of a tuple entry (``betas``)."""
+    inplace: bool = True
+    """Whether :meth:`commit` may take its in-place form (every hyperparameter a number)."""
 
-    def __init__(self, **hyper):
+    def __init__(self, hyper: Hyper = Hyper()):
         self.hyper = hyper
+
+    @property
+    def rate(self) -> Any:
+        """The value of the record's ``RATE`` field now (a number, or the 0-dim tensor a
+        schedule rewrites); None for an optimizer without one."""
+        name = type(self.hyper).RATE
+        return None if name is None else getattr(self.hyper, name)
 
     @abstractmethod
     def init(self, params: Params) -> Any:
@@ -105,29 +119,43 @@ class Optimizer(ABC):
 
     def schedule_stand_in(self, lr: float):
         """What a ``torch.optim.lr_scheduler`` steps in this optimizer's place: a
-        ``torch.optim`` optimizer whose only param group holds :attr:`hyper` (torch's keys)
-        with the rate ``lr`` (:func:`stand_in`)."""
-        return stand_in({**{k: v for k, v in self.hyper.items() if not isinstance(v, Tensor)}, "lr": lr})
+        ``torch.optim`` optimizer whose only param group holds :attr:`hyper` (its rate
+        under torch's key ``lr``, at ``lr``) (:func:`stand_in`)."""
+        rate = type(self.hyper).RATE
+        return stand_in({("lr" if k == rate else k): (lr if k == rate else v)
+                         for k, v in self.hyper.items().items() if k == rate or not isinstance(v, Tensor)})
 
     def drives(self, key: str) -> bool:
         """Whether :meth:`drive` can take the param-group entry ``key`` (``"*"``: any entry,
-        whenever a scheduler changes it)."""
-        return key in self.SCHEDULABLE
+        whenever a scheduler changes it): the record's ``SCHEDULABLE``."""
+        keys = type(self.hyper).SCHEDULABLE
+        return key in keys or "*" in keys
+
+    def scheduled_rate(self, dtype, device) -> Callable[[float], None]:
+        """Hold the rate (the record's ``RATE`` field) in a 0-dim tensor of ``dtype`` on
+        ``device``, starting at the built value; returns ``set(value)``, which writes one
+        step's rate into it. Called once, before :meth:`init`, for a scheduled problem."""
+        import torch
+        name = type(self.hyper).RATE
+        t = torch.tensor(float(getattr(self.hyper, name)), dtype=dtype, device=device)
+        self.hyper = replace(self.hyper, **{name: t})
+        self.inplace = False
+        return t.fill_
 
     def drive(self, keys, like: Tensor) -> Callable[[dict], None]:
         """Hold the param-group entries ``keys`` (each one :meth:`drives`) in 0-dim tensors
-        of ``like``'s dtype and device, starting at the built values; returns ``set(values)``,
-        which writes one step's values (``{key: number or tuple}``) into them. Called once,
-        before :meth:`init`: with a tensor hyperparameter the optimizer takes its functional
-        path, and one whose value was 0 is live (SGD's momentum buffers exist)."""
+        of ``like``'s dtype and device, starting at the built values (a tuple entry, such as
+        ``betas``, a tuple of them); returns ``set(values)``, which writes one step's values
+        (``{key: number or tuple}``) into them. Called once, before :meth:`init`: with a
+        tensor hyperparameter the optimizer takes its functional path, and one whose value
+        was 0 is live (SGD's momentum buffers exist)."""
         import torch
         slots: dict[str, tuple[Tensor, ...]] = {}
         for key in keys:
-            attrs, value = self.SCHEDULABLE[key], self.hyper[key]
-            values = tuple(value) if len(attrs) > 1 else (value,)
+            value = getattr(self.hyper, key)
+            values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
             slots[key] = tuple(torch.tensor(float(v), dtype=like.dtype, device=like.device) for v in values)
-            for attr, t in zip(attrs, slots[key]):
-                setattr(self, attr, t)
+        self.hyper = replace(self.hyper, **{k: ts if len(ts) > 1 else ts[0] for k, ts in slots.items()})
         self.inplace = False
         self._driven(tuple(keys))
 
@@ -227,6 +255,19 @@ def _restored(entry: Any, saved: Any) -> Any:
             a.copy_(b)
         return entry
     return saved
+
+
+def takes(record: type) -> Callable:
+    """Decorate ``f(hyper) -> Optimizer`` into the runtime factory a descriptor names: called
+    with the fields of ``record`` (positionally or by name, the record's defaults), with the
+    record's signature (what the registry tests compare with the descriptor's)."""
+    def wrap(f: Callable) -> Callable:
+        @functools.wraps(f)
+        def build(*args, **kwargs):
+            return f(record(*args, **kwargs))
+        build.__signature__ = inspect.signature(record)
+        return build
+    return wrap
 
 
 def apply_updates(params: Params, updates: Params) -> Params:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-GRAFTS = ("none", "sgd", "adagrad", "rmsprop", "adam")
 ACCUMULATORS = {"none": 0, "sgd": 0, "adagrad": 1, "rmsprop": 1, "adam": 2}
 """Accumulator tensors per parameter: ``(v,)``, or ``(m, v)`` for ``adam``."""
 EPS = 1e-10

@@ -57,7 +57,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-METHODS = ("newton", "eigh")
+from mloc.lang.hyper import ROOT_ALGORITHMS
+
+METHODS = ROOT_ALGORITHMS
 """The root algorithms; ``"auto"`` is resolved to one of them per device (:func:`resolve`)."""
 GUARD_ARMED_BELOW = 0.1
 """The divergence guard acts once ``max|M − I|`` is below this (see the module docstring)."""

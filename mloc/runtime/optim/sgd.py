@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 import torch
 
-from mloc.runtime.optim.base import Optimizer, is_zero, numbers
+from mloc.lang.hyper import SGDHyper
+from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
 from mloc.runtime.tree import Params
 
 
@@ -31,17 +32,14 @@ class SGD(Optimizer):
     whenever the base optimizer changes)."""
 
     diag_uses_grad = False
-    SCHEDULABLE = {"momentum": ("momentum",), "dampening": ("dampening",), "weight_decay": ("weight_decay",)}
 
-    def __init__(self, lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0):
-        super().__init__(lr=lr, momentum=momentum, nesterov=nesterov,
-                         weight_decay=weight_decay, dampening=dampening)
-        self.has_momentum = not is_zero(momentum)
-        if nesterov and (not self.has_momentum or not is_zero(dampening)):
+    def __init__(self, hyper: SGDHyper):
+        super().__init__(hyper)
+        h = hyper
+        self.has_momentum = not is_zero(h.momentum)
+        if h.nesterov and (not self.has_momentum or not is_zero(h.dampening)):
             raise ValueError("nesterov momentum requires momentum > 0 and dampening = 0")
-        self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
-        self.weight_decay, self.dampening = weight_decay, dampening
-        self.inplace = numbers(lr, momentum, weight_decay, dampening)
+        self.inplace = numbers(h.lr, h.momentum, h.weight_decay, h.dampening)
 
     def _driven(self, keys):
         # a scheduled momentum is live even where it was built 0: torch.optim.SGD with
@@ -53,7 +51,8 @@ class SGD(Optimizer):
         return SGDState(0, buf)
 
     def update(self, grads, state, params):
-        lr, mu, wd = self.lr, self.momentum, self.weight_decay
+        h = self.hyper
+        lr, mu, wd = h.lr, h.momentum, h.weight_decay
         if not is_zero(wd):
             grads = tuple(g + wd * p for g, p in zip(grads, params))
         if not self.has_momentum:
@@ -61,16 +60,16 @@ class SGD(Optimizer):
         if state.count == 0:
             buf = grads
         else:
-            buf = tuple(mu * b + (1 - self.dampening) * g for b, g in zip(state.momentum, grads))
-        direction = tuple(g + mu * b for g, b in zip(grads, buf)) if self.nesterov else buf
+            buf = tuple(mu * b + (1 - h.dampening) * g for b, g in zip(state.momentum, grads))
+        direction = tuple(g + mu * b for g, b in zip(grads, buf)) if h.nesterov else buf
         return tuple(-lr * d for d in direction), SGDState(state.count + 1, buf)
 
     def diag(self, grads, state, params):
-        c = 1.0
+        h, c = self.hyper, 1.0
         if self.has_momentum:
-            c = 1.0 if state.count == 0 else 1 - self.dampening
-            c = 1 + self.momentum * c if self.nesterov else c
-        return (self.lr * c,) * len(params)
+            c = 1.0 if state.count == 0 else 1 - h.dampening
+            c = 1 + h.momentum * c if h.nesterov else c
+        return (h.lr * c,) * len(params)
 
     def committed(self, state):
         return state.momentum
@@ -80,7 +79,9 @@ class SGD(Optimizer):
         run is bit-identical to ``torch.optim.SGD(foreach=False)``)."""
         if not self.inplace:
             return super().commit(grads, state, params)
-        lr, mu, wd, has_momentum = self.lr, self.momentum, self.weight_decay, self.has_momentum
+        h = self.hyper
+        lr, mu, wd, has_momentum, nesterov = h.lr, h.momentum, h.weight_decay, self.has_momentum, h.nesterov
+        damped = 1 - h.dampening
         first, bufs = state.count == 0, []
         for i, (p, g) in enumerate(zip(params, grads)):
             if wd != 0:
@@ -90,13 +91,14 @@ class SGD(Optimizer):
                     buf = g.detach().clone()
                 else:
                     buf = state.momentum[i]
-                    buf.mul_(mu).add_(g, alpha=1 - self.dampening)
+                    buf.mul_(mu).add_(g, alpha=damped)
                 bufs.append(buf)
-                g = g.add(buf, alpha=mu) if self.nesterov else buf
+                g = g.add(buf, alpha=mu) if nesterov else buf
             p.add_(g, alpha=-lr)
         return SGDState(state.count + 1, tuple(bufs))
 
 
-def sgd(lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0) -> SGD:
+@takes(SGDHyper)
+def sgd(hyper: SGDHyper) -> SGD:
     """SGD with optional (Nesterov) momentum and L2 weight decay (see :class:`SGD`)."""
-    return SGD(lr, momentum, nesterov, weight_decay, dampening)
+    return SGD(hyper)

@@ -62,9 +62,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from mloc.lang.hyper import GRAFTS, ShampooHyper
 from mloc.runtime.optim import blocks, graft as grafting
-from mloc.runtime.optim.graft import GRAFTS
-from mloc.runtime.optim.base import Optimizer, is_zero, numbers
+from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
 from mloc.runtime.optim.rootwork import RootWork, clone_tuple, failure_counts, merge_due
 
 
@@ -82,33 +82,15 @@ class ShampooState(NamedTuple):
 
 class Shampoo(Optimizer):
     """See the module docstring. A scheduler may drive ``momentum`` (OneCycleLR's momentum
-    cycling: Shampoo has no ``betas``)."""
+    cycling: Shampoo has no ``betas``) and ``weight_decay`` (:class:`ShampooHyper`)."""
 
-    SCHEDULABLE = {"momentum": ("mu",), "weight_decay": ("wd",)}
-
-    def __init__(self, lr=1e-3, beta2=1.0, momentum=0.9, nesterov=True, epsilon=1e-6,
-                 weight_decay=0.0, decoupled_weight_decay=True, update_every=1,
-                 start_preconditioning_step=5, block_size=128, graft="adagrad", staleness=0,
-                 async_roots=False, exponent_override=0, max_precond_dim=8192,
-                 root_method="auto", graft_beta2=0.999):
-        super().__init__(lr=lr, beta2=beta2, momentum=momentum, nesterov=nesterov,
-                         epsilon=epsilon, weight_decay=weight_decay,
-                         decoupled_weight_decay=decoupled_weight_decay, update_every=update_every,
-                         start_preconditioning_step=start_preconditioning_step,
-                         block_size=block_size, graft=graft, staleness=staleness,
-                         async_roots=async_roots, exponent_override=exponent_override,
-                         max_precond_dim=max_precond_dim, root_method=root_method,
-                         graft_beta2=graft_beta2)
-        if graft not in GRAFTS:
-            raise ValueError(f"unknown graft {graft!r}; expected one of {GRAFTS}")
-        self.lr, self.beta2, self.mu, self.nesterov = lr, beta2, momentum, nesterov
-        self.epsilon, self.wd, self.decoupled = epsilon, weight_decay, decoupled_weight_decay
-        self.every, self.start_step, self.block_size = update_every, start_preconditioning_step, block_size
-        self.graft, self.staleness, self.async_roots = graft, staleness, async_roots
-        self.p_override, self.max_dim, self.method = exponent_override, max_precond_dim, root_method
-        self.graft_beta2 = graft_beta2
-        self.inplace = numbers(lr, beta2, momentum, weight_decay, graft_beta2)
-        self.work = RootWork(epsilon, root_method, update_every, staleness)
+    def __init__(self, hyper: ShampooHyper):
+        super().__init__(hyper)
+        h = hyper
+        if h.graft not in GRAFTS:
+            raise ValueError(f"unknown graft {h.graft!r}; expected one of {GRAFTS}")
+        self.inplace = numbers(h.lr, h.beta2, h.momentum, h.weight_decay, h.graft_beta2)
+        self.work = RootWork(h.epsilon, h.root_method, h.update_every, h.staleness)
         self.slots = self.work.slots
         self._layouts: dict[tuple, blocks.Layout] = {}
         self._layout_lists: dict[tuple, tuple] = {}
@@ -117,7 +99,8 @@ class Shampoo(Optimizer):
     def layout(self, p: Tensor) -> blocks.Layout:
         key = tuple(p.shape)
         if key not in self._layouts:
-            self._layouts[key] = blocks.layout(key, self.block_size, self.max_dim, self.p_override)
+            h = self.hyper
+            self._layouts[key] = blocks.layout(key, h.block_size, h.max_precond_dim, h.exponent_override)
         return self._layouts[key]
 
     def layouts(self, params) -> tuple:
@@ -136,9 +119,9 @@ class Shampoo(Optimizer):
             roots.append(tuple(torch.eye(b, dtype=p.dtype, device=p.device).repeat(lay.count, 1, 1)
                                for b in sizes))
             fails.append(tuple(torch.zeros(lay.count, dtype=torch.int64, device=p.device) for _ in sizes))
-        n_graft = grafting.ACCUMULATORS[self.graft]
+        n_graft = grafting.ACCUMULATORS[self.hyper.graft]
         graft = tuple(tuple(torch.zeros_like(p) for _ in range(n_graft)) for p in params)
-        mom = tuple(torch.zeros_like(p) for p in params) if not is_zero(self.mu) else ()
+        mom = tuple(torch.zeros_like(p) for p in params) if not is_zero(self.hyper.momentum) else ()
         pending = tuple({"step": -1, "roots": tuple(map(clone_tuple, roots)),
                          "status": tuple(tuple(f.to(torch.int8) for f in fs) for fs in fails)}
                         for _ in range(self.slots))
@@ -163,33 +146,34 @@ class Shampoo(Optimizer):
         schedule's learning rate) it is :meth:`update` followed by ``params += updates``."""
         if not self.inplace:
             return super().commit(grads, state, params)
-        t = state.count + 1
+        h, t = self.hyper, state.count + 1
         params = list(params)
         lays = self.layouts(params)
         g = list(self._decayed(grads, params))
         x = [blocks.to_blocks(gi, lay) if s else None for gi, s, lay in zip(g, state.stats, lays)]
         for xi, s in zip(x, state.stats):       # the blocks are laid out once, used twice
             if s:
-                blocks.accumulate(s, xi, self.beta2, inplace=True)
+                blocks.accumulate(s, xi, h.beta2, inplace=True)
         roots, failures, pending = self._roots(t, state.stats, state, lays)
-        d = grafting.directions_inplace(self.graft, self.graft_beta2, t, g, state.graft)
-        if t > self.start_step:
-            _graft_preconditioned(d, x, roots, lays, self.graft)
-        if self.decoupled and not is_zero(self.wd):
-            torch._foreach_mul_(params, 1 - self.lr * self.wd)
-        momentum = _momentum_inplace(params, d, state.momentum, self.lr, self.mu, self.nesterov)
+        d = grafting.directions_inplace(h.graft, h.graft_beta2, t, g, state.graft)
+        if t > h.start_preconditioning_step:
+            _graft_preconditioned(d, x, roots, lays, h.graft)
+        if h.decoupled_weight_decay and not is_zero(h.weight_decay):
+            torch._foreach_mul_(params, 1 - h.lr * h.weight_decay)
+        momentum = _momentum_inplace(params, d, state.momentum, h.lr, h.momentum, h.nesterov)
         return ShampooState(t, state.stats, roots, failures, state.graft, momentum, pending)
 
     def _decayed(self, grads, params):
-        if self.decoupled or is_zero(self.wd):
+        h = self.hyper
+        if h.decoupled_weight_decay or is_zero(h.weight_decay):
             return tuple(grads)
-        return tuple(g + self.wd * p for g, p in zip(grads, params))
+        return tuple(g + h.weight_decay * p for g, p in zip(grads, params))
 
     def _roots(self, t, stats, state, lays):
         """``(roots, failures, pending)`` for step ``t``: the slots due installed, this step's
         refresh started (or computed), and with staleness 0 its roots installed at once."""
         roots, failures, pending = self.work.install(t, state.roots, state.failures, state.pending)
-        pending = self.work.refresh(t, stats, _orders(lays), pending, background=self.async_roots)
+        pending = self.work.refresh(t, stats, _orders(lays), pending, background=self.hyper.async_roots)
         if not self.slots:          # staleness 0: this step's roots are used by this step
             roots, failures, pending = self.work.install(t, roots, failures, pending)
         return roots, failures, pending
@@ -203,34 +187,35 @@ class Shampoo(Optimizer):
         needs grad: the roots are constants to autograd). :meth:`commit` accumulates in
         place with the same kernel (:func:`.blocks.accumulate`), so the two agree bit for bit."""
         return tuple(blocks.accumulate(s, blocks.to_blocks(gi.detach() if gi.requires_grad else gi, lay),
-                                       self.beta2)
+                                       self.hyper.beta2)
                      if s else () for gi, s, lay in zip(g, stats, lays))
 
     def _directions(self, t, g, graft_state, roots, params):
         """``(graft accumulators, direction)`` per tensor (before momentum)."""
-        new_graft, out = [], []
-        precondition = t > self.start_step
+        h, new_graft, out = self.hyper, [], []
+        precondition = t > h.start_preconditioning_step
         for gi, acc, rts, p in zip(g, graft_state, roots, params):
-            acc, d = grafting.direction(self.graft, self.graft_beta2, t, gi, acc)
+            acc, d = grafting.direction(h.graft, h.graft_beta2, t, gi, acc)
             new_graft.append(acc)
             if rts and precondition:
                 pre = self._precondition(gi, self.layout(p), rts)
-                if self.graft != "none":
+                if h.graft != "none":
                     pre = pre * (_norm(d) / (_norm(pre) + 1e-16))
                 d = pre
             out.append(d)
         return tuple(new_graft), tuple(out)
 
     def _momentum(self, direction, buffers, params):
-        lr, mu = self.lr, self.mu
+        h = self.hyper
+        lr, mu = h.lr, h.momentum
         if is_zero(mu):
             upd, mom = [-lr * d for d in direction], ()
         else:
             mom = tuple(mu * b + d for b, d in zip(buffers, direction))
-            step = [d + mu * b for d, b in zip(direction, mom)] if self.nesterov else mom
+            step = [d + mu * b for d, b in zip(direction, mom)] if h.nesterov else mom
             upd = [-lr * s for s in step]
-        if self.decoupled and not is_zero(self.wd):
-            upd = [u - lr * self.wd * p for u, p in zip(upd, params)]
+        if h.decoupled_weight_decay and not is_zero(h.weight_decay):
+            upd = [u - lr * h.weight_decay * p for u, p in zip(upd, params)]
         return mom, tuple(upd)
 
     def committed(self, state):
@@ -253,7 +238,7 @@ class Shampoo(Optimizer):
     def start(self) -> None:
         """Start the root worker (``async_roots``); under a process group of several ranks
         (and synchronous roots) shard the root work."""
-        self.work.start(self.async_roots)
+        self.work.start(self.hyper.async_roots)
 
     def drain(self) -> None:
         """Wait for every root job: the state's pending slots are then complete."""
@@ -282,17 +267,18 @@ def _sama_diagonal(opt: Shampoo, grads, state, params):
         stats = opt._statistics(g, state.stats, lays)
         pending = opt.work.refresh(t, stats, _orders(lays), pending, background=False)
     roots, _, _ = merge_due(t, state.roots, state.failures, pending)
-    c = (1 + opt.mu if opt.nesterov else 1.0) if not is_zero(opt.mu) else 1.0
+    h = opt.hyper
+    c = (1 + h.momentum if h.nesterov else 1.0) if not is_zero(h.momentum) else 1.0
     out = []
     for gi, acc, rts, p in zip(g, state.graft, roots, params):
-        acc, d = grafting.direction(opt.graft, opt.graft_beta2, t, gi, acc)
-        if rts and t > opt.start_step:
+        acc, d = grafting.direction(h.graft, h.graft_beta2, t, gi, acc)
+        if rts and t > h.start_preconditioning_step:
             kd = blocks.from_blocks(blocks.kron_diagonal(list(rts)), opt.layout(p))
-            if opt.graft != "none":
+            if h.graft != "none":
                 kd = kd * (_norm(d) / (_norm(opt._precondition(gi, opt.layout(p), rts)) + 1e-16))
-            out.append(opt.lr * c * kd)
+            out.append(h.lr * c * kd)
         else:
-            out.append(opt.lr * c * grafting.diagonal(opt.graft, opt.graft_beta2, t, acc))
+            out.append(h.lr * c * grafting.diagonal(h.graft, h.graft_beta2, t, acc))
     return tuple(out)
 
 
@@ -336,12 +322,7 @@ def _norm(x: Tensor) -> Tensor:
     return torch.linalg.vector_norm(x)
 
 
-def shampoo(lr=1e-3, beta2=1.0, momentum=0.9, nesterov=True, epsilon=1e-6, weight_decay=0.0,
-            decoupled_weight_decay=True, update_every=1, start_preconditioning_step=5,
-            block_size=128, graft="adagrad", staleness=0, async_roots=False,
-            exponent_override=0, max_precond_dim=8192, root_method="auto",
-            graft_beta2=0.999) -> Shampoo:
+@takes(ShampooHyper)
+def shampoo(hyper: ShampooHyper) -> Shampoo:
     """Shampoo (see :class:`Shampoo` and the module docstring)."""
-    return Shampoo(lr, beta2, momentum, nesterov, epsilon, weight_decay, decoupled_weight_decay,
-                   update_every, start_preconditioning_step, block_size, graft, staleness,
-                   async_roots, exponent_override, max_precond_dim, root_method, graft_beta2)
+    return Shampoo(hyper)

@@ -36,7 +36,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from mloc.runtime.optim.base import Optimizer
+from mloc.lang.hyper import TorchHyper
+from mloc.runtime.optim.base import Optimizer, takes
 from mloc.runtime.tree import Params
 
 
@@ -59,11 +60,10 @@ class TorchState(NamedTuple):
 class TorchOptimizer(Optimizer):
     """See the module docstring."""
 
-    def __init__(self, lr, cls: str | Callable = "torch.optim:SGD", options: dict | None = None):
-        options = dict(options or {})
-        super().__init__(lr=lr, cls=cls, options=options)
-        self.lr, self.options, self.factory = lr, options, load_ref(cls)
-        self.name = getattr(self.factory, "__qualname__", str(cls))
+    def __init__(self, hyper: TorchHyper):
+        super().__init__(hyper)
+        self.options, self.factory = dict(hyper.options or {}), load_ref(hyper.cls)
+        self.name = getattr(self.factory, "__qualname__", str(hyper.cls))
         self._opt: torch.optim.Optimizer | None = None
         self._params: Params = ()
         self._template: tuple | None = None
@@ -74,7 +74,8 @@ class TorchOptimizer(Optimizer):
         """The rate as a host float (torch.optim's groups hold floats): a scheduled rate is
         a 0-dim tensor the engine rewrote, read here once per step (a device sync off the
         CPU, the one this optimizer costs)."""
-        return self.lr.item() if isinstance(self.lr, Tensor) else self.lr
+        lr = self.hyper.lr
+        return lr.item() if isinstance(lr, Tensor) else lr
 
     def _build(self, params, lr: float | None = None) -> torch.optim.Optimizer:
         opt = self.factory(list(params), lr=self._host_lr() if lr is None else lr, **self.options)
@@ -92,11 +93,6 @@ class TorchOptimizer(Optimizer):
         """This very class on one dummy tensor, rate ``lr``: a scheduler reads its real
         ``defaults`` (``betas`` or ``momentum``; neither: torch refuses to cycle a momentum)."""
         return self._build([torch.zeros(1, requires_grad=True)], lr)
-
-    def drives(self, key: str) -> bool:
-        """Any entry, at any step (``"*"``: that it takes any): written into the param group
-        as a scheduler writes it."""
-        return True
 
     def drive(self, keys, like=None):
         """``set(values)`` keeps one step's values of the entries ``keys``, written into every
@@ -132,7 +128,7 @@ class TorchOptimizer(Optimizer):
                 opt.state[p] = dict(s)
 
     def _step(self, opt: torch.optim.Optimizer, params, grads) -> None:
-        if isinstance(self.lr, Tensor):
+        if isinstance(self.hyper.lr, Tensor):
             lr = self._host_lr()
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -170,9 +166,9 @@ class TorchOptimizer(Optimizer):
             return updates, TorchState(state.count + 1, tuple(dict(opt.state[s]) for s in shadow))
 
 
-def torch_optimizer(lr, cls: str | Callable = "torch.optim:SGD",
-                    options: dict | None = None) -> TorchOptimizer:
+@takes(TorchHyper)
+def torch_optimizer(hyper: TorchHyper) -> TorchOptimizer:
     """``cls(params, lr=lr, **options)``, a ``torch.optim`` optimizer (or a factory returning
     one; ``cls`` as ``"module:attr"`` or the object) stepped in place (see
     :class:`TorchOptimizer`)."""
-    return TorchOptimizer(lr, cls, options)
+    return TorchOptimizer(hyper)
