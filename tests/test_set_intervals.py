@@ -51,10 +51,10 @@ def test_a_bad_interval_is_a_diagnostic_at_its_set(capsys):
     assert "1 | --set 'train.log_every=0'" in err
 
 
-def test_mloc_run_logs_at_the_set_interval(tmp_path):
+def test_mloc_run_logs_at_the_set_interval(tmp_path, mloc_here):
     """small.mlo logs every 5 steps; with the --set it logs at 2, 4 and 6, and config.json
     records the --set."""
-    proc = mloc("run", SMALL, "--steps", 6, "--set", "train.log_every=2", "--out", tmp_path, "--quiet")
+    proc = mloc_here("run", SMALL, "--steps", 6, "--set", "train.log_every=2", "--out", tmp_path, "--quiet")
     assert proc.returncode == 0, proc.stderr
     logged = sorted({r["step"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
                      if r["kind"] == "train"})

@@ -73,21 +73,21 @@ def test_a_failed_sweep_point_shows_the_error_its_run_reported(tmp_path):
     assert refused[1:] == ["--> --set:1:25", f"= note: `net.optimizer.lr` in {FAULTY}, as set for this command"]
 
 
-def _one_evaluation(tmp_path) -> Path:
+def _one_evaluation(tmp_path, mloc_here) -> Path:
     """A 5-step run of directions.mlo: its evaluations run once, at step 5."""
     folder = tmp_path / "one"
-    proc = mloc("run", DIRECTIONS, "--steps", "5", "--quiet", "--threads", "1", "--out", folder)
+    proc = mloc_here("run", DIRECTIONS, "--steps", "5", "--quiet", "--threads", "1", "--out", folder)
     assert proc.returncode == 0, proc.stderr
     assert [r["step"] for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
             if r["kind"] == "eval" and r["eval"] == "acc"] == [5]
     return folder
 
 
-def test_plot_draws_a_run_with_one_evaluation_in_the_terminal(tmp_path):
+def test_plot_draws_a_run_with_one_evaluation_in_the_terminal(tmp_path, mloc_here):
     """The point is drawn in the middle column with its step, 5, under it; the axis read
     5 to 6 before (a step the run never had), the point at its left edge."""
-    folder = _one_evaluation(tmp_path)
-    proc = mloc("plot", folder, "--metric", "eval/acc")
+    folder = _one_evaluation(tmp_path, mloc_here)
+    proc = mloc_here("plot", folder, "--metric", "eval/acc")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     grid = [line.split("|", 1)[1] for line in lines if "|" in line]
@@ -100,12 +100,12 @@ def test_plot_draws_a_run_with_one_evaluation_in_the_terminal(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib not installed")
-def test_plot_draws_a_run_with_one_evaluation_through_matplotlib(tmp_path):
+def test_plot_draws_a_run_with_one_evaluation_through_matplotlib(tmp_path, mloc_here):
     """A line through one point draws nothing: the evaluation gets a marker, drawn at the
     point and in the legend (SVG `<use>` of a marker in the first color, C0 = #1f77b4)."""
-    folder = _one_evaluation(tmp_path)
+    folder = _one_evaluation(tmp_path, mloc_here)
     svg = tmp_path / "acc.svg"
-    proc = mloc("plot", folder, "--metric", "eval/acc", "-o", svg)
+    proc = mloc_here("plot", folder, "--metric", "eval/acc", "-o", svg)
     assert proc.returncode == 0, proc.stderr
     uses = re.findall(r'<use xlink:href="#m[0-9a-f]+" x="[-\d.]+" y="[-\d.]+" style="fill: #1f77b4', svg.read_text())
     assert len(uses) == 2

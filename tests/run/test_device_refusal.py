@@ -28,26 +28,26 @@ def program(tmp_path):
     return path
 
 
-def test_run_device_cuda_is_refused_before_the_trace(program, tmp_path):
-    proc = mloc("run", program, "--device", "cuda", "--out", tmp_path / "run", "--quiet")
+def test_run_device_cuda_is_refused_before_the_trace(program, tmp_path, mloc_here):
+    proc = mloc_here("run", program, "--device", "cuda", "--out", tmp_path / "run", "--quiet")
     assert proc.returncode == 2, proc.stderr
     assert NOT_THERE in proc.stderr and "= help: use --device cpu" in proc.stderr, proc.stderr
     assert "imported the program module" not in proc.stderr
     assert not (tmp_path / "run").exists()
-    control = mloc("run", program, "--device", "cpu", "--out", tmp_path / "run", "--quiet")
+    control = mloc_here("run", program, "--device", "cpu", "--out", tmp_path / "run", "--quiet")
     assert control.returncode == 1 and "imported the program module" in control.stderr, control.stderr
 
 
-def test_the_train_blocks_device_is_refused_before_the_trace(program, tmp_path):
+def test_the_train_blocks_device_is_refused_before_the_trace(program, tmp_path, mloc_here):
     program.write_text(program.read_text().replace("device = cpu", "device = cuda"))
-    proc = mloc("run", program, "--out", tmp_path / "run", "--quiet")
+    proc = mloc_here("run", program, "--out", tmp_path / "run", "--quiet")
     assert proc.returncode == 2, proc.stderr
     assert NOT_THERE in proc.stderr and "imported the program module" not in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
 
 
-def test_nproc_device_cuda_is_refused_before_the_trace(program, tmp_path):
-    proc = mloc("run", program, "--device", "cuda", "--nproc", 2, "--out", tmp_path / "run", "--quiet")
+def test_nproc_device_cuda_is_refused_before_the_trace(program, tmp_path, mloc_here):
+    proc = mloc_here("run", program, "--device", "cuda", "--nproc", 2, "--out", tmp_path / "run", "--quiet")
     assert proc.returncode == 2, proc.stderr
     assert "error: --nproc 2 on CUDA needs 2 devices, one per process; this machine has no CUDA device" \
         in proc.stderr, proc.stderr

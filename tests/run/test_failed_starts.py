@@ -23,12 +23,12 @@ from tests.run.helpers import FAULTY, HERE, mloc
 NOCKPT = HERE / "nockpt.mlo"
 
 
-def test_a_device_that_is_not_there_fails_before_the_folder_is_made(tmp_path):
+def test_a_device_that_is_not_there_fails_before_the_folder_is_made(tmp_path, mloc_here):
     out = tmp_path / "run"
-    proc = mloc("run", NOCKPT, "--device", "cuda:99", "--out", out, "--steps", 2, "--quiet")
+    proc = mloc_here("run", NOCKPT, "--device", "cuda:99", "--out", out, "--steps", 2, "--quiet")
     assert proc.returncode == 2 and "device cuda:99 is not available" in proc.stderr, proc.stderr
     assert not out.exists()
-    build = mloc("compile", NOCKPT, "-o", tmp_path / "build")
+    build = mloc_here("compile", NOCKPT, "-o", tmp_path / "build")
     assert build.returncode == 0, build.stderr
     proc = subprocess.run([sys.executable, str(tmp_path / "build" / "train.py"), "--device", "cuda:99", "--out",
                            str(out), "--steps", "2", "--quiet"], capture_output=True, text=True, timeout=300)
@@ -46,31 +46,31 @@ def _failed_start(folder):
     return folder
 
 
-def test_a_folder_where_no_step_was_trained_is_reused(tmp_path):
+def test_a_folder_where_no_step_was_trained_is_reused(tmp_path, mloc_here):
     folder = _failed_start(tmp_path / "run")
     assert not holds_run(folder)
     assert choose(folder, None, False, "x").clear          # its config.json starts afresh
-    proc = mloc("run", NOCKPT, "--out", folder, "--steps", 4, "--quiet")
+    proc = mloc_here("run", NOCKPT, "--out", folder, "--steps", 4, "--quiet")
     assert proc.returncode == 0, proc.stderr
     config = json.loads((folder / "config.json").read_text())
     assert config["run"]["steps"] == 4 and config["resumes"] == []
     assert json.loads((folder / "summary.json").read_text())["status"] == "finished"
 
 
-def test_resuming_a_folder_where_no_step_was_trained_says_to_start_it(tmp_path):
+def test_resuming_a_folder_where_no_step_was_trained_says_to_start_it(tmp_path, mloc_here):
     folder = _failed_start(tmp_path / "run")
-    proc = mloc("run", NOCKPT, "--resume", folder, "--quiet")
+    proc = mloc_here("run", NOCKPT, "--resume", folder, "--quiet")
     assert proc.returncode == 2, proc.stderr
     assert "holds no checkpoint.pt" in proc.stderr and f"--out {folder}" in proc.stderr, proc.stderr
     assert "pass the --out folder of an earlier run" not in proc.stderr
 
 
-def test_a_folder_that_trained_still_blocks_a_new_start(tmp_path):
+def test_a_folder_that_trained_still_blocks_a_new_start(tmp_path, mloc_here):
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "metrics.jsonl").write_text('{"kind": "train", "step": 4}\n')
     assert holds_run(folder)
-    proc = mloc("run", NOCKPT, "--out", folder, "--steps", 4, "--quiet")
+    proc = mloc_here("run", NOCKPT, "--out", folder, "--steps", 4, "--quiet")
     assert proc.returncode == 2 and "already holds a run" in proc.stderr
 
 

@@ -36,14 +36,14 @@ def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_a_resume_without_the_set_keeps_the_runs_override_bitwise(tmp_path):
+def test_a_resume_without_the_set_keeps_the_runs_override_bitwise(tmp_path, mloc_here):
     """Started with unroll=3, resumed without the --set: it trains on with unroll=3 and ends
     bitwise where an uninterrupted unroll=3 run ends (the file says unroll = 2)."""
     run, full = tmp_path / "run", tmp_path / "full"
-    ok(mloc("run", PROGRAM, "--steps", 6, "--set", UNROLL_3, "--out", run, "--quiet"))
-    resumed = ok(mloc("run", PROGRAM, "--steps", 12, "--resume", run, "--quiet"))
+    ok(mloc_here("run", PROGRAM, "--steps", 6, "--set", UNROLL_3, "--out", run, "--quiet"))
+    resumed = ok(mloc_here("run", PROGRAM, "--steps", 12, "--resume", run, "--quiet"))
     assert resumed.stderr == ""                     # nothing changed but the length
-    ok(mloc("run", PROGRAM, "--steps", 12, "--set", UNROLL_3, "--out", full, "--quiet"))
+    ok(mloc_here("run", PROGRAM, "--steps", 12, "--set", UNROLL_3, "--out", full, "--quiet"))
     assert same_state(run, full)
     recorded = config(run)["resumes"][0]
     assert recorded["program"]["set"] == [UNROLL_3] and overrides_of(run) == [UNROLL_3]
@@ -70,11 +70,11 @@ def test_a_resume_without_steps_continues_to_the_runs_end(tmp_path):
     assert recorded["steps"] == 12 and recorded["program"]["set"] == [failing] and recorded["changes"] == []
 
 
-def test_a_resume_that_changes_a_set_shows_and_records_the_change(tmp_path):
+def test_a_resume_that_changes_a_set_shows_and_records_the_change(tmp_path, mloc_here):
     run = tmp_path / "run"
-    ok(mloc("run", PROGRAM, "--steps", 6, "--set", UNROLL_3, "--set", "net.optimizer.lr=0.05", "--out", run,
+    ok(mloc_here("run", PROGRAM, "--steps", 6, "--set", UNROLL_3, "--set", "net.optimizer.lr=0.05", "--out", run,
             "--quiet"))
-    resumed = ok(mloc("run", PROGRAM, "--steps", 8, "--resume", run, "--set", "weights->net.unroll=1",
+    resumed = ok(mloc_here("run", PROGRAM, "--steps", 8, "--resume", run, "--set", "weights->net.unroll=1",
                       "--set", "weights.optimizer.lr=0.02", "--quiet"))
     changes = [f"--set '{'weights->net.unroll=1'}' replaces the run's --set '{UNROLL_3}'",
                "--set 'weights.optimizer.lr=0.02' is added to the run's overrides"]
@@ -86,18 +86,18 @@ def test_a_resume_that_changes_a_set_shows_and_records_the_change(tmp_path):
     assert sorted(recorded["program"]["set"]) == expect and sorted(overrides_of(run)) == expect
 
 
-def test_a_resume_with_another_seed_or_dtype_is_refused_before_compiling(tmp_path):
+def test_a_resume_with_another_seed_or_dtype_is_refused_before_compiling(tmp_path, mloc_here):
     """Exit 2 with the difference, config.json untouched; the refusal comes before the
     compile: the same command with a file that does not even parse is refused the same way."""
     run = tmp_path / "run"
-    ok(mloc("run", PROGRAM, "--steps", 6, "--out", run, "--quiet"))
+    ok(mloc_here("run", PROGRAM, "--steps", 6, "--out", run, "--quiet"))
     before = (run / "config.json").read_text()
     broken = tmp_path / "broken.mlo"
     broken.write_text("program broken\nproblem {\n")
     for flags, said in ((("--seed", 3), "this command's seed is 3, the run's 0"),
                         (("--dtype", "float64"), "this command's dtype is float64, the run's none (as built)")):
         for file in (PROGRAM, broken):
-            proc = mloc("run", file, "--steps", 8, "--resume", run, *flags, "--quiet")
+            proc = mloc_here("run", file, "--steps", 8, "--resume", run, *flags, "--quiet")
             assert proc.returncode == 2, proc.stderr
             assert f"error: cannot resume {run} with another {flags[0][2:]}: {said}" in proc.stderr, proc.stderr
             assert "nothing was written" in proc.stderr and f"resume without {flags[0]}" in proc.stderr
