@@ -13,9 +13,6 @@ a hypergradient.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,19 +21,17 @@ import torch
 import mloc
 from mloc.builtins import METHODS
 from mloc.runtime.checkpoint import load_checkpoint
-from tests.conftest import ROOT
 
 BN = Path(__file__).parent / "buffers" / "bn.mlo"
 STEPS, UNROLL = 4, 3
 EXECUTABLE = sorted(n for n, d in METHODS.items() if not d.caps.planned)
 
 
-def _run(out: Path, *sets: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "mloc", "run", str(BN), "--out", str(out), "--quiet"]
+def _run(mloc_here, out: Path, *sets: str):
+    argv = ["run", str(BN), "--out", str(out), "--quiet", "--threads", "1"]
     for s in sets:
         argv += ["--set", s]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    return mloc_here(*argv)
 
 
 def _tracked(run_dir: Path) -> dict[str, int]:
@@ -46,8 +41,8 @@ def _tracked(run_dir: Path) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("method", EXECUTABLE)
-def test_only_a_problems_own_steps_update_its_buffers(method, tmp_path):
-    proc = _run(tmp_path, f"weights->net.hypergrad={method}")
+def test_only_a_problems_own_steps_update_its_buffers(method, tmp_path, mloc_here):
+    proc = _run(mloc_here, tmp_path, f"weights->net.hypergrad={method}")
     assert proc.returncode == 0, proc.stderr
     assert _tracked(tmp_path) == {"net.net.1.num_batches_tracked": STEPS * UNROLL,
                                   "weights.norm.num_batches_tracked": STEPS}
@@ -69,9 +64,9 @@ def test_losses_evaluations_and_hypergradients_leave_buffers_and_modes_alone():
     assert [sub.training for m in modules for sub in m.modules()] == modes
 
 
-def test_run_and_api_evaluate_alike(tmp_path):
+def test_run_and_api_evaluate_alike(tmp_path, mloc_here):
     """`mloc run`'s evaluation at the last step equals the API's `evaluate()` there."""
-    proc = _run(tmp_path)
+    proc = _run(mloc_here, tmp_path)
     assert proc.returncode == 0, proc.stderr
     import json
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -159,32 +159,19 @@ def test_bare_tensor_batches_log_their_losses():
     assert set(s.hypergradients()) == {"hyper"}
 
 
-def test_mloc_run_trains_in_float64_when_asked(tmp_path):
+def test_mloc_run_trains_in_float64_when_asked(tmp_path, mloc_here):
     """`mloc run --dtype float64` (as `python train.py --dtype` and the API's `dtype=`)."""
-    import os
-    import subprocess
-    import sys
     from mloc.runtime.checkpoint import load_checkpoint
-    proc = subprocess.run([sys.executable, "-m", "mloc", "run", str(RESTART), "--dtype", "float64", "--steps", "3",
-                           "--out", str(tmp_path / "run"), "--quiet"], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    proc = mloc_here("run", RESTART, "--dtype", "float64", "--steps", "3", "--out", tmp_path / "run", "--quiet")
     assert proc.returncode == 0, proc.stderr
     saved = load_checkpoint(tmp_path / "run" / "checkpoint.pt", None)["problems"]["hyper"]["params"][0]
     assert saved.dtype == torch.float64
     assert torch.equal(saved, run(3)[1])
 
 
-def _run_cli(path, tmp_path):
-    import os
-    import subprocess
-    import sys
-    return subprocess.run([sys.executable, "-m", "mloc", "run", str(path), "--out", str(tmp_path / "run"), "--quiet"],
-                          capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-
-
-def test_an_evaluation_may_return_a_dict_of_metrics(tmp_path):
+def test_an_evaluation_may_return_a_dict_of_metrics(tmp_path, mloc_here):
     import json
-    proc = _run_cli(HERE / "eval_report.mlo", tmp_path)
+    proc = mloc_here("run", HERE / "eval_report.mlo", "--out", tmp_path / "run", "--quiet")
     assert proc.returncode == 0, proc.stderr
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evals = {(r["step"], r["eval"]) for r in records if "eval" in r}
@@ -195,11 +182,11 @@ def test_an_evaluation_may_return_a_dict_of_metrics(tmp_path):
     assert set(got) == {"w_norm", "w_max"} and got["w_norm"] == float(s.module("model").w.norm())
 
 
-def test_an_evaluation_returning_something_else_is_the_programs_error(tmp_path):
+def test_an_evaluation_returning_something_else_is_the_programs_error(tmp_path, mloc_here):
     """Exit 1 and E707 at the evaluation's line, found when the evaluation is tried at
     compile time (before training), not an internal error (exit 101). The same mistake
     appearing only later in a run is E702 (tests/evals/test_selection.py)."""
-    proc = _run_cli(HERE / "eval_wrong_report.mlo", tmp_path)
+    proc = mloc_here("run", HERE / "eval_wrong_report.mlo", "--out", tmp_path / "run", "--quiet")
     assert proc.returncode == 1, proc.stderr
     assert "error[E707]" in proc.stderr and "returns a str" in proc.stderr
     assert "eval_wrong_report.mlo:" in proc.stderr and "E900" not in proc.stderr
