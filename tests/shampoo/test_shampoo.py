@@ -5,6 +5,7 @@ asynchronous roots, rejected roots, the SAMA diagonal, differentiation, checkpoi
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -240,7 +241,8 @@ def test_a_root_worker_that_dies_is_replaced_by_the_training_process():
     seq = grads_seq([(6, 5), (5,)], 16, seed=8)
     init = grads_seq([(6, 5), (5,)], 1, seed=9)[0]
     kw = dict(lr=0.05, staleness=4, update_every=2, start_preconditioning_step=1, block_size=4)
-    before = set(glob.glob("/dev/shm/mloc-roots-*"))
+    mine = f"/dev/shm/mloc-roots-{os.getpid()}-*"       # this process's: other tests may run beside it
+    before = set(glob.glob(mine))
     want_p, want_s, _ = run_async(kw, "sync", seq, init)
     with pytest.warns(RuntimeWarning, match="root worker process stopped") as caught:
         got_p, got_s, answered = run_async(kw, "process", seq, init, kill_after=7)
@@ -248,7 +250,7 @@ def test_a_root_worker_that_dies_is_replaced_by_the_training_process():
     assert 0 < answered < len(seq) // 2
     assert all(torch.equal(x, y) for x, y in zip(want_p, got_p))
     assert all(torch.equal(x, y) for x, y in zip(want_s, got_s))
-    assert set(glob.glob("/dev/shm/mloc-roots-*")) == before
+    assert set(glob.glob(mine)) == before
 
 
 @pytest.mark.parametrize("kw", [
