@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mloc.lang.types import Bool, Device, Enum, Float, Int, ListOf, Size, Str, Type
+from mloc.shared.composition import SEMANTICS
 
 ITD_MODES = ("reverse", "forward", "recompute", "auto")
 PRECISIONS = ("fp32", "bf16", "fp16")
-SEMANTICS = ("exact", "per_edge")
 
 
 @dataclass(frozen=True)

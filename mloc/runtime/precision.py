@@ -25,6 +25,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from mloc.runtime.options import PRECISIONS
+
 
 class DeviceError(ValueError):
     """The device or precision a run asks for is not available on this machine (an
@@ -34,7 +36,6 @@ class DeviceError(ValueError):
         super().__init__(message)
         self.help = help
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 def _device_type(device) -> str:

@@ -19,7 +19,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from mloc.lang.roots import shampoo_roots_due
+from mloc.shared.roots import shampoo_roots_due
 from mloc.runtime.optim.rootjobs import RootJobs
 from mloc.runtime.optim.roots import Roots, inverse_root, resolve
 
@@ -38,7 +38,7 @@ class RootWork:
         self._warned_at = 0
 
     def refresh(self, t, stats, ps, pending, background):
-        """At a refresh step (:func:`~mloc.lang.roots.shampoo_roots_due`: ``t`` a
+        """At a refresh step (:func:`~mloc.shared.roots.shampoo_roots_due`: ``t`` a
         multiple of ``update_every``), the new roots, due at ``t + staleness``: in a
         one-off slot (staleness 0), or in their staleness slot, computed now or by a
         background job that writes into the slot's tensors."""
