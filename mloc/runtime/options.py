@@ -76,9 +76,7 @@ class RunOptions:
                 raise OptionError(f"--{flag} must be at least 1, got {value}")
         if options.pipeline and (options.nproc or 1) > 1:
             raise OptionError("--pipeline runs one process per stage: it does not take --nproc")
-        names = parse(options.logger)
-        check_available(names)          # a LoggerError (exit 2) says what to install
-        return replace(options, logger=names or None)
+        return replace(options, logger=usable_loggers(options.logger) or None)
 
     def config(self, defaults: RunConfig) -> RunConfig:
         given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
@@ -93,6 +91,14 @@ class RunOptions:
                 out += [f"--{flag.replace('_', '-')}", str(getattr(self, flag))]
         out += ["--logger", ",".join(self.logger)] if self.logger else []
         return out + (["--overwrite"] if self.overwrite else []) + (["--quiet"] if self.quiet else [])
+
+
+def usable_loggers(values) -> tuple[str, ...]:
+    """`--logger` values as names, each one's package installed (a :class:`LoggerError`,
+    exit 2, says what to install)."""
+    names = parse(values)
+    check_available(names)
+    return names
 
 
 def add_flags(p: argparse.ArgumentParser, defaults: RunConfig | None = None) -> None:
