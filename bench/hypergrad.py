@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hypergrad_hand as hand  # noqa: E402
+from mloc.ir.composition import compositions_of  # noqa: E402
 from mloc.runtime import Edge, Hierarchy, Problem, adam, cg, finite_diff, itd, neumann, sama, sgd  # noqa: E402
 
 LR = 0.1
@@ -81,7 +82,8 @@ def setup(seed=0):
 def runtime_step(method, theta, phi, inner, outer):
     problems = [Problem("classifier", tuple(theta), inner, ("classifier", "weights"), sgd(LR)),
                 Problem("weights", tuple(phi), outer, ("classifier",), adam(1e-3))]
-    hier = Hierarchy(problems, [Edge("weights", "classifier", method)])
+    edges = [Edge("weights", "classifier", method)]
+    hier = Hierarchy(problems, edges, compositions=compositions_of(problems, edges))
     return lambda: hier.hypergrad("weights")
 
 

@@ -91,8 +91,8 @@ def compile_mloc(method: str, unroll: int, out_dir: Path):
 
 
 def mloc_system(compiled, out_dir: Path):
-    ns = load_generated(compiled.source, str(out_dir / "train.py"))
-    program = build(ns, RunConfig(steps=10**9, seed=SEED, device="cpu", precision="fp32"))
+    declaration = load_generated(compiled.source, str(out_dir / "train.py"))
+    program = build(declaration, RunConfig(steps=10**9, seed=SEED, device="cpu", precision="fp32"))
 
     def params():
         return {n: dict(lv.module.named_parameters()) for n, lv in program.live.items()}

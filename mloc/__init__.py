@@ -4,7 +4,7 @@
 itself imports neither torch nor the compiler.
 """
 
-from mloc.version import __version__
+from mloc.shared.version import __version__
 
 __all__ = ["__version__", "load"]
 

@@ -44,8 +44,8 @@ class UnknownProblem(KeyError):
 class Session:
     """A compiled, instantiated program (see the module docstring)."""
 
-    def __init__(self, compiled, program, namespace: dict):
-        self.compiled, self.program, self.namespace = compiled, program, namespace
+    def __init__(self, compiled, program, declaration):
+        self.compiled, self.program, self.declaration = compiled, program, declaration
 
     @property
     def source(self) -> str:
@@ -106,8 +106,8 @@ def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int |
     if not compiled.ok:
         raise ProgramError(compiled.diagnostics)
     from mloc.runtime.launch import build
-    ns = load_generated(compiled.source, str(Path(path).resolve().with_suffix(".generated.py")))
-    defaults = ns["DEFAULTS"]
+    declaration = load_generated(compiled.source, str(Path(path).resolve().with_suffix(".generated.py")))
+    defaults = declaration.defaults
     config = replace(defaults, seed=defaults.seed if seed is None else seed, device=device,
                      precision=precision or defaults.precision, dtype=dtype)
-    return Session(compiled, build(ns, config), ns)
+    return Session(compiled, build(declaration, config), declaration)

@@ -86,8 +86,8 @@ def test_same_loop_in_float64(method, tmp_path, one_thread):
     path, kwargs = PROGRAMS[method]
     compiled = compile_program(str(path), out_dir=tmp_path)
     assert compiled.ok, compiled.diagnostics
-    ns = load_generated(compiled.source, str(tmp_path / "train.py"))
-    program = build(ns, RunConfig(steps=STEPS, seed=0, device="cpu", precision="fp32", dtype="float64"))
+    declaration = load_generated(compiled.source, str(tmp_path / "train.py"))
+    program = build(declaration, RunConfig(steps=STEPS, seed=0, device="cpu", precision="fp32", dtype="float64"))
     loop = mwn_hand.MWNLoop(method, dtype=torch.float64, **kwargs)
     for _ in range(STEPS):
         program.outer_step()

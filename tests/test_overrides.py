@@ -124,14 +124,14 @@ def test_overrides_are_recorded_in_the_header_and_on_the_compiled_unit(tmp_path)
     doc = pyast.get_docstring(pyast.parse(c.source))
     assert "--set classifier.optimizer.lr=0.05" in doc
     assert "--set 'weight_net->classifier.hypergrad=neumann(iters=3, alpha=0.1)'" in doc
-    assert load_generated(c.source, str(tmp_path / "train.py"))["OVERRIDES"] == c.overrides
-    assert load_generated(compiled(MWN).source, str(tmp_path / "plain.py"))["OVERRIDES"] == ()
+    assert load_generated(c.source, str(tmp_path / "train.py")).overrides == c.overrides
+    assert load_generated(compiled(MWN).source, str(tmp_path / "plain.py")).overrides == ()
 
 
 def test_mloc_compile_writes_the_overrides_into_train_py(tmp_path, capsys):
     assert main(["compile", HPO, "-o", str(tmp_path), "--set", "decay->model.unroll=5"]) == 0
-    ns = load_generated((tmp_path / "train.py").read_text(), str(tmp_path / "train.py"))
-    assert ns["OVERRIDES"] == ("decay->model.unroll=5",)
+    declaration = load_generated((tmp_path / "train.py").read_text(), str(tmp_path / "train.py"))
+    assert declaration.overrides == ("decay->model.unroll=5",)
 
 
 @pytest.mark.parametrize("text", ["a.data=lib.d(s='\"\"\"')", "a.data=lib.d(s='\\\\n\\'')", "a.b=x\ny\r"])

@@ -133,15 +133,13 @@ def test_mloc_examples_after_a_non_editable_install(wheel, tmp_path):
 
 # --- layering ---------------------------------------------------------------------------
 
-LAYERS = ["version", "source", "env", "diagnostics", "frontend", "lang", "builtins", "ir", "runtime", "passes", "codegen",
-          "api", "cli"]
+LAYERS = ["source", "env", "shared", "diagnostics", "frontend", "lang", "builtins", "ir", "runtime", "passes",
+          "codegen", "api", "cli"]
 TORCH_ALLOWED = {"runtime"}   # everything else reaches torch only through mloc.runtime
-RUNTIME_SHARES = {"mloc.ir.composition", "mloc.ir.interlock", "mloc.lang.vocabulary", "mloc.lang.roots",
-                  "mloc.lang.limits", "mloc.lang.hyper", "mloc.version"}
-"""Torch-free facts the runtime and the compiler share (one home each): how an upper's
-hypergradient is composed, who trains whom in an interlocking chain, the names of the
-semantics, when Shampoo's roots are used, mloc's bounds on steps and seeds, each
-optimizer's hyperparameter record, and mloc's version."""
+COMPILER = ("mloc.source", "mloc.env", "mloc.diagnostics", "mloc.frontend", "mloc.lang", "mloc.builtins",
+            "mloc.ir", "mloc.passes", "mloc.codegen", "mloc.api", "mloc.cli")
+"""What the runtime must never load: everything of mloc but the runtime and `mloc.shared`
+(torch-free facts both sides read, one home each; it imports nothing else of mloc)."""
 
 
 def _imports(path: Path) -> set[str]:
@@ -173,19 +171,41 @@ def test_imports_go_downward_only(path):
                 assert LAYERS.index(target) <= rank, f"{path.name} ({pkg}) imports upward: {name}"
         if name.split(".")[0] == "torch":
             assert pkg in TORCH_ALLOWED, f"{path} imports torch; only {sorted(TORCH_ALLOWED)} may"
-        if pkg == "runtime" and name.startswith("mloc."):
-            assert name.startswith("mloc.runtime") or name in RUNTIME_SHARES, \
-                f"{path}: the runtime imports only itself and {sorted(RUNTIME_SHARES)}, not {name}"
+        if pkg in ("runtime", "shared") and name.startswith("mloc."):
+            allowed = ("mloc.runtime", "mloc.shared") if pkg == "runtime" else ("mloc.shared",)
+            assert name.startswith(allowed), f"{path}: {pkg} imports {name}; it may import only {allowed}"
 
 
-def test_the_runtime_needs_no_compiler_dependency():
-    """What generated code imports (mloc.runtime, with the torch-free facts it shares with
-    the compiler) pulls in neither the parser (lark) nor the graph library (networkx)."""
-    import subprocess
-    import sys
+_LOADED = """
+import runpy, sys
+COMPILER = {compiler!r}
+def loaded():
+    return sorted(m for m in sys.modules if m.split(".")[0] in ("lark", "networkx")
+                  or any(m == p or m.startswith(p + ".") for p in COMPILER))
+import mloc.runtime
+assert loaded() == [], loaded()
+sys.argv = ["train.py", "--steps", "1", "--out", {out!r}, "--quiet", "--device", "cpu"]
+try:
+    runpy.run_path({train!r}, run_name="__main__")
+except SystemExit as e:
+    assert e.code == 0, e.code
+print(loaded())
+"""
 
-    code = ("import sys, mloc.runtime, mloc.runtime.engine, mloc.runtime.launch; "
-            "print(sorted(m for m in ('lark', 'networkx', 'mloc.passes', 'mloc.codegen') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+@pytest.mark.parametrize("name", ["data_reweighting", "interlock"])
+def test_the_runtime_loads_nothing_of_the_compiler(name, tmp_path):
+    """In a fresh process, `import mloc.runtime`, and then a compiled train.py trained for
+    one step (with its evaluations), leave no module of the compiler in `sys.modules`, nor
+    the parser (lark) or the graph library (networkx): generated code and the runtime read
+    their types from the runtime and `mloc.shared` only."""
+    from mloc.codegen.compile import compile_program
+    from tests.conftest import PROGRAMS
+
+    c = compile_program(str(PROGRAMS / f"{name}.mlo"), out_dir=tmp_path)
+    assert c.ok, c.diagnostics
+    (tmp_path / "train.py").write_text(c.source)
+    code = _LOADED.format(compiler=COMPILER, out=str(tmp_path / "run"), train=str(tmp_path / "train.py"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -116,19 +116,22 @@ CASES = [("data_reweighting", ()), ("maml", ()), ("hpo", ()), ("trilevel", ()),
 
 @pytest.mark.parametrize("name,overrides", CASES, ids=[f"{n}{'+' if o else ''}{','.join(o)}" for n, o in CASES])
 def test_the_planned_compositions_are_the_runtimes(name, overrides):
-    """The planned compositions (emitted as COMPOSITION) are what the runtime computes from
-    the problems it builds (their reads include the `init` problems) and its own method
-    objects: one function, one table of capabilities."""
+    """The planned compositions (emitted as the declaration's `compositions`) are what the
+    same function computes for a hierarchy built by hand from the problems the runtime builds
+    (their reads include the `init` problems) and its own method objects: one function, one
+    table of capabilities."""
     from mloc.codegen.compile import compile_program, load_generated
+    from mloc.ir.composition import compositions_of
     from mloc.runtime.engine import RunConfig
     from mloc.runtime.launch import build
     from tests.conftest import PROGRAMS, ROOT
     c = compile_program(str(PROGRAMS / f"{name}.mlo"), overrides, out_dir=ROOT / "build" / name)
-    ns = load_generated(c.source, str(ROOT / "build" / name / "train.py"))
-    planned = ns["COMPOSITION"]
+    declaration = load_generated(c.source, str(ROOT / "build" / name / "train.py"))
+    planned = declaration.compositions
     assert planned == c.plan.compositions and planned
-    program = build({**ns, "COMPOSITION": None}, RunConfig(steps=1, seed=0, device="cpu", precision="fp32"))
-    assert {top: program.hierarchy.composition(top) for top in planned} == planned
+    program = build(declaration, RunConfig(steps=1, seed=0, device="cpu", precision="fp32"))
+    hierarchy = program.hierarchy
+    assert compositions_of(hierarchy.problems.values(), hierarchy.edges, hierarchy.semantics) == planned
 
 
 @pytest.mark.parametrize("method", ["first_order", "itd"])

@@ -180,13 +180,17 @@ def test_a_run_reports_its_evaluations_and_what_it_wrote(tmp_path, mloc_here):
 def test_run_options_reach_train_py_unchanged():
     """`mloc run --nproc` hands its options to train.py as arguments: they parse back to the
     same options, and to the same config as `mloc run` builds in process."""
-    from mloc.runtime.engine import RunConfig
-    from mloc.runtime.launch import RunOptions, parser
+    import argparse
+
+    from mloc.runtime.options import RunConfig, RunOptions, add_flags
 
     defaults = RunConfig(steps=7, seed=3, device="auto", precision="fp32")
+    parser = argparse.ArgumentParser()
+    add_flags(parser, defaults)
     for options in (RunOptions(), RunOptions(steps=2, seed=5, device="cpu", precision="bf16", dtype="float64",
-                                             out=Path("runs/x"), resume=Path("runs/y"), quiet=True)):
-        parsed = RunOptions(**vars(parser(defaults).parse_args(options.argv())))
+                                             out=Path("runs/x"), resume=Path("runs/y"), quiet=True, threads=2,
+                                             logger=("csv",))):
+        parsed = RunOptions.parsed(parser.parse_args(options.argv()))
         assert parsed == options
         assert parsed.config(defaults) == options.config(defaults)
     assert RunOptions().config(defaults) == defaults

@@ -7,7 +7,7 @@ A `Descriptor` joins the views every stage needs of one built-in:
   checks, the planner and codegen read instead of comparing names;
 - `cost`: for a method, `cost(args, shape) -> (time in G, memory in bytes or None)`, a pure
   function of the sizes (the planner's view); None where the planner has nothing to price;
-- `hyper`: for an optimizer, its hyperparameter record (`mloc.lang.hyper`): the
+- `hyper`: for an optimizer, its hyperparameter record (`mloc.shared.hyper`): the
   signature is read from it, and it says which field a schedule scales (`rate`) and which
   a torch scheduler may drive; the implementation steps with the same record;
 - `runtime`: `"module:attr"` of the runtime factory generated code calls, or None while
@@ -73,7 +73,7 @@ def signature(name: str, doc: str, *params: Param) -> Signature:
 
 
 def record_signature(record: type, name: str, doc: str, types: dict[str, "Type | Param"]) -> Signature:
-    """The signature of a hyperparameter record (`mloc.lang.hyper.Hyper`): its fields in
+    """The signature of a hyperparameter record (`mloc.shared.hyper.Hyper`): its fields in
     order, with their defaults and docs; `types` gives each field's language type (or a
     whole `Param`, where the language's value differs from Python's: a `Ref`, `Kwargs`)."""
     spec = record.spec()

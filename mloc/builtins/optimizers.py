@@ -1,5 +1,5 @@
 """The built-in optimizers: one `Descriptor` each, its signature read from the optimizer's
-hyperparameter record (`mloc.lang.hyper`), with its capabilities and runtime factory.
+hyperparameter record (`mloc.shared.hyper`), with its capabilities and runtime factory.
 
 Adding one (here or in a package of your own, docs/architecture.md "Adding things"): its
 record, its descriptor (`optimizer(record, ...)`), its `Optimizer` (named by `runtime`).
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mloc.builtins.descriptor import OptimizerCaps, Param, optimizer
 from mloc.builtins.registry import Registry
-from mloc.lang.hyper import (GRAFTS, ROOT_ALGORITHMS, AdamHyper, AdamWHyper, SGDHyper, ShampooHyper,
+from mloc.shared.hyper import (GRAFTS, ROOT_ALGORITHMS, AdamHyper, AdamWHyper, SGDHyper, ShampooHyper,
                              TorchHyper)
 from mloc.lang.types import Bool, Enum, Float, Int, Kwargs, Options, PyRef, Ref, TupleOf
 

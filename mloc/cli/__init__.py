@@ -26,7 +26,7 @@ from mloc.cli.experiments import EXAMPLES as _EXPERIMENTS
 from mloc.cli.output import (EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_PIPE, EXIT_USAGE, Output, UsageError,
                              add_pass_options, io_error)
 from mloc.env import read_env
-from mloc.version import __version__
+from mloc.shared.version import __version__
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERRORS", "EXIT_USAGE", "EXIT_INTERNAL", "EXIT_PIPE"]
 

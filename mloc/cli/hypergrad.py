@@ -60,12 +60,12 @@ def cmd_hypergrad(args, out: Output) -> int:
     from mloc.runtime.launch import build
     from mloc.runtime.usercode import user_error
     from mloc.runtime.finite import NonFiniteError
-    ns = load_generated(compiled.source, str(Path(args.file).resolve().with_suffix(".generated.py")))
-    base: RunConfig = ns["DEFAULTS"]
+    declaration = load_generated(compiled.source, str(Path(args.file).resolve().with_suffix(".generated.py")))
+    base: RunConfig = declaration.defaults
     config = replace(base, seed=args.seed if args.seed is not None else base.seed, device="cpu", dtype=args.dtype)
     # the program's own code raising is E702 (exit 1), as under `mloc run`; mloc's is E900
     try:
-        program = build(ns, config)
+        program = build(declaration, config)
     except Exception as err:  # noqa: BLE001 - user code raising while the program is built
         return user_error(err, "building the program", config.dtype, after=NOTHING_WRITTEN)
     where = Doing("the first step of --after" if args.after else "the hypergradients")
@@ -76,7 +76,7 @@ def cmd_hypergrad(args, out: Output) -> int:
         grads = program.hypergradients()
         if args.check:
             where.text = "the CG reference of --check"
-            check = _reference_errors(ns, config, compiled, grads, state)
+            check = _reference_errors(declaration, config, compiled, grads, state)
         else:
             check = Check({}, [], {}, [])
     except NonFiniteError as e:
@@ -186,7 +186,7 @@ class Check:
     notes: list[str]
 
 
-def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict, state: tuple[dict, dict]) -> Check:
+def _reference_errors(declaration, config, compiled: Compiled, grads: dict, state: tuple[dict, dict]) -> Check:
     """Relative error of each upper's hypergradient against the same program, at the same
     state and batches, with every edge solved by CG to convergence: the implicit-function
     hypergradient ``-J_xᵀ H⁻¹ v`` at the current point, independent of the method checked.
@@ -208,7 +208,7 @@ def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict, state: 
     from mloc.runtime.curvature import lower_curvature
     from mloc.runtime.launch import build
 
-    specs = {spec.name: spec for spec in ns["PROBLEMS"]}
+    specs = {spec.name: spec for spec in declaration.problems}
     starts = {(e.upper, e.lower) for e in compiled.plan.edges
               if specs[e.lower].init == e.upper and e.upper not in specs[e.lower].reads}
     unrolled = [(e.upper, e.lower) for e in compiled.plan.edges
@@ -220,20 +220,19 @@ def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict, state: 
             return e
         return Edge(e.upper, e.lower, cg(iters=min(2 * sizes[e.lower], 1000), tol=1e-14))
 
-    unreferenced = _unreferenced(grads, starts, _below(ns["EDGES"]))
+    unreferenced = _unreferenced(grads, starts, _below(declaration.edges))
     notes = [f"note: `{u} -> {lo}` unrolls (itd): its reference is the implicit hypergradient at the current "
              f"point (CG to convergence), which the unrolled derivative approaches only as `{lo}` converges; "
              "the error measures that distance" for u, lo in unrolled]
 
-    # other methods, other compositions: the runtime composes them itself
-    program = build({**ns, "EDGES": tuple(reference(e) for e in ns["EDGES"]), "COMPOSITION": None}, config)
+    program = build(_recomposed(declaration, tuple(reference(e) for e in declaration.edges)), config)
     try:
         saved, batches = state
         program.load_state_dict(saved)
         for name, batch in batches.items():
             program.live[name].batch = batch
         ref = program.hypergradients()
-        lowers = sorted({e.lower for e in ns["EDGES"] if (e.upper, e.lower) not in starts})
+        lowers = sorted({e.lower for e in declaration.edges if (e.upper, e.lower) not in starts})
         curvature = [lower_curvature(program, name) for name in lowers]
     finally:
         program.close()
@@ -245,6 +244,14 @@ def _reference_errors(ns: dict, config, compiled: Compiled, grads: dict, state: 
         den = math.sqrt(sum(float(ref[up][k].pow(2).sum()) for k in g)) or 1.0
         out[up] = num / den
     return Check(out, curvature, unreferenced, notes)
+
+
+def _recomposed(declaration, edges):
+    """`declaration` with other `edges` (other methods), so other compositions: composed
+    as the planner composes them."""
+    from mloc.ir.composition import compositions_of
+    compositions = compositions_of(declaration.problems, edges, declaration.semantics)
+    return replace(declaration, edges=edges, compositions=compositions)
 
 
 def _unreferenced(grads: dict, starts: set, below: dict[str, set[str]]) -> dict[str, str]:

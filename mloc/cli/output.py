@@ -28,8 +28,8 @@ class UsageError(Exception):
 
 def within_limits(**flags) -> None:
     """A `UsageError` for `--steps`, `--after`, `--seed` or `--seeds` (keyword `seeds`: a
-    list) outside mloc's bounds (:mod:`mloc.lang.limits`), before anything is compiled."""
-    from mloc.lang.limits import flag_error
+    list) outside mloc's bounds (:mod:`mloc.shared.limits`), before anything is compiled."""
+    from mloc.shared.limits import flag_error
     for name, value in flags.items():
         for v in value if isinstance(value, list) else [value]:
             err = flag_error(f"--{name}", v)

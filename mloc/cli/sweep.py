@@ -105,8 +105,12 @@ def cmd_sweep(args, out: Output) -> int:
         raise UsageError("--jobs and --threads must be at least 1")
     if args.steps is not None and args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    from mloc.cli.train import _loggers
-    _loggers(args.logger)                  # an unknown or uninstalled logger: refused before any run
+    from mloc.runtime.loggers import LoggerError
+    from mloc.runtime.options import usable_loggers
+    try:
+        usable_loggers(args.logger)        # an unknown or uninstalled logger: refused before any run
+    except LoggerError as e:
+        raise UsageError(str(e), help=e.help) from None
     seeds = _int_list(args.seeds, "--seeds") if args.seeds else None
     within_limits(steps=args.steps, seeds=seeds or [])
     grid(args.set or [])                   # a malformed --set: refused before the folder is looked at

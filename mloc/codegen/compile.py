@@ -6,9 +6,10 @@
                                                            E704 gate, planner, train.py text
 
 `--set` overrides are spliced into the text together before the pipeline runs, which checks
-the result once (`mloc.codegen.overrides`); `emit` records them in train.py (`OVERRIDES`). `load_generated` registers the generated text with `linecache`, so a
-traceback through generated code shows its real lines (as torch.fx does for its generated
-code).
+the result once (`mloc.codegen.overrides`); `emit` records them in train.py (its
+declaration's `overrides`). `load_generated` registers the generated text with `linecache`,
+so a traceback through generated code shows its real lines (as torch.fx does for its
+generated code).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import linecache
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mloc.codegen.emit import generate
 from mloc.codegen.overrides import Applied, apply_all
@@ -23,6 +25,9 @@ from mloc.diagnostics import Diagnostic
 from mloc.passes.pipeline import CHECKS, CheckSupport, Observer, Pass, PlanProgram, Trace, Unit, run_passes
 from mloc.passes.plan import Plan, Sizes
 from mloc.source import SourceFile
+
+if TYPE_CHECKING:
+    from mloc.runtime.declaration import Declaration
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ PASSES: dict[str, Pass] = {p.name: p for p in PIPELINE}
 @dataclass(frozen=True)
 class Compiled:
     """The result of the whole pipeline; `source` is the generated train.py (None on errors);
-    `overrides` the `--set`s applied, in the order they were (as train.py's `OVERRIDES`)."""
+    `overrides` the `--set`s applied, in the order they were (as train.py's `overrides`)."""
 
     unit: Unit
     overrides: tuple[str, ...] = ()
@@ -96,10 +101,12 @@ def compile_program(path: str, overrides: tuple[str, ...] = (), out_dir: Path | 
     return Compiled(replace(unit, diagnostics=applied.annotate(unit.diagnostics)), recorded)
 
 
-def load_generated(source: str, filename: str) -> dict:
-    """Execute generated code as a module namespace; tracebacks show its lines."""
+def load_generated(source: str, filename: str) -> Declaration:
+    """Execute generated code as a module (tracebacks show its lines): the program it
+    declares."""
+    from mloc.runtime.declaration import declared
     lines = source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)
     namespace = {"__name__": "mloc_generated", "__file__": filename}
     exec(compile(source, filename, "exec"), namespace)
-    return namespace
+    return declared(namespace)

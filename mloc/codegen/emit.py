@@ -13,7 +13,7 @@ import os
 import shlex
 from pathlib import Path
 
-from mloc.version import __version__
+from mloc.shared.version import __version__
 from mloc.builtins import METHODS, OPTIMIZERS, SCHEDULES, Descriptor
 from mloc.codegen import evaluations, layout
 from mloc.codegen.values import render_value
@@ -53,9 +53,9 @@ class Emitter:
         info = self.g.info
         self.lines += _docstring(info.name, self.name, self.plan, self.overrides)
         self.emit("")
-        self.emit("from mloc.ir.composition import Composition")
-        self.emit("from mloc.runtime import Edge")
-        self.emit("from mloc.runtime.engine import ProblemSpec, RunConfig")
+        names = ", ".join(_declaration_types(self.plan, info.train))
+        line = f"from mloc.runtime.declaration import {names}"
+        self.emit(line if len(line) <= layout.WIDTH else f"from mloc.runtime.declaration import ({names})")
         self.emit("from mloc.runtime.launch import main, program_dir")
         for module, names in sorted(_runtime_imports(self.used(), bool(self.plan.chains)).items()):
             self.emit(f"from {module} import " + ", ".join(sorted(names)))
@@ -65,9 +65,6 @@ class Emitter:
         for imp in info.imports:
             alias = f" as {imp.bound}" if imp.bound != imp.module else ""
             self.emit(f"import {imp.module}{alias}  # noqa: E402  {self.at(imp.span)}")
-        self.emit("")
-        self.emit(f"NAME = {self.g.info.name!r}")
-        self.emit(f"OVERRIDES = {self.overrides!r}  # the --set PATH=VALUE this file was compiled with")
         self.block()
 
     def used(self) -> list[Descriptor]:
@@ -86,11 +83,6 @@ class Emitter:
             self.emit(f"        {p.name!r}: {render_value(p.module.call)},  {self.at(p.module.span)}")
         self.emit("    }")
         self.block()
-        self.emit("DATA = {")
-        for p in self.g.problems():
-            self.emit(f"    {p.name!r}: lambda: {render_value(p.data.call)},  {self.at(p.data.span)}")
-        self.emit("}")
-        self.block()
 
     def losses(self) -> None:
         for p in self.g.problems():
@@ -102,11 +94,25 @@ class Emitter:
                 self.emit(*lines)
                 self.block()
 
-    def problems(self) -> None:
-        self.emit("PROBLEMS = (")
+    def declaration(self) -> None:
+        """`PROGRAM`: the whole program as one value, each field's source line and the
+        planner's reasons as comments."""
+        t = self.g.info.train
+        self.emit("PROGRAM = Declaration(", f"    name={self.g.info.name!r},",
+                  f"    overrides={self.overrides!r},  # the --set PATH=VALUE this file was compiled with",
+                  "    build_modules=build_modules,", "    data={")
+        for p in self.g.problems():
+            self.emit(f"        {p.name!r}: lambda: {render_value(p.data.call)},  {self.at(p.data.span)}")
+        self.emit("    },", "    problems=(")
         for p in self.g.problems():
             self.problem_spec(p)
-        self.emit(")")
+        self.emit("    ),")
+        self.edges()
+        self.emit("    schedule=outer_step,")
+        self.emit(*evaluations.table(t.evals, self.at), *evaluations.selection(t, self.at))
+        self.emit(f"    defaults=RunConfig(steps={t.steps}, seed={t.seed}, device={t.device!r}, "
+                  f"precision={t.precision!r}),",
+                  f"    intervals=Intervals(log_every={t.log_every}, checkpoint_every={t.checkpoint_every}),", ")")
         self.block()
 
     def problem_spec(self, p: ProblemNode) -> None:
@@ -134,21 +140,24 @@ class Emitter:
             sargs = [f"{k}={v!r}" for k, v in p.schedule.args]
             sargs += [f"base={lr!r}"] if schedule.caps.takes_base else []
             fields.append(f"schedule={schedule.runtime_attr}({', '.join(sargs)})")
-        self.lines += layout.call("    ", "ProblemSpec(", fields, "),", self.at(p.span), one_per_line=True)
+        self.lines += layout.call("        ", "ProblemSpec(", fields, "),", self.at(p.span), one_per_line=True)
 
     def edges(self) -> None:
-        self.emit("EDGES = (")
-        for e in self.plan.edges:
-            span = next(h.span for h in self.g.hierarchy_edges() if (h.upper, h.lower) == (e.upper, e.lower))
-            self.emit(f"    Edge({e.upper!r}, {e.lower!r}, {_method_call(e)}),  {self.at(span)}: {e.reason}")
-        self.emit(")")
-        self.emit(f"SEMANTICS = {self.plan.runtime_semantics!r}")
-        self.emit("COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned")
-        for top, c in self.plan.compositions.items():
-            self.emit(f"    {top!r}: {c!r},")
-        self.emit("}")
+        """The hierarchy's edges (each with the planner's reason), the semantics, each
+        upper's composition and the interlocking chains: the declaration's fields."""
+        if self.plan.edges:
+            self.emit("    edges=(")
+            for e in self.plan.edges:
+                span = next(h.span for h in self.g.hierarchy_edges() if (h.upper, h.lower) == (e.upper, e.lower))
+                self.emit(f"        Edge({e.upper!r}, {e.lower!r}, {_method_call(e)}),  {self.at(span)}: {e.reason}")
+            self.emit("    ),")
+        self.emit(f"    semantics={self.plan.runtime_semantics!r},")
+        if self.plan.compositions:
+            self.emit("    compositions={  # each upper's hypergradient: BR-VJP order and step shape, planned")
+            for top, c in self.plan.compositions.items():
+                self.emit(f"        {top!r}: {c!r},")
+            self.emit("    },")
         self.emit(*_chains(self.plan.chains, self.g.info.chains, self.at))
-        self.block()
 
     def schedule(self) -> None:
         self.emit("def outer_step(p):")
@@ -176,8 +185,6 @@ class Emitter:
         for function in evaluations.functions(evals, problems, imports, self.at):
             self.emit(*function)
             self.block()
-        self.emit(*evaluations.table(evals, self.at), *evaluations.selection(self.g.info.train, self.at))
-        self.block()
 
     def traced(self) -> None:
         """Each loss as torch.fx traced it at compile time, for reading (not executed)."""
@@ -201,18 +208,13 @@ class Emitter:
         self.block()
 
     def footer(self) -> None:
-        t = self.g.info.train
-        self.emit(f"DEFAULTS = RunConfig(steps={t.steps}, seed={t.seed}, device={t.device!r}, "
-                  f"precision={t.precision!r})")
-        self.emit(f"INTERVALS = dict(log_every={t.log_every}, checkpoint_every={t.checkpoint_every})")
-        self.block()
         self.emit('if __name__ == "__main__":')
-        self.emit("    raise SystemExit(main(globals()))")
+        self.emit("    raise SystemExit(main(PROGRAM, __file__))")
         self.block()
 
     def source(self) -> str:
-        for section in (self.header, self.modules, self.losses, self.problems, self.edges,
-                        self.schedule, self.evaluations, self.footer, self.traced):
+        for section in (self.header, self.modules, self.losses, self.schedule, self.evaluations,
+                        self.declaration, self.footer, self.traced):
             section()
         return "\n\n\n".join(b for b in self.blocks if b) + "\n"
 
@@ -224,13 +226,23 @@ def _runtime_imports(used: list[Descriptor], chains: bool = False) -> dict[str, 
     """{module: factory names} for the runtime factories of `used` (each has a runtime: the
     checker reports E704 for a built-in without one, and the planner resolves `auto`), and
     what interlocking chains need when the program has ``chains``."""
-    out: dict[str, set[str]] = {"mloc.ir.interlock": {"Interlock"}, "mloc.runtime.interlock": {"chain_step"}} \
-        if chains else {}
+    out: dict[str, set[str]] = {"mloc.runtime.interlock": {"chain_step"}} if chains else {}
     for d in used:
         if d.runtime is None:
             raise ValueError(f"`{d.name}` has no runtime; it cannot appear in generated code")
         out.setdefault(d.runtime_module, set()).add(d.runtime_attr)
     return out
+
+
+def _declaration_types(plan: Plan, train) -> list[str]:
+    """The types of :mod:`mloc.runtime.declaration` that train.py's declaration uses."""
+    used = {"Declaration", "Intervals", "ProblemSpec", "RunConfig"}
+    used |= {"Edge"} if plan.edges else set()
+    used |= {"Composition"} if plan.compositions else set()
+    used |= {"Interlock"} if plan.chains else set()
+    used |= {"Evaluation"} if train.evals else set()
+    used |= {"Criterion"} if train.best is not None or train.stop is not None else set()
+    return sorted(used)
 
 
 def _method_call(e) -> str:
@@ -256,11 +268,11 @@ def _hooks(p: ProblemNode, at) -> list[list[str]]:
 
 
 def _chains(chains, specs, at) -> list[str]:
-    """`CHAINS`: the program's interlocking chains, each with its source line (none: nothing)."""
+    """`chains`: the program's interlocking chains, each with its source line (none: nothing)."""
     if not chains:
         return []
-    return ["CHAINS = (  # interlocking backpropagation: stage k learns from head min(k+n-1, K)",
-            *(f"    {c!r},  {at(spec.span)}: {c.policy()}" for c, spec in zip(chains, specs)), ")"]
+    return ["    chains=(  # interlocking backpropagation: stage k learns from head min(k+n-1, K)",
+            *(f"        {c!r},  {at(spec.span)}: {c.policy()}" for c, spec in zip(chains, specs)), "    ),"]
 
 
 def _warmup(actions) -> list[str]:
@@ -297,7 +309,7 @@ def _overrides_doc(name: str, overrides: tuple[str, ...]) -> list[str]:
     if not overrides:
         return []
     return [*layout.prose(f"Compiled with {len(overrides)} override{'s' * (len(overrides) > 1)} of {name} "
-                          "(OVERRIDES below), checked together with the file:"),
+                          "(the declaration's `overrides`), checked together with the file:"),
             *("    --set " + _docstring_safe(shlex.quote(text)) for text in overrides), ""]
 
 

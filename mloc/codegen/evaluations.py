@@ -1,6 +1,6 @@
 """train.py's evaluations: an `eval_N(p)` function per `eval` of the train block, the
-`EVALUATIONS` table that lists them, and `SELECTION` (`checkpoint best on`, `stop when`).
-Each returns lines of code; the emitter lays them out."""
+declaration's `evaluations` that list them, and its `best` and `stop` (`checkpoint best
+on`, `stop when`). Each returns lines of code; the emitter lays them out."""
 
 from __future__ import annotations
 
@@ -55,21 +55,24 @@ def _is_data(value: ast.Value, problems: set[str]) -> bool:
 
 
 def table(evals, at) -> list[str]:
-    """train.py's `EVALUATIONS`: (every, name, function, named) per evaluation."""
+    """The declaration's `evaluations`: an `Evaluation(every, name, function)` per
+    evaluation (none: nothing)."""
     if not evals:
-        return ["EVALUATIONS = ()"]
-    return ["# (every, name, function, named: a dict's keys become NAME.KEY)", "EVALUATIONS = (",
-            *(f"    ({e.every}, {e.name!r}, eval_{i}, {e.named}),  {at(e.call.span)}" for i, e in enumerate(evals)),
-            ")"]
+        return []
+    return ["    evaluations=(  # named: a dict's keys become NAME.KEY",
+            *(f"        Evaluation({e.every}, {e.name!r}, eval_{i}{', named=True' if e.named else ''}),  "
+              f"{at(e.call.span)}" for i, e in enumerate(evals)),
+            "    ),"]
 
 
 def selection(t, at) -> list[str]:
-    """`checkpoint best on` and `stop when` as train.py's `SELECTION` (read by
-    mloc.runtime.selection); nothing when the program has neither."""
-    if t.best is None and t.stop is None:
-        return []
-    best = None if t.best is None else dict(metric=t.best.metric, mode=t.best.mode)
-    stop = None if t.stop is None else dict(metric=t.stop.metric, mode=t.stop.mode, patience=t.stop.patience,
-                                            min_delta=t.stop.min_delta)
-    spans = " ".join(at(x.span) for x in (t.best, t.stop) if x is not None)
-    return [f"SELECTION = dict(best={best!r}, stop={stop!r})  {spans}"]
+    """`checkpoint best on` and `stop when` as the declaration's `best` and `stop`
+    (followed by mloc.runtime.selection); nothing when the program has neither."""
+    out = []
+    if t.best is not None:
+        out.append(f"    best=Criterion({t.best.metric!r}, {t.best.mode!r}),  {at(t.best.span)}")
+    if t.stop is not None:
+        s = t.stop
+        out.append(f"    stop=Criterion({s.metric!r}, {s.mode!r}, patience={s.patience!r}, min_delta={s.min_delta!r}),"
+                   f"  {at(s.span)}")
+    return out

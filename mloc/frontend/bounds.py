@@ -5,7 +5,7 @@ Both are limits of the language, not of one field: without them a literal of mor
 4300 digits stops Python's ``int()`` and a few hundred nested calls or lists exhaust the
 stack of the recursive passes, and either was an internal error. The bounds a field puts on
 its value (``unroll`` at most 10^6, a seed below 2^63) are checked later, by the field's
-type (:mod:`mloc.lang.limits`, E305).
+type (:mod:`mloc.shared.limits`, E305).
 """
 
 from __future__ import annotations

@@ -1,40 +1,23 @@
-r"""How one upper's hypergradient is composed out of BR-VJPs: computed once, executed by the runtime.
-
-The hypergradient of an upper ``U`` is the total derivative of its loss with every problem
-below it at its best response. Every BR-VJP is linear in its input, so adjoints are
-accumulated in reverse topological order: each lower's BR-VJP is applied once, to the sum
-of the adjoints of all paths that cross it. A :class:`Composition` is everything about that
-pass which depends only on the program's structure (who reads whom, the hierarchy edges,
-the semantics, and what each method can do, :class:`StepCaps`):
-
-- ``down``: the problems below ``U``, uppers first: the order their points are built in;
-- ``up``: ``(lower, inner targets, feeds the top)`` bottom-up: where each BR-VJP sends its
-  adjoint (to problems inside the pass, and/or straight into ``U``'s final backward);
-- ``seeds``: the problems ``U``'s loss reads whose partials start the pass;
-- ``nested``: under ``exact`` semantics, each middle solved through its reduced objective,
-  with the ``up`` steps and the problems of the nested pass below it;
-- ``shape``: which step runs: ``"bound"`` (two levels, the method's own straight-line step),
-  ``"fused"`` (two levels, reverse ``itd``: one backward through the unrolled steps),
-  ``"single"`` (two levels: seed, one BR-VJP, one backward) or ``"general"``.
+r"""The planner's half of a hypergradient's composition: each upper's
+:class:`~mloc.shared.composition.Composition` (what it is: see that module), computed from
+the program's structure (who reads whom, the hierarchy edges, the semantics) and what each
+edge's method can do (:class:`StepCaps`, read from its descriptor).
 
 "A middle problem reads a lower one" (feedback) is :func:`feedback`, computed once per
 program: the planner decides the runtime semantics with it, and under ``exact`` the
-compositions differentiate those middles through their reduced objectives.
-
-The compiler's planner computes one ``Composition`` per upper and generated code hands them
-to the runtime; a runtime built by hand computes them with the same :func:`compose`.
-Nothing here imports torch.
+compositions differentiate those middles through their reduced objectives. A runtime
+hierarchy built by hand (tests, benchmarks, `mloc hypergrad --check`) gets its compositions
+from :func:`compositions_of`. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-import graphlib
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from mloc.builtins import METHODS
+from mloc.shared.composition import Composition, topo
 
-Step = tuple[str, tuple[str, ...], bool]  # (lower, inner targets, feeds the top)
 _SIMULTANEOUS = (" (under `exact` semantics, two problems that feed back through a shared"
                  " lower form a simultaneous game; use `per_edge`)")
 
@@ -68,38 +51,29 @@ def step_caps(method: str, args: Mapping[str, object]) -> StepCaps:
                     fusable=c.fusable and args.get("mode", "reverse") == "reverse")
 
 
-def factory_caps(factory: type, args: Mapping[str, object]) -> StepCaps:
-    """The :class:`StepCaps` of a runtime method object of class ``factory``: the caps of the
-    descriptor whose ``runtime`` names that class (identity, not a naming convention), with
-    options ``args``. Called by the runtime only (``Descriptor.load`` imports it)."""
+def method_caps(method) -> StepCaps:
+    """The :class:`StepCaps` of a runtime method object: those of the descriptor whose
+    ``runtime`` names its class (identity, not a naming convention), its fields the
+    method's options (an object of any other class, such as a test's wrapper, has none)."""
     for name, desc in METHODS.items():
-        if desc.runtime is not None and desc.load() is factory:
-            return step_caps(name, args)
+        if desc.runtime is not None and desc.load() is type(method):
+            return step_caps(name, getattr(method, "__dict__", {}))
     return StepCaps()
 
 
-@dataclass(frozen=True)
-class Composition:
-    """One upper's hypergradient pass (see the module docstring)."""
-
-    top: str
-    down: tuple[str, ...]
-    up: tuple[Step, ...]
-    seeds: tuple[str, ...]
-    nested: tuple[tuple[str, tuple[Step, ...], tuple[str, ...]], ...] = ()  # (middle, up, below)
-    live_seeds: bool = True  # no seed is unrolled: the seeds are the live parameters
-    shape: str = "general"
-
-
-def topo(nodes: Iterable[str], preds: Mapping[str, set[str]], hint: str = "") -> tuple[str, ...]:
-    """``nodes`` in a topological order of ``preds`` (deterministic); a cycle is an error."""
-    nodes = set(nodes)
-    try:
-        sorter = graphlib.TopologicalSorter({n: sorted(preds.get(n, set()) & nodes)
-                                             for n in sorted(nodes)})
-        return tuple(sorter.static_order())
-    except graphlib.CycleError as err:
-        raise ValueError(f"cycle among problems: {' -> '.join(err.args[1])}{hint}") from None
+def compositions_of(problems: Iterable, edges: Iterable, semantics: str = "per_edge"
+                    ) -> dict[str, Composition]:
+    """Every upper's composition for a runtime hierarchy built by hand: ``problems`` have a
+    ``name`` and ``reads``, ``edges`` an ``upper``, a ``lower`` and a runtime ``method``
+    object (:class:`mloc.runtime.compose.Edge`)."""
+    reads = {p.name: tuple(p.reads) for p in problems}
+    uppers: dict[str, set[str]] = {n: set() for n in reads}
+    caps = {}
+    for e in edges:
+        uppers[e.lower].add(e.upper)
+        caps[e.lower] = method_caps(e.method)
+    reduced = feedback(reads, uppers) if semantics == "exact" else {}
+    return compose_all(reads, uppers, caps, reduced)
 
 
 def below(lowers: Mapping[str, set[str]], name: str) -> set[str]:

@@ -2,7 +2,7 @@
 
 `check(value, where, diags)` returns the Python value for a well-typed literal, or `INVALID`
 after reporting E304 (wrong type) or E305 (out of range, or above mloc's bound on a count:
-:mod:`mloc.lang.limits`). `where` is the human name of the
+:mod:`mloc.shared.limits`). `where` is the human name of the
 slot being checked, e.g. "`unroll`" or "`lr` of `sgd`".
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from mloc.diagnostics import Diagnostics
 from mloc.frontend import ast
-from mloc.lang.limits import MAX_STEPS, WHY_STEPS
+from mloc.shared.limits import MAX_STEPS, WHY_STEPS
 
 
 class _Invalid:
@@ -119,7 +119,7 @@ class Number(Type):
 
 
 def Int(lo: float = -math.inf, hi: float = math.inf, limit: int = MAX_STEPS, why: str = WHY_STEPS) -> Number:
-    """An integer in [lo, hi], and at most `limit` (:mod:`mloc.lang.limits`)."""
+    """An integer in [lo, hi], and at most `limit` (:mod:`mloc.shared.limits`)."""
     return Number(integer=True, lo=lo, hi=hi, limit=limit, why=why)
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mloc.lang.limits import MAX_REPEATS, MAX_SEED, WHY_REPEATS, WHY_SEED
 from mloc.lang.types import Bool, Device, Enum, Float, Int, ListOf, Size, Str, Type
+from mloc.shared.composition import SEMANTICS
+from mloc.shared.limits import MAX_REPEATS, MAX_SEED, WHY_REPEATS, WHY_SEED
+from mloc.shared.precision import PRECISIONS
 
 ITD_MODES = ("reverse", "forward", "recompute", "auto")
-PRECISIONS = ("fp32", "bf16", "fp16")
-SEMANTICS = ("exact", "per_edge")
 
 
 @dataclass(frozen=True)

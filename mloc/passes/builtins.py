@@ -20,7 +20,7 @@ from mloc.frontend import ast
 from mloc.ir.payloads import Builtin
 from mloc.builtins import REQUIRED, Descriptor, Signature
 from mloc.builtins.descriptor import alias_in
-from mloc.lang.roots import shampoo_roots_due
+from mloc.shared.roots import shampoo_roots_due
 from mloc.lang.types import INVALID, Options, PyRef
 from mloc.passes.names import Scope, import_line
 from mloc.passes.pymodules import find_module
@@ -173,7 +173,7 @@ def _lint(sig: Signature, bound: dict, args: tuple[ast.Arg, ...], span, diags: D
 def _lint_identity_roots(sig: Signature, bound: dict, args: tuple[ast.Arg, ...], span,
                          diags: Diagnostics) -> None:
     """W106: Shampoo preconditions from step ``start + 1``, its first roots are used from
-    the step :func:`~mloc.lang.roots.shampoo_roots_due` gives for the first refresh
+    the step :func:`~mloc.shared.roots.shampoo_roots_due` gives for the first refresh
     (``update_every + staleness``, the runtime's schedule); the roots start
     as identities, so the steps in between move along the raw gradient at the graft's norm
     (neither the grafted optimizer's direction nor a preconditioned one)."""

@@ -20,11 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from mloc.builtins import METHODS, OPTIMIZERS, Shape
-from mloc.ir.composition import Composition, compose_all, feedback, step_caps
+from mloc.ir.composition import compose_all, feedback, step_caps
 from mloc.ir.graph import ProgramGraph
-from mloc.ir.interlock import Interlock, chains_of
+from mloc.ir.interlock import chains_of
 from mloc.ir.payloads import HierarchyEdge
 from mloc.passes.schedule import Action, Loop, periods_of, schedule_json, schedule_lines, schedule_of
+from mloc.shared.composition import Composition
+from mloc.shared.interlock import Interlock
 
 
 @dataclass(frozen=True)

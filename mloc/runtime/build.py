@@ -31,6 +31,7 @@ from mloc.runtime.compose import Edge, Hierarchy
 from mloc.runtime.data import DataStream
 from mloc.runtime.distributed import DistContext
 from mloc.runtime.optim import Optimizer
+from mloc.runtime.options import RunConfig
 from mloc.runtime.precision import DeviceError, autocast_factory, grad_scaler_for
 from mloc.runtime.problem import Problem
 from mloc.runtime.schedules import bind
@@ -62,18 +63,6 @@ class ProblemSpec:
     schedule: Callable[[int], float] | None = None
     project: Callable[[nn.Module], Any] | None = None
     reinit: bool | Callable[[nn.Module], Any] = False
-
-
-@dataclass
-class RunConfig:
-    """A run's settings. Their defaults are the train block's (``mloc.ir.payloads.TrainSpec``),
-    which generated code writes out as ``DEFAULTS``; options override them."""
-
-    steps: int
-    seed: int
-    device: str
-    precision: str
-    dtype: str | None = None          # e.g. "float64" for exact checks
 
 
 def resolve_device(name: str, local_rank: int = 0, world: int = 1) -> torch.device:

@@ -39,13 +39,12 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import Tensor
 
-from mloc.ir.composition import Composition, compose, factory_caps, feedback, topo
-from mloc.lang.vocabulary import SEMANTICS
+from mloc.shared.composition import SEMANTICS, Composition, topo
 from mloc.runtime import tree
 from mloc.runtime.adjoints import ReducedOp, backward, concat, flat, propagate, split
 from mloc.runtime.problem import LowerOp, Problem
 
-__all__ = ["SEMANTICS", "Edge", "Hierarchy", "ReducedOp", "method_caps"]
+__all__ = ["SEMANTICS", "Edge", "Hierarchy", "ReducedOp"]
 
 
 @dataclass(frozen=True)
@@ -57,16 +56,9 @@ class Edge:
     method: Any
 
 
-def method_caps(method):
-    """The :class:`~mloc.ir.composition.StepCaps` of a runtime method object: those of the
-    descriptor whose runtime factory is its class, its fields the method's options (an
-    object of any other class, such as a test's wrapper, has none)."""
-    return factory_caps(type(method), getattr(method, "__dict__", {}))
-
-
 @dataclass(frozen=True)
 class _Plan:
-    """A :class:`~mloc.ir.composition.Composition` bound to this runtime's live tensors."""
+    """A :class:`~mloc.shared.composition.Composition` bound to this runtime's live tensors."""
 
     composition: Composition
     top: str
@@ -82,9 +74,10 @@ class Hierarchy:
     """A multilevel program for the runtime: problems, hierarchy edges and a semantics.
 
     ``hypergrad(name)`` accumulates the hypergradient of problem ``name`` into its
-    parameters' ``.grad``, composed as ``name``'s :class:`~mloc.ir.composition.Composition`
-    says: the one the compiler planned (``compositions``), or the same function's result
-    here, once per upper. Plans bind it to the live tensors once and are cached.
+    parameters' ``.grad``, composed as ``name``'s :class:`~mloc.shared.composition.Composition`
+    in ``compositions`` says: the planner's (generated code), or for a hierarchy built by hand
+    :func:`mloc.ir.composition.compositions_of`'s. Plans bind it to the live tensors once and
+    are cached.
     """
 
     def __init__(self, problems: Iterable[Problem], edges: Iterable[Edge],
@@ -112,9 +105,6 @@ class Hierarchy:
         self._args = {n: [self._live[r] for r in p.reads] for n, p in self.problems.items()}
         self._buffers = {n: tuple(b for r in p.reads for b in self.problems[r].buffers)
                          for n, p in self.problems.items()}
-        self._reads = {n: tuple(p.reads) for n, p in self.problems.items()}
-        self._caps = {n: method_caps(m) for n, m in self.methods.items()}
-        self._reduced = feedback(self._reads, self.uppers) if semantics == "exact" else {}
         self._compositions = dict(compositions or {})
         self._plans: dict[str, _Plan] = {}
         self._steps: dict[str, Any] = {}  # plans of shape "bound": top -> its step closure
@@ -136,11 +126,11 @@ class Hierarchy:
         topo(self.problems, self.uppers)
 
     def composition(self, top: str) -> Composition:
-        """``top``'s composition: the planned one, else computed (the same function)."""
-        planned = self._compositions.get(top)
-        if planned is not None:
-            return planned
-        return compose(top, self._reads, self.uppers, self._caps, self._reduced)
+        """``top``'s composition, as given (a ValueError when ``top`` has none)."""
+        if top not in self._compositions:
+            raise ValueError(f"no composition for {top!r}: a hierarchy built by hand takes "
+                             "compositions=mloc.ir.composition.compositions_of(problems, edges, semantics)")
+        return self._compositions[top]
 
     def plan(self, top: str) -> _Plan:
         if top in self._plans:

@@ -35,7 +35,7 @@ from mloc.runtime import state as _state
 from mloc.runtime import tree
 from mloc.runtime.accumulate import Accumulator
 from mloc.runtime.buffers import buffers_of, frozen, guard_step, inference
-from mloc.runtime.build import Live, ProblemSpec, RunConfig, build, resolve_device
+from mloc.runtime.build import Live, ProblemSpec, build, resolve_device
 from mloc.runtime.commit import Pipeline, build_pipeline
 from mloc.runtime.compose import Edge
 from mloc.runtime.data import cast_data, cast_floating
@@ -43,6 +43,7 @@ from mloc.runtime.distributed import DistContext, launched_slot
 from mloc.runtime.evaluations import metrics
 from mloc.runtime.interlock import Interlock, chain_stepper
 from mloc.runtime.metabatch import MetaBatch
+from mloc.runtime.options import RunConfig
 from mloc.runtime.finite import FiniteGuard, verify_state
 from mloc.runtime.sources import Source, hypergradient, plain_gradient
 
@@ -55,7 +56,7 @@ class Program:
     def __init__(self, *, name: str, specs: Sequence[ProblemSpec], edges: Sequence[Edge],
                  semantics: str, build_modules: Callable[[], dict], data: dict[str, Callable],
                  schedule: Callable[["Program"], None], config: RunConfig,
-                 evaluations: Sequence[tuple[int, str, Callable]] = (), compositions: dict | None = None,
+                 evaluations: Sequence = (), compositions: dict | None = None,
                  chains: Sequence[Interlock] = ()):
         self.name, self.config, self._schedule = name, config, schedule
         self.chains = {c.stages[0]: c for c in chains}     # by first stage (`interlock.chain_step`)
@@ -211,9 +212,9 @@ class Program:
         and the Python API both evaluate through here."""
         out: dict[str, float] = {}
         with inference(self.modules.values()):
-            for _, label, fn, *named in self.evaluations:     # named: (bool,) in train.py since 0.x
-                if labels is None or label in labels:
-                    out.update(metrics(label, fn, fn(self), *named))
+            for e in self.evaluations:
+                if labels is None or e.name in labels:
+                    out.update(metrics(e.name, e.function, e.function(self), e.named))
         return out
 
     # --- state --------------------------------------------------------------------------

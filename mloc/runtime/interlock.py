@@ -1,7 +1,7 @@
 """The chain step: interlocking backpropagation as the engine's third gradient source.
 
 Gomez, Key et al., "Interlocking Backpropagation: Improving depthwise model-parallelism",
-JMLR 23(171), 2022. Who trains whom is :class:`mloc.ir.interlock.Interlock`; this module
+JMLR 23(171), 2022. Who trains whom is :class:`mloc.shared.interlock.Interlock`; this module
 computes it, one stage at a time, so that the same primitives run in one process (the
 simulation, :class:`ChainStep`) and in one process per stage (:mod:`mloc.runtime.pipeline`).
 
@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from mloc.ir.interlock import Interlock
+from mloc.shared.interlock import Interlock
 from mloc.runtime.chain_contract import ChainContractError, Cut, contract, differs
 from mloc.runtime import tree
 from mloc.runtime.tree import Params

@@ -1,17 +1,23 @@
-"""Entry point of a generated `train.py`: parse its options, open the run folder, train.
+"""The one run path: :func:`start` opens the run folder and trains, from a typed
+:class:`~mloc.runtime.options.RunOptions`, whichever door the run came in by.
 
     python train.py [--steps N] [--seed S] [--device D] [--precision P] [--dtype float64]
                     [--out DIR] [--resume DIR] [--overwrite] [--quiet] [--threads N]
                     [--logger csv,tensorboard,wandb]
 
-The run folder follows the same rule as `mloc run` (:mod:`mloc.runtime.runfolder`): a new
-run never writes into a folder holding another one unless `--overwrite` is given; without
-`--out`, a fresh `runs/NAME/N`. Under `mloc run --nproc N` every worker runs this with
-`--launched-by PID` (:mod:`mloc.runtime.workers`): the launcher has opened the folder, and
-the worker only checks that it still owns it. Under a plain `torchrun`, rank 0 opens it.
-Exit codes: 0 done, 1 the run failed (NaN/Inf, an error in the program's code), 2 a bad
-option, folder, checkpoint or an I/O error, 3 (a worker only) another rank failed first,
-101 a bug in mloc, 130 interrupted.
+`python train.py` calls :func:`main` with the program its file declares
+(:class:`~mloc.runtime.declaration.Declaration`); `mloc run` compiles, then calls
+:func:`start` with the same options (and its `--nproc` or `--pipeline`). :func:`start`
+resolves the device (for every process), checks a resume (the checkpoint, what changed
+since the run's last start), opens the run folder by :mod:`mloc.runtime.runfolder`'s rule
+(a new run never writes into a folder holding another one unless `--overwrite` is given;
+without `--out`, a fresh `runs/NAME/N`), writes `config.json`, and trains: here, in
+`--nproc` workers, or as a `--pipeline`. Under `mloc run --nproc N` every worker runs
+train.py with `--launched-by PID` (:mod:`mloc.runtime.workers`): the launcher has opened
+the folder, and the worker only checks that it still owns it. Under a plain `torchrun`,
+rank 0 opens it. Exit codes: 0 done, 1 the run failed (NaN/Inf, an error in the program's
+code), 2 a bad option, folder, checkpoint or an I/O error, 3 (a worker only) another rank
+failed first, 101 a bug in mloc, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -22,31 +28,33 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable, Sequence
 
-from mloc.lang.limits import flag_error
+from mloc.runtime import resumption
+from mloc.runtime.build import resolve_device
 from mloc.runtime.checkpoint import CheckpointError, load_checkpoint
+from mloc.runtime.declaration import Declaration
 from mloc.runtime.distributed import is_peer_failure, launched_rank
 from mloc.runtime.engine import Program, RunConfig
-from mloc.runtime.loggers import LoggerError
-from mloc.runtime.loggers import check_available as check_loggers
-from mloc.runtime.loggers import parse as parse_loggers
 from mloc.runtime.finite import NonFiniteError
-from mloc.runtime.loop import Intervals, Stop, Where, resume, train
-from mloc.runtime.precision import PRECISIONS, DeviceError
+from mloc.runtime.loggers import LoggerError
+from mloc.runtime.loop import Stop, Where, resume, train
+from mloc.runtime.options import OptionError, RunOptions, add_flags
+from mloc.runtime.precision import DeviceError
 from mloc.runtime.progress import Progress
-from mloc.runtime.selection import Selection, failed_summary
 from mloc.runtime.runfiles import amend_config, write_config
-from mloc.runtime.runfolder import CHECKPOINT, RunFolder, RunFolderError, RunIOError, check_owner, choose
+from mloc.runtime.runfolder import CHECKPOINT, Choice, RunFolder, RunFolderError, RunIOError, check_owner, choose
 from mloc.runtime.schedules import ScheduleError
+from mloc.runtime.selection import Selection, failed_summary
 from mloc.runtime.threads import Threads
 from mloc.runtime.threads import decide as decide_threads
 from mloc.runtime.user_modules import put_first
 from mloc.runtime.usercode import user_error
 from mloc.runtime.workers import EXIT_PEER, die_with_parent
 
-_FOLDER_ERRORS = (CheckpointError, RunFolderError, RunIOError, DeviceError, LoggerError)
+_FOLDER_ERRORS = (CheckpointError, RunFolderError, RunIOError, DeviceError, LoggerError, OptionError)
 
 
 def program_dir(generated_file: str, relative: str) -> Path:
@@ -56,67 +64,12 @@ def program_dir(generated_file: str, relative: str) -> Path:
     return put_first(Path(generated_file).resolve().parent / relative)
 
 
-def build(ns: dict, config: RunConfig) -> Program:
-    """Instantiate the program a generated module (`ns`, its globals) declares."""
-    return Program(name=ns["NAME"], specs=ns["PROBLEMS"], edges=ns["EDGES"], semantics=ns["SEMANTICS"],
-                   build_modules=ns["build_modules"], data=ns["DATA"], schedule=ns["outer_step"],
-                   config=config, evaluations=ns["EVALUATIONS"], compositions=ns.get("COMPOSITION"),
-                   chains=ns.get("CHAINS", ()))
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What `train.py`'s command line (and `mloc run`) may set; None keeps the program's
-    default (its `DEFAULTS`). `dtype` None trains in the modules' own dtype; `out` None is
-    a fresh `runs/NAME/N`; `launched_by` is the pid of the `--nproc` launcher."""
-
-    steps: int | None = None
-    seed: int | None = None
-    device: str | None = None
-    precision: str | None = None
-    dtype: str | None = None
-    out: Path | None = None
-    resume: Path | None = None
-    overwrite: bool = False
-    quiet: bool = False
-    launched_by: int | None = None
-    threads: int | None = None          # torch's intra-op threads; None: mloc.runtime.threads decides
-    logger: tuple[str, ...] | None = None   # loggers beside metrics.jsonl (mloc.runtime.loggers)
-
-    def config(self, defaults: RunConfig) -> RunConfig:
-        given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
-                                    ("precision", self.precision)) if v is not None}
-        return replace(defaults, dtype=self.dtype, **given)
-
-    def argv(self) -> list[str]:
-        """The same options as `train.py` arguments (what a `--nproc` launch passes on)."""
-        out = []
-        for flag in ("steps", "seed", "device", "precision", "dtype", "out", "resume", "launched_by", "threads"):
-            if getattr(self, flag) is not None:
-                out += [f"--{flag.replace('_', '-')}", str(getattr(self, flag))]
-        out += ["--logger", ",".join(self.logger)] if self.logger else []
-        return out + (["--overwrite"] if self.overwrite else []) + (["--quiet"] if self.quiet else [])
-
-
-def parser(defaults: RunConfig) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Train this compiled mloc program.")
-    p.add_argument("--steps", type=int, help=f"outer steps (default {defaults.steps})")
-    p.add_argument("--seed", type=int, help=f"random seed (default {defaults.seed})")
-    p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto (default {defaults.device})")
-    p.add_argument("--precision", choices=PRECISIONS, help=f"default {defaults.precision}")
-    p.add_argument("--dtype", choices=("float32", "float64"), default=None,
-                   help="cast the modules, the batches and the evaluations' data arguments to this dtype")
-    p.add_argument("--out", type=Path, help="folder for metrics.jsonl and checkpoint.pt (default: a fresh runs/NAME/N)")
-    p.add_argument("--resume", type=Path, metavar="DIR",
-                   help="continue from DIR/checkpoint.pt, in DIR unless --out names another (empty) folder")
-    p.add_argument("--overwrite", action="store_true", help="start over in an --out folder that holds a run")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--threads", type=int, help="torch's CPU threads (default: from the machine's load and the "
-                                                "program's size, shown in the first line)")
-    p.add_argument("--logger", action="append", metavar="NAME",
-                   help="also log to csv, tensorboard or wandb (a comma list or repeated)")
-    p.add_argument("--launched-by", type=int, help=argparse.SUPPRESS)
-    return p
+def build(program: Declaration, config: RunConfig) -> Program:
+    """Instantiate the program a generated module declares."""
+    return Program(name=program.name, specs=program.problems, edges=program.edges, semantics=program.semantics,
+                   build_modules=program.build_modules, data=program.data, schedule=program.schedule,
+                   config=config, evaluations=program.evaluations, compositions=program.compositions,
+                   chains=program.chains)
 
 
 def _say(err: Exception, code: str | None = None, where: str = "") -> None:
@@ -125,28 +78,20 @@ def _say(err: Exception, code: str | None = None, where: str = "") -> None:
           file=sys.stderr)
 
 
-def main(ns: dict, argv: list[str] | None = None) -> int:
-    """`python train.py [options]`: parse the options, open the run folder, then `run`."""
-    args = parser(ns["DEFAULTS"]).parse_args(argv)
+def main(declaration: Declaration, file: str | None = None, argv: list[str] | None = None) -> int:
+    """`python train.py [options]`: the program `file` declares, trained as the options say."""
+    p = argparse.ArgumentParser(description="Train this compiled mloc program.")
+    add_flags(p, declaration.defaults)
+    p.add_argument("--launched-by", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
     try:
-        args.logger = usable_loggers(args.logger) or None
-    except LoggerError as e:
+        options = RunOptions.parsed(args)
+    except (OptionError, LoggerError) as e:
         _say(e)
         return 2
-    options = RunOptions(**vars(args))
-    if options.steps is not None and options.steps < 1:
-        print("error: --steps must be at least 1", file=sys.stderr)
-        return 2
-    if options.threads is not None and options.threads < 1:
-        print("error: --threads must be at least 1", file=sys.stderr)
-        return 2
-    bad = flag_error("--steps", options.steps) or flag_error("--seed", options.seed)
-    if bad:                             # mloc.lang.limits: as `mloc run` refuses them
-        print(f"error: {bad}", file=sys.stderr)
-        return 2
     try:
-        options, record = resumed(ns, options)
-        return _main(ns, options, options.config(ns["DEFAULTS"]), record)
+        options, record = resumed(declaration, options)
+        return _main(declaration, options, record, file)
     except KeyboardInterrupt:
         if options.launched_by is None:
             print("interrupted", file=sys.stderr)
@@ -162,7 +107,7 @@ def main(ns: dict, argv: list[str] | None = None) -> int:
         return 101
 
 
-def resumed(ns: dict, options: RunOptions) -> tuple[RunOptions, dict | None]:
+def resumed(declaration: Declaration, options: RunOptions) -> tuple[RunOptions, dict | None]:
     """`--resume DIR` (not in a `--nproc` worker, whose launcher passes every option):
     the options left open taken from the run's last start, and that record
     (:mod:`mloc.runtime.resumption`). This `train.py` carries its `--set`s compiled in, so a
@@ -170,9 +115,8 @@ def resumed(ns: dict, options: RunOptions) -> tuple[RunOptions, dict | None]:
     with this file's values."""
     if options.resume is None or options.launched_by is not None:
         return options, None
-    from mloc.runtime import resumption
     record = resumption.last_start(options.resume)
-    sets, compiled = resumption.recorded_sets(record), tuple(ns.get("OVERRIDES", ()))
+    sets, compiled = resumption.recorded_sets(record), declaration.overrides
     if sets is not None and set(sets) != set(compiled):
         said = lambda texts: " ".join(f"--set {t!r}" for t in texts) or "no --set"    # noqa: E731
         raise RunFolderError(f"the run in {options.resume} was last started with {said(sets)}, and this train.py "
@@ -184,36 +128,74 @@ def resumed(ns: dict, options: RunOptions) -> tuple[RunOptions, dict | None]:
     return replace(options, **resumption.inherit(record, given)), record
 
 
-def _main(ns: dict, options: RunOptions, config: RunConfig, record: dict | None = None) -> int:
+def _main(declaration: Declaration, options: RunOptions, record: dict | None, file: str | None) -> int:
+    """A worker's start (its launcher opened the folder), or :func:`start`."""
     rank = launched_rank()
     if rank is not None:
         die_with_parent()               # a worker never outlives its launcher
+    config = options.config(declaration.defaults)
     if options.launched_by is not None:
         if os.getppid() != options.launched_by:
             return EXIT_PEER            # the launcher is gone already: write nothing
         check_owner(options.out, options.launched_by)
-        return run(ns, config, options.out, options.resume, quiet=options.quiet, owner=options.launched_by,
+        return run(declaration, config, options.out, options.resume, quiet=options.quiet, owner=options.launched_by,
                    threads=options.threads, loggers=options.logger or ())   # rank 0 alone shows progress
     if rank not in (None, 0):           # a plain torchrun: rank 0 opens the folder, the others write nothing
-        return run(ns, config, options.out or Path("."), options.resume, quiet=True, threads=options.threads)
+        return run(declaration, config, options.out or Path("."), options.resume, quiet=True, threads=options.threads)
+    return start(declaration, options, program_record(declaration, file=file), record)
+
+
+def start(declaration: Declaration, options: RunOptions, about: dict, record: dict | None = None, *,
+          choice: Choice | None = None, changes: Sequence[str] = (), write: Callable[[Path], None] | None = None,
+          shown: str | None = None) -> int:
+    """Start a run, whichever door it came in by: resolve the device (one for every
+    process), check a resume (its checkpoint; what changed since `record`, the run's last
+    start, after the caller's `changes`), open the run folder (`choice`, else chosen from
+    the options), let `write` put the compiled files there, write `config.json` (`about`:
+    the program, :func:`program_record`), then train here, in `--nproc` workers or as a
+    `--pipeline`. `shown`: how to name the program file in a note (default: its path)."""
+    config, nproc = options.config(declaration.defaults), options.nproc or 1
+    resolve_device(config.device, 0, nproc)     # before the folder: a device that is not there leaves nothing
     changed = None
     if options.resume is not None:
-        from mloc.runtime.resumption import changes, changes_note, options_of
-        check_resume(options.resume, ns["NAME"], config.steps)
-        changed = changes(record, options_of(config), options.resume)
+        check_resume(options.resume, declaration.name, config.steps)
+        effective = {**resumption.options_of(config), **({"nproc": nproc} if options.nproc is not None else {})}
+        changed = [*changes, *resumption.changes(record, effective, options.resume)]
+        before = (record or {}).get("program") or {}
+        edited = before.get("sha256") not in (None, about.get("sha256"))
+        if "sha256" in about and before.get("file") == about["file"] and edited:
+            changed.append(f"{shown or about['file']} has changed since the run's last start (its sha256 differs)")
         if changed:
-            print(changes_note(options.resume, changed), file=sys.stderr)
-    from mloc.runtime.build import resolve_device
-    resolve_device(config.device)       # before the folder: a device that is not there leaves nothing
-    choice = choose(options.out, options.resume, options.overwrite, ns["NAME"])
+            print(resumption.changes_note(options.resume, changed), file=sys.stderr)
+    choice = choice or choose(options.out, options.resume, options.overwrite, declaration.name)
     with RunFolder(choice) as folder:
         if options.resume is not None:      # again, holding the lock: the checkpoint that counts
-            check_resume(folder.dir, ns["NAME"], config.steps)
-        program = program_record(ns, file=ns.get("__file__"))
-        write_config(folder.dir, run_record(config, program, options.resume, threads=options.threads,
-                                            loggers=options.logger or (), changes=changed))
-        return run(ns, config, folder.dir, folder.dir if options.resume else None, options.quiet,
-                   owner=folder.owner, threads=options.threads, loggers=options.logger or ())
+            check_resume(folder.dir, declaration.name, config.steps)
+        if write is not None:
+            write(folder.dir)
+        write_config(folder.dir, run_record(config, about, options.resume, nproc, options.threads,
+                                            options.logger or (), changes=changed))
+        options = replace(options, out=folder.dir, resume=folder.dir if options.resume else None)
+        return _launch(declaration, options, config, folder.owner)
+
+
+def _launch(declaration: Declaration, options: RunOptions, config: RunConfig, owner: int) -> int:
+    """Train in the open run folder `options.out`: here, in `--nproc` workers (each runs
+    its train.py) or as a `--pipeline`."""
+    if options.pipeline:
+        from mloc.runtime import pipeline
+        return pipeline.run(options.out / "train.py", declaration, config, options.out, options.pipeline_delay,
+                            options.quiet, options.resume)
+    if (options.nproc or 1) > 1:
+        from mloc.runtime.workers import exit_code, launch
+        if not options.quiet:
+            print(f"training {options.out} with {options.nproc} processes", file=sys.stderr)
+        outcome = launch(options.out / "train.py", options.nproc, options.argv())
+        if outcome.report:              # rank 0's banner, progress and summary were shown live
+            print(outcome.report, file=sys.stderr)
+        return exit_code(outcome.code)
+    return run(declaration, config, options.out, options.resume, quiet=options.quiet, owner=owner,
+               threads=options.threads, loggers=options.logger or ())
 
 
 def check_resume(directory: Path, name: str, steps: int) -> int:
@@ -229,21 +211,13 @@ def check_resume(directory: Path, name: str, steps: int) -> int:
     return step
 
 
-def usable_loggers(values) -> tuple[str, ...]:
-    """`--logger` values as names, each one's package installed (:class:`LoggerError`)."""
-    names = parse_loggers(values)
-    check_loggers(names)
-    return names
-
-
-def program_record(ns: dict, **fields) -> dict:
-    """What ``config.json`` records about the program (its "program"), from train.py's
-    namespace: its name, the ``--set``s it was compiled with, the direction of each metric it
-    declares one for (:func:`~mloc.runtime.selection.directions`), and ``fields`` (``file``,
+def program_record(declaration: Declaration, **fields) -> dict:
+    """What ``config.json`` records about the program (its "program"): its name, the
+    ``--set``s it was compiled with, the direction of each metric it declares one for
+    (:meth:`~mloc.runtime.declaration.Declaration.directions`), and ``fields`` (``file``,
     ``sha256``). `mloc runs` lists a run under this name, for `mloc run` and `python train.py` alike."""
-    from mloc.runtime.selection import directions
-    return {"name": ns["NAME"], "set": list(ns.get("OVERRIDES", ())),
-            "directions": directions(ns.get("SELECTION")), **fields}
+    return {"name": declaration.name, "set": list(declaration.overrides), "directions": declaration.directions(),
+            **fields}
 
 
 def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: int = 1,
@@ -253,7 +227,7 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
     is None until the run has chosen them (:func:`run` adds the count and its reason)."""
     import torch
 
-    from mloc.version import __version__
+    from mloc.shared.version import __version__
     file = program.get("file")
     if file and "sha256" not in program and Path(file).is_file():
         program = {**program, "sha256": hashlib.sha256(Path(file).read_bytes()).hexdigest()}
@@ -268,9 +242,9 @@ def _rank(program: Program) -> str:
     return f" on rank {d.rank} of {d.world}" if d.world > 1 else ""
 
 
-def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, quiet: bool = False,
+def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path | None = None, quiet: bool = False,
         owner: int | None = None, threads: int | None = None, loggers: tuple[str, ...] = ()) -> int:
-    """Build the program a generated module declares, train it for `config.steps` outer
+    """Build the program `declaration` declares, train it for `config.steps` outer
     steps (from `resume_dir`'s checkpoint if given), writing to `out` (a folder opened by
     the caller; `owner` holds its lock) and to `loggers`, on `threads` CPU threads (None:
     chosen by :mod:`mloc.runtime.threads`). Exit codes as in the module docstring."""
@@ -278,7 +252,7 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
         import torch
         torch.set_num_threads(threads)
     try:
-        program = build(ns, config)
+        program = build(declaration, config)
     except DeviceError as e:
         _say(e)
         return 2
@@ -297,7 +271,7 @@ def run(ns: dict, config: RunConfig, out: Path, resume_dir: Path | None = None, 
     stop = Stop(note=not launched)
     try:
         with stop.handling((signal.SIGINT,) if launched else (signal.SIGINT, signal.SIGTERM)):
-            return _train(program, ns, config, Path(out), resume_dir, quiet, owner, loggers, stop, chosen)
+            return _train(program, declaration, config, Path(out), resume_dir, quiet, owner, loggers, stop, chosen)
     except KeyboardInterrupt:
         if not stop.requested or not program.dist.is_main:
             raise
@@ -327,18 +301,18 @@ def banner(program: Program, config: RunConfig, out: Path, chosen: Threads | Non
             f"-> {out}")
 
 
-def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir: Path | None,
+def _train(program: Program, declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path | None,
            quiet: bool, owner: int | None, loggers: tuple[str, ...] = (), stop: Stop | None = None,
            chosen: Threads | None = None) -> int:
-    where, selection = Where(), Selection.from_spec(ns.get("SELECTION"))
+    where, selection = Where(), Selection.watching(declaration.best, declaration.stop)
     try:
         with failed_summary(selection, program, out):
             if resume_dir:
                 resume(program, Path(resume_dir), selection)
             start, t0 = program.step_count, time.perf_counter()
-            with Progress(ns["NAME"], config.steps, enabled=not quiet and program.dist.is_main) as progress:
+            with Progress(declaration.name, config.steps, enabled=not quiet and program.dist.is_main) as progress:
                 progress.note(banner(program, config, out, chosen) + (f" (from step {start})" if start else ""))
-                train(program, config.steps, out, Intervals(**ns["INTERVALS"]), progress, owner, where,
+                train(program, config.steps, out, declaration.intervals, progress, owner, where,
                       loggers=loggers, selection=selection, stop=stop)
                 if stop is None or stop.at is None:
                     progress.note(f"done: {program.step_count - start} steps in {time.perf_counter() - t0:.1f} s; "
@@ -347,7 +321,7 @@ def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir:
         _say(e)
         return 2
     except NonFiniteError as e:
-        _say_nonfinite(e, program, out, ns["INTERVALS"].get("log_every", 10))
+        _say_nonfinite(e, program, out, declaration.intervals.log_every)
         return 1
     except ScheduleError as e:           # a schedule that runs out, or changes what it cannot
         _say(e, "E710", f" (during {where.text}{_rank(program)}; the checkpoint on disk, if any, is the last good state)")
@@ -358,7 +332,7 @@ def _train(program: Program, ns: dict, config: RunConfig, out: Path, resume_dir:
         return user_error(err, where.text + _rank(program), config.dtype, program.device)
     if stop is not None and stop.at is not None:
         if program.dist.is_main:
-            more = f" --steps {config.steps}" if config.steps != ns["DEFAULTS"].steps else ""
+            more = f" --steps {config.steps}" if config.steps != declaration.defaults.steps else ""
             print(f"interrupted at step {stop.at} of {config.steps}: wrote {out / CHECKPOINT}; continue with "
                   f"`--resume {out}{more}`", file=sys.stderr)
         return 130

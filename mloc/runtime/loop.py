@@ -187,7 +187,7 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
             if progress:
                 progress(done, steps, last, rate)
         where.text = f"the evaluations after step {done}"
-        due = [label for every, label, *_ in program.evaluations if done % every == 0 or done == steps]
+        due = [e.name for e in program.evaluations if done % e.every == 0 or done == steps]
         if due and not logged:
             guard.check()       # no evaluation (nor best.pt) of a state a failed step wrote
         results = program.evaluate(due) if due else {}

@@ -43,7 +43,6 @@ from torch.func import grad, vjp, vmap
 
 from mloc.runtime import tree
 from mloc.runtime.commit import committed_watcher
-from mloc.runtime.compose import method_caps
 from mloc.runtime.optim.base import apply_updates
 
 
@@ -130,7 +129,8 @@ class MetaBatch:
         lower_reads, upper_reads = L.problem.reads, U.problem.reads
         points = {n: lv.problem.params for n, lv in self.program.live.items()}
         lower_name, upper_name = self.lower, self.upper
-        implicit = not method_caps(method).zero    # cg, neumann: a solve; first_order: no indirect term
+        up = self.program.hierarchy.composition(upper_name).up
+        implicit = any(step[0] == lower_name for step in up)   # cg, neumann: a solve; first_order: none
 
         def args(reads, xx, d):
             return [d if r == lower_name else xx if r == upper_name else points[r] for r in reads]

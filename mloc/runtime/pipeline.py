@@ -1,6 +1,6 @@
 """Interlocking backpropagation as a real pipeline: one process per stage.
 
-``mloc run --pipeline`` (or ``python train.py --pipeline``) starts K workers for a program
+``mloc run --pipeline`` starts K workers for a program
 that is one interlocking chain of K stages; worker j owns stage j (its module, its head,
 its optimizer and commit pipeline) and talks to its neighbours over ``torch.distributed``
 (gloo on 127.0.0.1), one thread each. Per step, worker j:
@@ -70,10 +70,11 @@ class PipelineError(Exception):
         self.help = help
 
 
-def chain_of(ns: dict):
-    """The one chain of a generated program that is nothing but that chain."""
-    chains = ns.get("CHAINS", ())
-    names = {s.name for s in ns["PROBLEMS"]}
+def chain_of(declaration):
+    """The one chain of a program (its :class:`~mloc.runtime.declaration.Declaration`) that
+    is nothing but that chain."""
+    chains = declaration.chains
+    names = {s.name for s in declaration.problems}
     if len(chains) != 1 or set(chains[0].stages) != names:
         raise PipelineError("--pipeline runs a program that is one interlocking chain, and nothing else",
                             "train this program without --pipeline")
@@ -133,20 +134,20 @@ def steady_period(ranks: list[dict], skip: int = 3) -> float:
     return walls[len(walls) // 2]
 
 
-def run(train_py: Path, ns: dict, config, out: Path, delay: float = 0.0, quiet: bool = False,
+def run(train_py: Path, declaration, config, out: Path, delay: float = 0.0, quiet: bool = False,
         resume_dir: Path | None = None) -> int:
-    """`--pipeline`: the pipeline of a compiled program (its `train.py` and namespace) up to
+    """`--pipeline`: the pipeline of a compiled program (its `train.py` and declaration) up to
     step `config.steps` (from `resume_dir`'s checkpoint if given) into the run folder `out`;
     a summary line per worker. Exit code: 0, 1 (a worker's error: the program's), 2 (not
     a one-chain program; a folder, checkpoint or I/O error), 101 (a bug in mloc), 130
     (interrupted, with a checkpoint)."""
     try:
-        chain = chain_of(ns)
+        chain = chain_of(declaration)
     except PipelineError as e:
         print(f"error: {e}\n  = help: {e.help}", file=sys.stderr)
         return 2
     if not quiet:
-        print(f"training {ns['NAME']} as a pipeline: {chain.k} processes, one per stage -> {out}", file=sys.stderr)
+        print(f"training {declaration.name} as a pipeline: {chain.k} processes, one per stage -> {out}", file=sys.stderr)
     outcome = start(Path(train_py), chain.k, config.steps, Path(out), seed=config.seed, dtype=config.dtype,
                     delay=delay, resume_dir=resume_dir, stages=tuple(chain.stages), locked=True)
     if outcome.report:

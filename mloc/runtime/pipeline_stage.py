@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from mloc.runtime import tree
 from mloc.runtime.checkpoint import load_checkpoint, restore_rng, save_checkpoint
+from mloc.runtime.declaration import declared
 from mloc.runtime.distributed import is_peer_failure
 from mloc.runtime.finite import NonFiniteError
 from mloc.runtime.interlock import (ChainContractError, add_into, forward_stage, head_backward, input_backward,
@@ -100,14 +101,14 @@ def worker(train_py: Path, rank: int, world: int, port: int, steps: int, seed: i
     from mloc.runtime.launch import build
     from mloc.runtime.usercode import user_error
     torch.set_num_threads(1)
-    ns = runpy.run_path(str(train_py), run_name="mloc_pipeline_worker")
-    chain = chain_of(ns)
-    config = replace(ns["DEFAULTS"], steps=steps, device="cpu", dtype=dtype)   # DEFAULTS: the program's own
+    declaration = declared(runpy.run_path(str(train_py), run_name="mloc_pipeline_worker"))
+    chain = chain_of(declaration)
+    config = replace(declaration.defaults, steps=steps, device="cpu", dtype=dtype)   # the program's own
     if seed is not None:
         config = replace(config, seed=seed)
     name = worker_name(rank, world, chain.stages[rank])
     try:
-        program = build(ns, config)
+        program = build(declaration, config)
     except Exception as err:  # noqa: BLE001 - the user's code raising while the program is built
         return user_error(err, f"building the program on {name}")
     try:
@@ -118,7 +119,7 @@ def worker(train_py: Path, rank: int, world: int, port: int, steps: int, seed: i
                 restore_rng(rngs[rank])     # this stage's own random stream (dropout, ...)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         try:
-            return _run(program, chain, ns, rank, world, steps, delay, Path(out), owner, stop or Stop(note=False),
+            return _run(program, chain, declaration, rank, world, steps, delay, Path(out), owner, stop or Stop(note=False),
                         name, dtype)
         finally:
             dist.destroy_process_group()
@@ -126,12 +127,12 @@ def worker(train_py: Path, rank: int, world: int, port: int, steps: int, seed: i
         program.close()
 
 
-def _run(program, chain, ns: dict, rank: int, world: int, steps: int, delay: float, out: Path,
+def _run(program, chain, declaration, rank: int, world: int, steps: int, delay: float, out: Path,
          owner: int | None, stop: Stop, name: str, dtype: str | None) -> int:
     """Train, checkpoint and write this worker's files; its exit code."""
     from mloc.runtime.usercode import user_error
     where = Where()
-    every = ns["INTERVALS"].get("checkpoint_every")
+    every = declaration.intervals.checkpoint_every
     try:
         hop = _hop_latency(rank, world)
         record = _train(program, chain, rank, steps, delay, stop, where,
@@ -155,7 +156,7 @@ def _run(program, chain, ns: dict, rank: int, world: int, steps: int, delay: flo
     if record["stopped_at"] is None:
         return 0
     if rank == 0:
-        more = f" --steps {steps}" if steps != ns["DEFAULTS"].steps else ""
+        more = f" --steps {steps}" if steps != declaration.defaults.steps else ""
         print(f"interrupted at step {record['stopped_at']} of {steps}: wrote {out / CHECKPOINT}; continue with `--pipeline --resume {out}{more}`", file=sys.stderr)
     return 130
 

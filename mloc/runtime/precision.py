@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from mloc.lang.vocabulary import PRECISIONS
+from mloc.shared.precision import PRECISIONS
 
 
 class DeviceError(ValueError):
@@ -35,6 +35,7 @@ class DeviceError(ValueError):
     def __init__(self, message: str, help: str):
         super().__init__(message)
         self.help = help
+
 
 
 def _device_type(device) -> str:

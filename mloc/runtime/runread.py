@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mloc.lang.limits import MAX_SEED, MAX_STEPS
+from mloc.shared.limits import MAX_SEED, MAX_STEPS
 from mloc.runtime.runfolder import RunIOError
 
 KINDS = ("train", "speed", "eval", "summary")
@@ -36,7 +36,7 @@ INT, NUMBER, STR, OBJECT, LIST = (int,), (int, float), (str,), (dict,), (list,)
 START = {"steps": INT, "seed": INT, "nproc": INT, "program": OBJECT}
 BOUNDED = {"steps": (1, MAX_STEPS), "seed": (0, MAX_SEED)}
 """A resume takes these from the record (:mod:`mloc.runtime.resumption`): within mloc's
-bounds (:mod:`mloc.lang.limits`), as the command line would have them."""
+bounds (:mod:`mloc.shared.limits`), as the command line would have them."""
 PROGRAM = {"set": LIST, "name": STR, "file": STR, "directions": OBJECT}
 SUMMARY = {"best": OBJECT, "final": OBJECT, "steps_done": INT, "status": STR}
 BEST = {"metric": STR, "mode": STR, "value": NUMBER, "step": INT}

@@ -89,7 +89,7 @@ class Tracker:
 
 @dataclass
 class Selection:
-    """What a run watches (from train.py's ``SELECTION``), and its state."""
+    """What a run watches (train.py's ``best`` and ``stop``), and its state."""
 
     best: Tracker | None = None
     stop: Tracker | None = None
@@ -97,11 +97,11 @@ class Selection:
     stopped_at: int | None = None
 
     @classmethod
-    def from_spec(cls, spec: dict | None) -> Selection:
-        spec = spec or {}
-        best = Tracker(**spec["best"]) if spec.get("best") else None
-        stop = Tracker(**spec["stop"]) if spec.get("stop") else None
-        return cls(best, stop)
+    def watching(cls, best, stop) -> Selection:
+        """What train.py's declaration watches (:class:`~mloc.runtime.declaration.Criterion`
+        s, or None), each followed by a fresh tracker."""
+        track = lambda w: None if w is None else Tracker(w.metric, w.mode, w.min_delta, w.patience)  # noqa: E731
+        return cls(track(best), track(stop))
 
     def observe(self, step: int, results: dict[str, float]) -> tuple[bool, bool]:
         """The evaluations' results at ``step``: (write best.pt now, stop now)."""
@@ -142,15 +142,6 @@ class Selection:
             if mine is not None and saved and (saved["metric"], saved["mode"]) == (mine.metric, mine.mode):
                 mine.value, mine.step, mine.stale = saved["value"], saved["step"], int(saved["stale"])
         self.final = {k: float(v) for k, v in (state.get("final") or {}).items()}
-
-
-def directions(spec: dict | None) -> dict[str, str]:
-    """``{metric: "max" | "min"}``: the direction train.py's ``SELECTION`` declares for each
-    metric it watches (``checkpoint best on MODE METRIC``, ``stop when [MODE] METRIC``; the
-    checker made the two agree, E604). ``config.json`` records it, so that `mloc runs` and
-    `mloc sweep` rank a metric's values the way the program does."""
-    spec = spec or {}
-    return {t["metric"]: t["mode"] for t in (spec.get("best"), spec.get("stop")) if t}
 
 
 def agree(dist, flag: bool) -> bool:

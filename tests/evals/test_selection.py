@@ -34,7 +34,7 @@ PROGRAM = (HERE / "scripted.mlo").read_text()
 VALUES = [0.2, 0.5, 0.4, 0.7, 0.6, 0.65, 0.69, 0.3, 0.1] + [0.0] * 11
 
 
-def compile_ns(tmp_path: Path, text: str = PROGRAM) -> dict:
+def compile_declaration(tmp_path: Path, text: str = PROGRAM):
     (tmp_path / "scripted.py").write_text((HERE / "scripted.py").read_text())
     (tmp_path / "p.mlo").write_text(text)
     c = compile_program(str(tmp_path / "p.mlo"), out_dir=tmp_path)
@@ -42,10 +42,10 @@ def compile_ns(tmp_path: Path, text: str = PROGRAM) -> dict:
     return load_generated(c.source, str(tmp_path / "train.py"))
 
 
-def train(ns: dict, out: Path, steps: int, resume: bool = False) -> int:
+def train(declaration, out: Path, steps: int, resume: bool = False) -> int:
     torch.set_num_threads(1)
-    config = replace(ns["DEFAULTS"], steps=steps)
-    return run(ns, config, out, out if resume else None, quiet=True)
+    config = replace(declaration.defaults, steps=steps)
+    return run(declaration, config, out, out if resume else None, quiet=True)
 
 
 def summary(out: Path) -> dict:
@@ -87,9 +87,9 @@ def test_nan_never_improves_even_first():
 # --- runs -----------------------------------------------------------------------------------
 
 def test_best_checkpoint_early_stop_and_summary(tmp_path):
-    ns = compile_ns(tmp_path)
+    declaration = compile_declaration(tmp_path)
     out = tmp_path / "run"
-    assert train(ns, out, 20) == 0
+    assert train(declaration, out, 20) == 0
     assert best_pt(out) == {"metric": "acc", "mode": "max", "step": 4, "value": 0.7, "w": 4.0, "at": 4}
     assert load_checkpoint(out / "checkpoint.pt", "scripted")["step"] == 7
     assert summary(out) == {"status": "stopped_early", "steps_done": 7,
@@ -108,12 +108,12 @@ def test_resume_keeps_the_best_and_the_patience_count(tmp_path):
     """Stopped at step 5 (best 0.7 at 4, one evaluation without improvement), resumed to
     20: the run stops at 7 as the uninterrupted one does (a lost count would stop at 8),
     and best.pt is the one written at step 4, untouched."""
-    ns = compile_ns(tmp_path)
+    declaration = compile_declaration(tmp_path)
     out = tmp_path / "run"
-    assert train(ns, out, 5) == 0
+    assert train(declaration, out, 5) == 0
     assert summary(out)["status"] == "finished" and summary(out)["steps_done"] == 5
     before = (out / "best.pt").read_bytes()
-    assert train(ns, out, 20, resume=True) == 0
+    assert train(declaration, out, 20, resume=True) == 0
     assert load_checkpoint(out / "checkpoint.pt", "scripted")["step"] == 7
     assert summary(out) == {"status": "stopped_early", "steps_done": 7,
                             "best": {"metric": "acc", "mode": "max", "step": 4, "value": 0.7},
@@ -122,11 +122,11 @@ def test_resume_keeps_the_best_and_the_patience_count(tmp_path):
 
 
 def test_resume_from_before_the_best_moves_it(tmp_path):
-    ns = compile_ns(tmp_path)
+    declaration = compile_declaration(tmp_path)
     out = tmp_path / "run"
-    assert train(ns, out, 3) == 0
+    assert train(declaration, out, 3) == 0
     assert best_pt(out)["step"] == 2
-    assert train(ns, out, 20, resume=True) == 0
+    assert train(declaration, out, 20, resume=True) == 0
     assert best_pt(out) == {"metric": "acc", "mode": "max", "step": 4, "value": 0.7, "w": 4.0, "at": 4}
     assert summary(out)["steps_done"] == 7
 
@@ -139,9 +139,9 @@ def test_min_mode_min_delta_every_two_steps_and_no_best_file(tmp_path):
     text = PROGRAM.replace("eval acc every 1", "eval loss every 2").replace(str(VALUES), str(values))
     text = text.replace("    checkpoint best on max acc\n", "").replace(
         "stop when acc has not improved for 3 evals", "stop when min loss has not improved by 0.1 for 2 evals")
-    ns = compile_ns(tmp_path, text)
+    declaration = compile_declaration(tmp_path, text)
     out = tmp_path / "run"
-    assert train(ns, out, 20) == 0
+    assert train(declaration, out, 20) == 0
     assert summary(out) == {"status": "stopped_early", "steps_done": 10,
                             "best": {"metric": "loss", "mode": "min", "step": 6, "value": 0.85},
                             "final": {"loss": 0.78}}
@@ -153,10 +153,10 @@ def test_named_dict_metrics_and_unnamed_default_name(tmp_path):
         "checkpoint best on max acc", "checkpoint best on max acc.top1").replace(
         "stop when acc has", "stop when acc.top1 has")
     text = text.replace("    log every 5", "    eval every 4 = lib.scripted(counter, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])\n    log every 5")
-    ns = compile_ns(tmp_path, text)
-    assert [(e[1], e[3]) for e in ns["EVALUATIONS"]] == [("acc", True), ("scripted", False)]
+    declaration = compile_declaration(tmp_path, text)
+    assert [(e.name, e.named) for e in declaration.evaluations] == [("acc", True), ("scripted", False)]
     out = tmp_path / "run"
-    assert train(ns, out, 20) == 0
+    assert train(declaration, out, 20) == 0
     assert summary(out) == {"status": "stopped_early", "steps_done": 7,
                             "best": {"metric": "acc.top1", "mode": "max", "step": 4, "value": 0.7},
                             "final": {"acc.top1": 0.69, "acc.step": 7.0, "scripted": 4.0}}
@@ -164,9 +164,9 @@ def test_named_dict_metrics_and_unnamed_default_name(tmp_path):
 
 def test_an_evaluation_failing_mid_run_writes_a_failed_summary(tmp_path, capsys):
     text = PROGRAM.replace("0.4, 0.7", "0.4, 'oops'")
-    ns = compile_ns(tmp_path, text)
+    declaration = compile_declaration(tmp_path, text)
     out = tmp_path / "run"
-    assert train(ns, out, 20) == 1
+    assert train(declaration, out, 20) == 1
     assert "error[E702]" in capsys.readouterr().err
     s = summary(out)
     assert (s["status"], s["steps_done"], s["best"]["step"]) == ("failed", 4, 2)
@@ -193,8 +193,8 @@ def test_the_trial_reports_bad_evaluations_and_leaves_the_rngs_alone(tmp_path):
 
 
 def test_the_run_names_the_best_step_and_the_early_stop(tmp_path, capsys):
-    ns = compile_ns(tmp_path)
-    assert run(ns, replace(ns["DEFAULTS"], steps=20), tmp_path / "run", None, quiet=False) == 0
+    declaration = compile_declaration(tmp_path)
+    assert run(declaration, replace(declaration.defaults, steps=20), tmp_path / "run", None, quiet=False) == 0
     text = "".join(capsys.readouterr())
     assert "stopped early at step 7: acc has not improved for 3 evaluations" in text
     assert "best acc = 0.7 at step 4" in text and "done: 7 steps" in text

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mloc.builtins import AutoRank, Descriptor, MethodCaps, OptimizerCaps, Param, Shape, optimizer, signature
-from mloc.lang.hyper import Hyper, hp
+from mloc.shared.hyper import Hyper, hp
 from mloc.lang.types import Float
 
 POSITIVE = Float(0, open_lo=True)

@@ -6,9 +6,8 @@ Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-ed
 cheaper).
 """
 
-from mloc.ir.composition import Composition
-from mloc.runtime import Edge
-from mloc.runtime.engine import ProblemSpec, RunConfig
+from mloc.runtime.declaration import (
+    Composition, Criterion, Declaration, Edge, Evaluation, Intervals, ProblemSpec, RunConfig)
 from mloc.runtime.launch import main, program_dir
 from mloc.runtime.methods import sama
 from mloc.runtime.optim import adam, sgd
@@ -17,9 +16,6 @@ from mloc.runtime.schedules import cosine
 # the directory of data_reweighting.mlo, first on sys.path
 program_dir(__file__, '../../programs')
 import reweighting as lib  # noqa: E402  # data_reweighting.mlo:5
-
-NAME = 'data_reweighting'
-OVERRIDES = ()  # the --set PATH=VALUE this file was compiled with
 
 
 def build_modules():
@@ -30,48 +26,12 @@ def build_modules():
     }
 
 
-DATA = {
-    'classifier': lambda: lib.noisy_digits(noise=0.4, batch_size=100),  # data_reweighting.mlo:9
-    'weight_net': lambda: lib.clean_digits(batch_size=100),  # data_reweighting.mlo:17
-}
-
-
 def classifier_loss(classifier, weight_net, batch):
     return lib.weighted_ce(classifier, weight_net, batch)  # data_reweighting.mlo:10
 
 
 def weight_net_loss(classifier, batch):
     return lib.ce(classifier, batch)  # data_reweighting.mlo:18
-
-
-PROBLEMS = (
-    ProblemSpec(  # data_reweighting.mlo:7
-        'classifier',
-        reads=('classifier', 'weight_net'),
-        loss=classifier_loss,
-        optimizer=lambda lr: sgd(
-            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0005, dampening=0.0),
-        lr=0.02,
-        schedule=cosine(total=3000, warmup=0, min_lr=0.0, base=0.02)),
-    ProblemSpec(  # data_reweighting.mlo:15
-        'weight_net',
-        reads=('classifier',),
-        loss=weight_net_loss,
-        optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0001),
-        lr=0.01),
-)
-
-
-EDGES = (
-    Edge(  # data_reweighting.mlo:22: as written; lower optimizer sgd
-        'weight_net', 'classifier', sama(eps=0.01)),
-)
-SEMANTICS = 'per_edge'
-COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
-    'weight_net': Composition(
-        top='weight_net', down=('classifier',), up=(('classifier', (), True),),
-        seeds=('classifier',), nested=(), live_seeds=True, shape='bound'),
-}
 
 
 def outer_step(p):
@@ -87,19 +47,52 @@ def eval_0(p):
     return lib.accuracy(classifier, p.data(lib.test_digits()))  # data_reweighting.mlo:28
 
 
-# (every, name, function, named: a dict's keys become NAME.KEY)
-EVALUATIONS = (
-    (500, 'acc', eval_0, True),  # data_reweighting.mlo:28
+PROGRAM = Declaration(
+    name='data_reweighting',
+    overrides=(),  # the --set PATH=VALUE this file was compiled with
+    build_modules=build_modules,
+    data={
+        'classifier': lambda: lib.noisy_digits(noise=0.4, batch_size=100),  # data_reweighting.mlo:9
+        'weight_net': lambda: lib.clean_digits(batch_size=100),  # data_reweighting.mlo:17
+    },
+    problems=(
+        ProblemSpec(  # data_reweighting.mlo:7
+            'classifier',
+            reads=('classifier', 'weight_net'),
+            loss=classifier_loss,
+            optimizer=lambda lr: sgd(
+                lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0005, dampening=0.0),
+            lr=0.02,
+            schedule=cosine(total=3000, warmup=0, min_lr=0.0, base=0.02)),
+        ProblemSpec(  # data_reweighting.mlo:15
+            'weight_net',
+            reads=('classifier',),
+            loss=weight_net_loss,
+            optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0001),
+            lr=0.01),
+    ),
+    edges=(
+        Edge(  # data_reweighting.mlo:22: as written; lower optimizer sgd
+            'weight_net', 'classifier', sama(eps=0.01)),
+    ),
+    semantics='per_edge',
+    compositions={  # each upper's hypergradient: BR-VJP order and step shape, planned
+        'weight_net': Composition(
+            top='weight_net', down=('classifier',), up=(('classifier', (), True),),
+            seeds=('classifier',), nested=(), live_seeds=True, shape='bound'),
+    },
+    schedule=outer_step,
+    evaluations=(  # named: a dict's keys become NAME.KEY
+        Evaluation(500, 'acc', eval_0, named=True),  # data_reweighting.mlo:28
+    ),
+    best=Criterion('acc', 'max'),  # data_reweighting.mlo:30
+    defaults=RunConfig(steps=3000, seed=0, device='auto', precision='fp32'),
+    intervals=Intervals(log_every=50, checkpoint_every=1000),
 )
-SELECTION = dict(best={'metric': 'acc', 'mode': 'max'}, stop=None)  # data_reweighting.mlo:30
-
-
-DEFAULTS = RunConfig(steps=3000, seed=0, device='auto', precision='fp32')
-INTERVALS = dict(log_every=50, checkpoint_every=1000)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(globals()))
+    raise SystemExit(main(PROGRAM, __file__))
 
 
 # --------------------------------------------------------------------------------------

@@ -6,9 +6,8 @@ Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-ed
 cheaper).
 """
 
-from mloc.ir.composition import Composition
-from mloc.runtime import Edge
-from mloc.runtime.engine import ProblemSpec, RunConfig
+from mloc.runtime.declaration import (
+    Composition, Declaration, Edge, Evaluation, Intervals, ProblemSpec, RunConfig)
 from mloc.runtime.launch import main, program_dir
 from mloc.runtime.methods import cg
 from mloc.runtime.optim import adam, sgd
@@ -16,9 +15,6 @@ from mloc.runtime.optim import adam, sgd
 # the directory of hpo.mlo, first on sys.path
 program_dir(__file__, '../../programs')
 import penalties as hp  # noqa: E402  # hpo.mlo:6
-
-NAME = 'weight_decay_hpo'
-OVERRIDES = ()  # the --set PATH=VALUE this file was compiled with
 
 
 def build_modules():
@@ -29,47 +25,12 @@ def build_modules():
     }
 
 
-DATA = {
-    'model': lambda: hp.sparse_logistic(split='train', n=200, batch_size=200),  # hpo.mlo:10
-    'decay': lambda: hp.sparse_logistic(split='val', n=200, batch_size=200),  # hpo.mlo:17
-}
-
-
 def model_loss(model, decay, batch):
     return hp.penalized_bce(model, decay, batch)  # hpo.mlo:11
 
 
 def decay_loss(model, batch):
     return hp.bce(model, batch)  # hpo.mlo:18
-
-
-PROBLEMS = (
-    ProblemSpec(  # hpo.mlo:8
-        'model',
-        reads=('model', 'decay'),
-        loss=model_loss,
-        optimizer=lambda lr: sgd(
-            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0, dampening=0.0),
-        lr=0.5),
-    ProblemSpec(  # hpo.mlo:15
-        'decay',
-        reads=('model',),
-        loss=decay_loss,
-        optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
-        lr=0.05,
-        clip_grad_norm=10.0),
-)
-
-
-EDGES = (
-    Edge('decay', 'model', cg(iters=30, tol=1e-10)),  # hpo.mlo:23: as written; lower optimizer sgd
-)
-SEMANTICS = 'per_edge'
-COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
-    'decay': Composition(
-        top='decay', down=('model',), up=(('model', (), True),), seeds=('model',), nested=(),
-        live_seeds=True, shape='single'),
-}
 
 
 def outer_step(p):
@@ -87,18 +48,51 @@ def eval_0(p):
         model, p.data(hp.sparse_logistic(split='test', n=1000, batch_size=1000)))
 
 
-# (every, name, function, named: a dict's keys become NAME.KEY)
-EVALUATIONS = (
-    (10, 'test_loss', eval_0, False),  # hpo.mlo:28
+PROGRAM = Declaration(
+    name='weight_decay_hpo',
+    overrides=(),  # the --set PATH=VALUE this file was compiled with
+    build_modules=build_modules,
+    data={
+        'model': lambda: hp.sparse_logistic(split='train', n=200, batch_size=200),  # hpo.mlo:10
+        'decay': lambda: hp.sparse_logistic(split='val', n=200, batch_size=200),  # hpo.mlo:17
+    },
+    problems=(
+        ProblemSpec(  # hpo.mlo:8
+            'model',
+            reads=('model', 'decay'),
+            loss=model_loss,
+            optimizer=lambda lr: sgd(
+                lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0, dampening=0.0),
+            lr=0.5),
+        ProblemSpec(  # hpo.mlo:15
+            'decay',
+            reads=('model',),
+            loss=decay_loss,
+            optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
+            lr=0.05,
+            clip_grad_norm=10.0),
+    ),
+    edges=(
+        Edge(  # hpo.mlo:23: as written; lower optimizer sgd
+            'decay', 'model', cg(iters=30, tol=1e-10)),
+    ),
+    semantics='per_edge',
+    compositions={  # each upper's hypergradient: BR-VJP order and step shape, planned
+        'decay': Composition(
+            top='decay', down=('model',), up=(('model', (), True),), seeds=('model',), nested=(),
+            live_seeds=True, shape='single'),
+    },
+    schedule=outer_step,
+    evaluations=(  # named: a dict's keys become NAME.KEY
+        Evaluation(10, 'test_loss', eval_0),  # hpo.mlo:28
+    ),
+    defaults=RunConfig(steps=100, seed=0, device='auto', precision='fp32'),
+    intervals=Intervals(log_every=10, checkpoint_every=None),
 )
 
 
-DEFAULTS = RunConfig(steps=100, seed=0, device='auto', precision='fp32')
-INTERVALS = dict(log_every=10, checkpoint_every=None)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main(globals()))
+    raise SystemExit(main(PROGRAM, __file__))
 
 
 # --------------------------------------------------------------------------------------

@@ -6,20 +6,14 @@ Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-ed
 cheaper).
 """
 
-from mloc.ir.composition import Composition
-from mloc.runtime import Edge
-from mloc.runtime.engine import ProblemSpec, RunConfig
+from mloc.runtime.declaration import Declaration, Interlock, Intervals, ProblemSpec, RunConfig
 from mloc.runtime.launch import main, program_dir
-from mloc.ir.interlock import Interlock
 from mloc.runtime.interlock import chain_step
 from mloc.runtime.optim import sgd
 
 # the directory of interlock.mlo, first on sys.path
 program_dir(__file__, '../../programs')
 import deep_supervision as ds  # noqa: E402  # interlock.mlo:5
-
-NAME = 'pairwise_interlock'
-OVERRIDES = ()  # the --set PATH=VALUE this file was compiled with
 
 
 def build_modules():
@@ -29,13 +23,6 @@ def build_modules():
         'stage2': ds.Stage(in_features=128, out_features=128),  # interlock.mlo:15
         'stage3': ds.Stage(in_features=128, out_features=128),  # interlock.mlo:22
     }
-
-
-DATA = {
-    'stage1': lambda: ds.digits(batch_size=128),  # interlock.mlo:9
-    'stage2': lambda: ds.digits(batch_size=128),  # interlock.mlo:16
-    'stage3': lambda: ds.digits(batch_size=128),  # interlock.mlo:23
-}
 
 
 def stage1_loss(stage1, batch):
@@ -50,56 +37,56 @@ def stage3_loss(stage1, stage2, stage3, batch):
     return ds.loss3(stage1, stage2, stage3, batch)  # interlock.mlo:24
 
 
-PROBLEMS = (
-    ProblemSpec(  # interlock.mlo:7
-        'stage1',
-        reads=('stage1',),
-        loss=stage1_loss,
-        optimizer=lambda lr: sgd(
-            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
-        lr=0.1),
-    ProblemSpec(  # interlock.mlo:14
-        'stage2',
-        reads=('stage1', 'stage2'),
-        loss=stage2_loss,
-        optimizer=lambda lr: sgd(
-            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
-        lr=0.1),
-    ProblemSpec(  # interlock.mlo:21
-        'stage3',
-        reads=('stage1', 'stage2', 'stage3'),
-        loss=stage3_loss,
-        optimizer=lambda lr: sgd(
-            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
-        lr=0.1),
-)
-
-
-EDGES = (
-)
-SEMANTICS = 'per_edge'
-COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
-}
-CHAINS = (  # interlocking backpropagation: stage k learns from head min(k+n-1, K)
-    Interlock(  # interlock.mlo:28: pairwise interlocking
-        stages=('stage1', 'stage2', 'stage3'), n=2, monitor=False),
-)
-
-
 def outer_step(p):
     """One step of the top problem: the planner's schedule."""
     chain_step(p, 'stage1')  # pairwise interlocking over stage1, stage2, stage3
 
 
-EVALUATIONS = ()
-
-
-DEFAULTS = RunConfig(steps=1000, seed=0, device='auto', precision='fp32')
-INTERVALS = dict(log_every=10, checkpoint_every=None)
+PROGRAM = Declaration(
+    name='pairwise_interlock',
+    overrides=(),  # the --set PATH=VALUE this file was compiled with
+    build_modules=build_modules,
+    data={
+        'stage1': lambda: ds.digits(batch_size=128),  # interlock.mlo:9
+        'stage2': lambda: ds.digits(batch_size=128),  # interlock.mlo:16
+        'stage3': lambda: ds.digits(batch_size=128),  # interlock.mlo:23
+    },
+    problems=(
+        ProblemSpec(  # interlock.mlo:7
+            'stage1',
+            reads=('stage1',),
+            loss=stage1_loss,
+            optimizer=lambda lr: sgd(
+                lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
+            lr=0.1),
+        ProblemSpec(  # interlock.mlo:14
+            'stage2',
+            reads=('stage1', 'stage2'),
+            loss=stage2_loss,
+            optimizer=lambda lr: sgd(
+                lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
+            lr=0.1),
+        ProblemSpec(  # interlock.mlo:21
+            'stage3',
+            reads=('stage1', 'stage2', 'stage3'),
+            loss=stage3_loss,
+            optimizer=lambda lr: sgd(
+                lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0002, dampening=0.0),
+            lr=0.1),
+    ),
+    semantics='per_edge',
+    chains=(  # interlocking backpropagation: stage k learns from head min(k+n-1, K)
+        Interlock(  # interlock.mlo:28: pairwise interlocking
+            stages=('stage1', 'stage2', 'stage3'), n=2, monitor=False),
+    ),
+    schedule=outer_step,
+    defaults=RunConfig(steps=1000, seed=0, device='auto', precision='fp32'),
+    intervals=Intervals(log_every=10, checkpoint_every=None),
+)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(globals()))
+    raise SystemExit(main(PROGRAM, __file__))
 
 
 # --------------------------------------------------------------------------------------

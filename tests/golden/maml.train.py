@@ -6,9 +6,8 @@ Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-ed
 cheaper).
 """
 
-from mloc.ir.composition import Composition
-from mloc.runtime import Edge
-from mloc.runtime.engine import ProblemSpec, RunConfig
+from mloc.runtime.declaration import (
+    Composition, Declaration, Edge, Evaluation, Intervals, ProblemSpec, RunConfig)
 from mloc.runtime.launch import main, program_dir
 from mloc.runtime.methods import itd
 from mloc.runtime.optim import adam, sgd
@@ -16,9 +15,6 @@ from mloc.runtime.optim import adam, sgd
 # the directory of maml.mlo, first on sys.path
 program_dir(__file__, '../../programs')
 import sinusoid as tasks  # noqa: E402  # maml.mlo:6
-
-NAME = 'maml'
-OVERRIDES = ()  # the --set PATH=VALUE this file was compiled with
 
 
 def build_modules():
@@ -29,48 +25,12 @@ def build_modules():
     }
 
 
-DATA = {
-    'meta': lambda: tasks.sine_tasks(split='query', shots=10, repeat=1),  # maml.mlo:10
-    'adapt': lambda: tasks.sine_tasks(split='support', shots=10),  # maml.mlo:17
-}
-
-
 def meta_loss(adapt, batch):
     return tasks.mse(adapt, batch)  # maml.mlo:11
 
 
 def adapt_loss(adapt, batch):
     return tasks.mse(adapt, batch)  # maml.mlo:18
-
-
-PROBLEMS = (
-    ProblemSpec(  # maml.mlo:8
-        'meta',
-        reads=('adapt',),
-        loss=meta_loss,
-        optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
-        lr=0.001),
-    ProblemSpec(  # maml.mlo:15
-        'adapt',
-        reads=('adapt',),
-        loss=adapt_loss,
-        optimizer=lambda lr: sgd(
-            lr=lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0),
-        lr=0.01,
-        init='meta'),
-)
-
-
-EDGES = (
-    Edge(  # maml.mlo:23: as written; lower optimizer sgd
-        'meta', 'adapt', itd(steps=5, mode='reverse')),
-)
-SEMANTICS = 'per_edge'
-COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
-    'meta': Composition(
-        top='meta', down=('adapt',), up=(('adapt', (), True),), seeds=('adapt', 'meta'), nested=(),
-        live_seeds=False, shape='fused'),
-}
 
 
 def outer_step(p):
@@ -88,18 +48,51 @@ def eval_0(p):
         meta, p.data(tasks.sine_tasks(split='query', seed=99)))
 
 
-# (every, name, function, named: a dict's keys become NAME.KEY)
-EVALUATIONS = (
-    (200, 'zero_shot_error', eval_0, False),  # maml.mlo:28
+PROGRAM = Declaration(
+    name='maml',
+    overrides=(),  # the --set PATH=VALUE this file was compiled with
+    build_modules=build_modules,
+    data={
+        'meta': lambda: tasks.sine_tasks(split='query', shots=10, repeat=1),  # maml.mlo:10
+        'adapt': lambda: tasks.sine_tasks(split='support', shots=10),  # maml.mlo:17
+    },
+    problems=(
+        ProblemSpec(  # maml.mlo:8
+            'meta',
+            reads=('adapt',),
+            loss=meta_loss,
+            optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
+            lr=0.001),
+        ProblemSpec(  # maml.mlo:15
+            'adapt',
+            reads=('adapt',),
+            loss=adapt_loss,
+            optimizer=lambda lr: sgd(
+                lr=lr, momentum=0.0, nesterov=False, weight_decay=0.0, dampening=0.0),
+            lr=0.01,
+            init='meta'),
+    ),
+    edges=(
+        Edge(  # maml.mlo:23: as written; lower optimizer sgd
+            'meta', 'adapt', itd(steps=5, mode='reverse')),
+    ),
+    semantics='per_edge',
+    compositions={  # each upper's hypergradient: BR-VJP order and step shape, planned
+        'meta': Composition(
+            top='meta', down=('adapt',), up=(('adapt', (), True),), seeds=('adapt', 'meta'),
+            nested=(), live_seeds=False, shape='fused'),
+    },
+    schedule=outer_step,
+    evaluations=(  # named: a dict's keys become NAME.KEY
+        Evaluation(200, 'zero_shot_error', eval_0),  # maml.mlo:28
+    ),
+    defaults=RunConfig(steps=2000, seed=0, device='auto', precision='fp32'),
+    intervals=Intervals(log_every=20, checkpoint_every=None),
 )
 
 
-DEFAULTS = RunConfig(steps=2000, seed=0, device='auto', precision='fp32')
-INTERVALS = dict(log_every=20, checkpoint_every=None)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main(globals()))
+    raise SystemExit(main(PROGRAM, __file__))
 
 
 # --------------------------------------------------------------------------------------

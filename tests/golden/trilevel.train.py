@@ -6,9 +6,8 @@ Semantics: exact (`weight_net` reads `classifier` below it: differentiate throug
 objective).
 """
 
-from mloc.ir.composition import Composition
-from mloc.runtime import Edge
-from mloc.runtime.engine import ProblemSpec, RunConfig
+from mloc.runtime.declaration import (
+    Composition, Declaration, Edge, Evaluation, Intervals, ProblemSpec, RunConfig)
 from mloc.runtime.launch import main, program_dir
 from mloc.runtime.methods import neumann
 from mloc.runtime.optim import adam, sgd
@@ -16,9 +15,6 @@ from mloc.runtime.optim import adam, sgd
 # the directory of trilevel.mlo, first on sys.path
 program_dir(__file__, '../../programs')
 import regularized as lib  # noqa: E402  # trilevel.mlo:6
-
-NAME = 'regularized_reweighting'
-OVERRIDES = ()  # the --set PATH=VALUE this file was compiled with
 
 
 def build_modules():
@@ -28,13 +24,6 @@ def build_modules():
         'weight_net': lib.WeightNet(hidden=100),  # trilevel.mlo:18
         'strength': lib.Strength(init=-4.0),  # trilevel.mlo:25
     }
-
-
-DATA = {
-    'classifier': lambda: lib.noisy_digits(noise=0.4, batch_size=100),  # trilevel.mlo:12
-    'weight_net': lambda: lib.clean_digits(batch_size=100),  # trilevel.mlo:19
-    'strength': lambda: lib.heldout_digits(batch_size=100),  # trilevel.mlo:26
-}
 
 
 def classifier_loss(classifier, weight_net, batch):
@@ -47,49 +36,6 @@ def weight_net_loss(classifier, weight_net, strength, batch):
 
 def strength_loss(classifier, batch):
     return lib.ce(classifier, batch)  # trilevel.mlo:27
-
-
-PROBLEMS = (
-    ProblemSpec(  # trilevel.mlo:10
-        'classifier',
-        reads=('classifier', 'weight_net'),
-        loss=classifier_loss,
-        optimizer=lambda lr: sgd(
-            lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0, dampening=0.0),
-        lr=0.1),
-    ProblemSpec(  # trilevel.mlo:17
-        'weight_net',
-        reads=('classifier', 'weight_net', 'strength'),
-        loss=weight_net_loss,
-        optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
-        lr=0.001),
-    ProblemSpec(  # trilevel.mlo:24
-        'strength',
-        reads=('classifier',),
-        loss=strength_loss,
-        optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
-        lr=0.01),
-)
-
-
-EDGES = (
-    Edge(  # trilevel.mlo:31: as written; lower optimizer adam
-        'strength', 'weight_net', neumann(iters=3, alpha=0.1)),
-    Edge(  # trilevel.mlo:32: as written; lower optimizer sgd
-        'weight_net', 'classifier', neumann(iters=3, alpha=0.1)),
-)
-SEMANTICS = 'exact'
-COMPOSITION = {  # each upper's hypergradient: BR-VJP order and step shape, planned
-    'weight_net': Composition(
-        top='weight_net', down=('classifier',), up=(('classifier', (), True),),
-        seeds=('classifier', 'weight_net'), nested=(), live_seeds=True, shape='general'),
-    'strength': Composition(
-        top='strength', down=('weight_net', 'classifier'),
-        up=(('classifier', ('weight_net',), False), ('weight_net', (), True)),
-        seeds=('classifier',),
-        nested=(('weight_net', (('classifier', (), True),), ('classifier',)),), live_seeds=True,
-        shape='general'),
-}
 
 
 def outer_step(p):
@@ -106,18 +52,65 @@ def eval_0(p):
     return lib.accuracy(classifier, p.data(lib.test_digits()))  # trilevel.mlo:38
 
 
-# (every, name, function, named: a dict's keys become NAME.KEY)
-EVALUATIONS = (
-    (500, 'accuracy', eval_0, False),  # trilevel.mlo:38
+PROGRAM = Declaration(
+    name='regularized_reweighting',
+    overrides=(),  # the --set PATH=VALUE this file was compiled with
+    build_modules=build_modules,
+    data={
+        'classifier': lambda: lib.noisy_digits(noise=0.4, batch_size=100),  # trilevel.mlo:12
+        'weight_net': lambda: lib.clean_digits(batch_size=100),  # trilevel.mlo:19
+        'strength': lambda: lib.heldout_digits(batch_size=100),  # trilevel.mlo:26
+    },
+    problems=(
+        ProblemSpec(  # trilevel.mlo:10
+            'classifier',
+            reads=('classifier', 'weight_net'),
+            loss=classifier_loss,
+            optimizer=lambda lr: sgd(
+                lr=lr, momentum=0.9, nesterov=False, weight_decay=0.0, dampening=0.0),
+            lr=0.1),
+        ProblemSpec(  # trilevel.mlo:17
+            'weight_net',
+            reads=('classifier', 'weight_net', 'strength'),
+            loss=weight_net_loss,
+            optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
+            lr=0.001),
+        ProblemSpec(  # trilevel.mlo:24
+            'strength',
+            reads=('classifier',),
+            loss=strength_loss,
+            optimizer=lambda lr: adam(lr=lr, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.0),
+            lr=0.01),
+    ),
+    edges=(
+        Edge(  # trilevel.mlo:31: as written; lower optimizer adam
+            'strength', 'weight_net', neumann(iters=3, alpha=0.1)),
+        Edge(  # trilevel.mlo:32: as written; lower optimizer sgd
+            'weight_net', 'classifier', neumann(iters=3, alpha=0.1)),
+    ),
+    semantics='exact',
+    compositions={  # each upper's hypergradient: BR-VJP order and step shape, planned
+        'weight_net': Composition(
+            top='weight_net', down=('classifier',), up=(('classifier', (), True),),
+            seeds=('classifier', 'weight_net'), nested=(), live_seeds=True, shape='general'),
+        'strength': Composition(
+            top='strength', down=('weight_net', 'classifier'),
+            up=(('classifier', ('weight_net',), False), ('weight_net', (), True)),
+            seeds=('classifier',),
+            nested=(('weight_net', (('classifier', (), True),), ('classifier',)),), live_seeds=True,
+            shape='general'),
+    },
+    schedule=outer_step,
+    evaluations=(  # named: a dict's keys become NAME.KEY
+        Evaluation(500, 'accuracy', eval_0),  # trilevel.mlo:38
+    ),
+    defaults=RunConfig(steps=2000, seed=0, device='auto', precision='fp32'),
+    intervals=Intervals(log_every=10, checkpoint_every=None),
 )
 
 
-DEFAULTS = RunConfig(steps=2000, seed=0, device='auto', precision='fp32')
-INTERVALS = dict(log_every=10, checkpoint_every=None)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main(globals()))
+    raise SystemExit(main(PROGRAM, __file__))
 
 
 # --------------------------------------------------------------------------------------

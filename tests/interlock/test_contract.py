@@ -205,7 +205,7 @@ def test_the_runtime_refuses_it_too(kind, tmp_path, capsys, monkeypatch):
     try:
         sys.argv = [str(train), "--out", str(tmp_path / "run"), "--quiet"]
         ns = runpy.run_path(str(train), run_name="not_main")
-        assert ns["main"](ns, sys.argv[1:]) == 1
+        assert ns["main"](ns["PROGRAM"], str(train), sys.argv[1:]) == 1
     finally:
         sys.argv = argv
     err = capsys.readouterr().err

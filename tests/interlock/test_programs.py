@@ -41,7 +41,7 @@ def test_mloc_run_and_the_compiled_train_py_train_the_chain_alike(tmp_path, caps
     try:
         sys.argv = [str(train), "--steps", "3", "--out", str(tmp_path / "again"), "--quiet"]
         ns = runpy.run_path(str(train), run_name="not_main")
-        assert ns["main"](ns, sys.argv[1:]) == 0
+        assert ns["main"](ns["PROGRAM"], str(train), sys.argv[1:]) == 0
     finally:
         sys.argv = argv
     a, b = _params(tmp_path / "run"), _params(tmp_path / "again")

@@ -8,6 +8,7 @@ overrides than the ones it was compiled with."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -26,9 +27,11 @@ def config(run_dir) -> dict:
 
 
 def overrides_of(run_dir) -> list[str]:
-    """The `--set`s the folder's train.py was compiled with (its OVERRIDES line)."""
-    line = next(x for x in (run_dir / "train.py").read_text().splitlines() if x.startswith("OVERRIDES = "))
-    return list(eval(line.split("=", 1)[1]))     # a tuple of strings, as emitted
+    """The `--set`s the folder's train.py was compiled with (its declaration's `overrides`)."""
+    tree = ast.parse((run_dir / "train.py").read_text())
+    (given,) = [k.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) == "Declaration" for k in node.keywords if k.arg == "overrides"]
+    return list(ast.literal_eval(given))     # a tuple of strings, as emitted
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

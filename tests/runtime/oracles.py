@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from mloc.runtime import Edge, Hierarchy, Problem, sgd
+from mloc.runtime import Edge, Problem, sgd
+from tests.runtime.hand_built import hierarchy
 
 F64 = torch.float64
 
@@ -118,7 +119,7 @@ class Quadratic:
         inner = Problem("w", (w,), lambda w, l: 0.5 * w[0] @ self.A @ w[0]
                         - (self.B @ l[0]) @ w[0], ("w", "lam"), optimizer or sgd(0.1))
         outer = Problem("lam", (lam,), lambda w, l: self.outer(w[0], l[0]), ("w", "lam"))
-        return Hierarchy([inner, outer], [Edge("lam", "w", method)], semantics), lam
+        return hierarchy([inner, outer], [Edge("lam", "w", method)], semantics), lam
 
 
 # --- R: ridge regression with per-feature penalties e^λ ------------------------------------
@@ -160,4 +161,4 @@ class Ridge:
         inner = Problem("w", (w,), lambda w, l: self.inner(w[0], l[0]), ("w", "lam"),
                         optimizer or sgd(0.2))
         outer = Problem("lam", (lam,), lambda w: self.outer(w[0]), ("w",))
-        return Hierarchy([inner, outer], [Edge("lam", "w", method)]), lam
+        return hierarchy([inner, outer], [Edge("lam", "w", method)]), lam

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from mloc.runtime import Edge, Hierarchy, Problem, cg, first_order, itd, sgd
+from mloc.runtime import Edge, Problem, cg, first_order, itd, sgd
+from tests.runtime.hand_built import hierarchy
 from tests.runtime.oracles import F64, gen, leaf, randn, spd
 
 solve = torch.linalg.solve
@@ -135,7 +136,7 @@ class Trilevel:
         else:
             edges = [Edge("lam", "x", cx), Edge("x", "w", cw)]
             edges += [Edge("lam", "w", cw)] if self.dag else []
-        return Hierarchy(probs, edges, semantics), lam
+        return hierarchy(probs, edges, semantics), lam
 
 
 class Layered:
@@ -182,7 +183,7 @@ class Layered:
             method = wrap(cg(len(value[n])))
             probs.append(Problem(n, (value[n],), self._loss(n), (n, *ups), sgd(0.1)))
             edges += [Edge(u, n, method) for u in ups]
-        return Hierarchy(probs, edges, semantics), value["lam"]
+        return hierarchy(probs, edges, semantics), value["lam"]
 
     def _loss(self, n):
         def loss(theta, *ups):
@@ -240,4 +241,4 @@ class Maml:
             method = first_order() if kind == "fomaml" else itd(self.steps)
         probs = [Problem("task", (task,), inner, ("task", "meta"), sgd(self.alpha)),
                  Problem("meta", (meta,), outer, reads)]
-        return Hierarchy(probs, [Edge("meta", "task", method)]), meta
+        return hierarchy(probs, [Edge("meta", "task", method)]), meta

@@ -142,11 +142,12 @@ def test_itd_differentiates_a_learnable_learning_rate(opt):
     lr = torch.tensor(0.05, dtype=F64, requires_grad=True)
     start = torch.zeros(4, dtype=F64)
     inner_loss = lambda w: 0.5 * w @ q.A @ w - (q.B @ q.lam0) @ w  # noqa: E731
-    from mloc.runtime import Edge, Hierarchy, Problem
+    from mloc.runtime import Edge, Problem
+    from tests.runtime.hand_built import hierarchy
     w = start.clone().requires_grad_(True)
     lower = Problem("w", (w,), lambda w: inner_loss(w[0]), ("w",), opt(lr))
     upper = Problem("lr", (lr,), lambda w: q.outer(w[0], q.lam0), ("w",))
-    Hierarchy([lower, upper], [Edge("lr", "w", itd(4))]).hypergrad("lr")
+    hierarchy([lower, upper], [Edge("lr", "w", itd(4))]).hypergrad("lr")
 
     def unrolled(step):
         o = opt(step)

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from mloc.runtime import (Edge, Hierarchy, LowerOp, Problem, adam, finite_diff, first_order,
-                          sama, sgd)
+from mloc.runtime import Edge, LowerOp, Problem, adam, finite_diff, first_order, sama, sgd
+from tests.runtime.hand_built import hierarchy
 from tests.runtime.paths import hypergrad_paths
 
 
@@ -32,7 +32,7 @@ def program(method, seed=0, optimizer=None):
                     optimizer or sgd(0.1), buffers=tuple(net.buffers()))
     upper = Problem("weights", (logits,), lambda t: nn.functional.cross_entropy(run(t, xv), yv),
                     ("net",))
-    return Hierarchy([lower, upper], [Edge("weights", "net", method)]), net, logits
+    return hierarchy([lower, upper], [Edge("weights", "net", method)]), net, logits
 
 
 @pytest.mark.parametrize("method", [finite_diff(), sama()])
@@ -131,7 +131,7 @@ def test_bound_step_partial_seed_and_argument_order(method):
     loss = lambda l, w: ((w[0] - l[0]) ** 2).sum() + (w[1] * l[0].sin()).sum() ** 2  # noqa: E731
     lower = Problem("w", (a, b), loss, ("lam", "w"), adam(0.1))
     upper = Problem("lam", (lam,), lambda w: (w[0] ** 3).sum(), ("w",))
-    hier = Hierarchy([lower, upper], [Edge("lam", "w", method)])
+    hier = hierarchy([lower, upper], [Edge("lam", "w", method)])
     assert hier.plan("lam").shape == "bound"
     hier.hypergrad("lam")
     bound, lam.grad = lam.grad, None

@@ -7,7 +7,8 @@ import torch
 
 import pytest
 
-from mloc.runtime import Edge, Hierarchy, Problem, cg, finite_diff, itd, neumann, sama, sgd
+from mloc.runtime import Edge, Problem, cg, finite_diff, itd, neumann, sama, sgd
+from tests.runtime.hand_built import hierarchy
 
 RUNTIME = Path(__file__).resolve().parents[2] / "mloc" / "runtime"
 SYNCING = {"item", "tolist", "cpu", "numpy"}
@@ -44,7 +45,7 @@ def test_hypergrad_accumulates_like_backward():
     lower = Problem("w", (w,), lambda w, l: ((w[0] - l[0]) ** 2).sum(), ("w", "lam"), sgd(0.1))
     upper = Problem("lam", (lam,), lambda w: (w[0] ** 2).sum(), ("w",))
     for method in (finite_diff(), cg(3)):
-        hier = Hierarchy([lower, upper], [Edge("lam", "w", method)])
+        hier = hierarchy([lower, upper], [Edge("lam", "w", method)])
         lam.grad = None
         hier.hypergrad("lam")
         once = lam.grad.clone()
@@ -92,7 +93,7 @@ def test_returned_hypergradient_equals_the_accumulated_one(case):
                   "itd": itd(3)}[case]
         problems, edges, _ = _two_level(method)
         top = "lam"
-    hier = Hierarchy(problems, edges)
+    hier = hierarchy(problems, edges)
     params = next(p for p in problems if p.name == top).params
     for p in params:
         p.grad = None

@@ -220,7 +220,8 @@ def test_a_matrix_statistics_optimizer_fits_the_interface():
     """What Shampoo will need: a state of matrix statistics, an update run without graph,
     no diagonal. It trains through `Problem.step`, serves under finite_diff, and sama
     refuses it with a message instead of guessing a diagonal."""
-    from mloc.runtime import Edge, Hierarchy, Problem, finite_diff, sama
+    from mloc.runtime import Edge, Problem, finite_diff, sama
+    from tests.runtime.hand_built import hierarchy
 
     class Toy(Optimizer):       # state: a dict of per-parameter lists of matrices
         def init(self, params):
@@ -244,10 +245,10 @@ def test_a_matrix_statistics_optimizer_fits_the_interface():
     snapshot = tree.clone(lower.state)
     restored = tree.from_plain(tree.to_plain(snapshot), toy.init((w,)))
     assert torch.equal(restored["left"][0][0], lower.state["left"][0][0])
-    Hierarchy([lower, upper], [Edge("lam", "w", finite_diff())]).hypergrad("lam")
+    hierarchy([lower, upper], [Edge("lam", "w", finite_diff())]).hypergrad("lam")
     assert lam.grad is not None
     with pytest.raises(ValueError, match="diagonal"):
-        Hierarchy([lower, upper], [Edge("lam", "w", sama())]).hypergrad("lam")
+        hierarchy([lower, upper], [Edge("lam", "w", sama())]).hypergrad("lam")
 
 
 @pytest.mark.parametrize("name,kw", CONFIGS)

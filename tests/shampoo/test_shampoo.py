@@ -485,7 +485,7 @@ def test_first_roots_are_used_when_the_shared_schedule_says(every, s):
     """The step from which the first roots change the update is the one
     ``shampoo_roots_due`` gives, the function the checker's W106 reads too: before it the
     roots are identities (with ``graft="none"`` and no momentum the update is ``−η·g``)."""
-    from mloc.lang.roots import shampoo_roots_due
+    from mloc.shared.roots import shampoo_roots_due
     seq = grads_seq([(4, 3)], every + s + 2, seed=9)
     opt = shampoo(lr=0.1, momentum=0.0, graft="none", start_preconditioning_step=0,
                   update_every=every, staleness=s)

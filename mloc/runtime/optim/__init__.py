@@ -1,6 +1,6 @@
 """Functional optimizers for the levels of a program: the interface (:mod:`.base`) and
 one module per optimizer, each stepping with its hyperparameter record
-(:mod:`mloc.lang.hyper`); its factory is ``takes(record)``-decorated. Adding one (in mloc or
+(:mod:`mloc.shared.hyper`); its factory is ``takes(record)``-decorated. Adding one (in mloc or
 in a package of your own): docs/architecture.md, "Adding things". :mod:`.torch_optim`
 wraps any ``torch.optim`` optimizer."""
 

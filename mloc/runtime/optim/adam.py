@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from mloc.lang.hyper import AdamHyper, AdamWHyper
+from mloc.shared.hyper import AdamHyper, AdamWHyper
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
 from mloc.runtime.tree import Params
 

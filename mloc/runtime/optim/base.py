@@ -47,7 +47,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 from torch import Tensor
 
-from mloc.lang.hyper import Hyper
+from mloc.shared.hyper import Hyper
 
 from mloc.runtime import tree
 from mloc.runtime.tree import Params
@@ -55,7 +55,7 @@ from mloc.runtime.tree import Params
 
 class Optimizer(ABC):
     """A functional optimizer (see the module docstring). ``hyper`` is its hyperparameter
-    record (:mod:`mloc.lang.hyper`), the values it steps with: read it when stepping (a
+    record (:mod:`mloc.shared.hyper`), the values it steps with: read it when stepping (a
     scheduled field is replaced by a 0-dim tensor after construction)."""
 
     diag_uses_grad: ClassVar[bool] = True

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mloc.lang.hyper import ROOT_ALGORITHMS
+from mloc.shared.hyper import ROOT_ALGORITHMS
 
 METHODS = ROOT_ALGORITHMS
 """The root algorithms; ``"auto"`` is resolved to one of them per device (:func:`resolve`)."""

@@ -17,8 +17,8 @@ import warnings
 
 import torch
 
-from mloc.lang.roots import shampoo_roots_due
 from mloc.runtime.optim.rootbatch import RootBatch
+from mloc.shared.roots import shampoo_roots_due
 from mloc.runtime.optim.rootjobs import RootJobs
 
 class RootWork:
@@ -32,7 +32,7 @@ class RootWork:
         self._warned_at = 0
 
     def refresh(self, t, stats, ps, pending, background):
-        """At a refresh step (:func:`~mloc.lang.roots.shampoo_roots_due`: ``t`` a
+        """At a refresh step (:func:`~mloc.shared.roots.shampoo_roots_due`: ``t`` a
         multiple of ``update_every``), the new roots, due at ``t + staleness``: in a
         one-off slot (staleness 0), or in their staleness slot, computed now or by a
         background job that writes into the slot's tensors."""

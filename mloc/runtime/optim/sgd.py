@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from mloc.lang.hyper import SGDHyper
+from mloc.shared.hyper import SGDHyper
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
 from mloc.runtime.tree import Params
 

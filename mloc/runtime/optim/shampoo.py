@@ -62,7 +62,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from mloc.lang.hyper import GRAFTS, ShampooHyper
+from mloc.shared.hyper import GRAFTS, ShampooHyper
 from mloc.runtime.optim import blocks, graft as grafting
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
 from mloc.runtime.optim.rootwork import RootWork, clone_tuple, failure_counts, merge_due

@@ -36,7 +36,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from mloc.lang.hyper import TorchHyper
+from mloc.shared.hyper import TorchHyper
 from mloc.runtime.optim.base import Optimizer, takes
 from mloc.runtime.tree import Params
 
