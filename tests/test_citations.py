@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 
 SOURCES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "mloc").rglob("*.py")])
 _PATH = re.compile(r"(?<![\w./-])((?:mloc|tests|docs|bench|programs|grammar)/[\w./-]*\w\.(?:py|md|mlo|lark|png))\b")
-_OUTSIDE = re.compile(r"(?<![\w.-])(?:\.\./)?shared/[\w./-]+")
+_OUTSIDE = re.compile(r"(?<![\w./-])(?:\.\./)?shared/[\w./-]+")
 NOT_FILES = {"programs/bad.mlo",            # the file of an example diagnostic (README)
              "mloc/_grammar/mloc.lark"}     # written into the wheel when it is built
 
