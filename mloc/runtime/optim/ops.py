@@ -177,19 +177,12 @@ class InPlace:
 
     def __init__(self, kernels: Any):
         self.k = kernels
+        # the operations that are one kernel, bound to it (no call in between)
+        self.add, self.div, self.add_, self.rescale_ = kernels.add, kernels.div, kernels.add_, kernels.rescale_
+        self.sqrt = self.safe_sqrt = kernels.sqrt
 
-    def add(self, x, y, a):
-        return self.k.add(x, y, a)
-
-    def div(self, x, y):
-        return self.k.div(x, y)
-
-    def sqrt(self, x):
-        return self.k.sqrt(x)
-
-    safe_sqrt = sqrt
-
-    def copy(self, x):
+    @staticmethod
+    def copy(x):
         return [xi.detach().clone() for xi in x]
 
     def bias_root(self, v, c):
@@ -197,9 +190,6 @@ class InPlace:
 
     def div_bias(self, m, d, c):
         return self.k.div_(self.k.div(m, d), c)
-
-    def add_(self, x, c):
-        return self.k.add_(x, c)
 
     def ema_(self, x, y, b):
         return self.k.lerp_(x, y, 1 - b)
@@ -214,9 +204,6 @@ class InPlace:
 
     def add_sq_(self, v, g):
         return self.k.addcmul_(v, g, g, None)
-
-    def rescale_(self, x, y, eps):
-        return self.k.rescale_(x, y, eps)
 
     def step(self, p, d, lr, decay=None):
         self._decay(p, decay)
