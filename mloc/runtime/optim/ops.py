@@ -224,6 +224,15 @@ class InPlace:
             self.k.mul_(p, 1 - lr * wd)
 
 
+def _each(kernel):
+    """``x ← kernel(x, c)`` for every tensor of the column ``x`` (``c`` a number)."""
+    def apply(x, c):
+        for xi in x:
+            kernel(xi, c)
+        return x
+    return apply
+
+
 class Tensorwise:
     """:class:`InPlace`'s kernels as ``torch.optim``'s ``_single_tensor_*`` formulas call
     them: one kernel per tensor."""
@@ -232,33 +241,15 @@ class Tensorwise:
     def add(x, y, a):
         return [xi.add(yi, alpha=a) for xi, yi in zip(x, y)]
 
-    @staticmethod
-    def div(x, y):
-        if isinstance(y, (list, tuple)):
-            return [xi / yi for xi, yi in zip(x, y)]
-        return [xi / y for xi in x]
+    div = staticmethod(Functional.div)      # ``/``: the same kernel out of place
 
     @staticmethod
     def sqrt(x):
         return [xi.sqrt() for xi in x]
 
-    @staticmethod
-    def div_(x, c):
-        for xi in x:
-            xi.div_(c)
-        return x
-
-    @staticmethod
-    def add_(x, c):
-        for xi in x:
-            xi.add_(c)
-        return x
-
-    @staticmethod
-    def mul_(x, c):
-        for xi in x:
-            xi.mul_(c)
-        return x
+    div_ = staticmethod(_each(Tensor.div_))
+    add_ = staticmethod(_each(Tensor.add_))
+    mul_ = staticmethod(_each(Tensor.mul_))
 
     @staticmethod
     def add_col_(x, y, a):
