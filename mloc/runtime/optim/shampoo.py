@@ -145,9 +145,9 @@ class Shampoo(Optimizer):
     def _step(self, ops, grads, state, params):
         """One step (the module docstring) in the algebra of :mod:`.ops`: ``(updates,
         state)`` under :data:`~.ops.FUNCTIONAL`; under :data:`~.ops.FOREACH` the state and
-        the parameters are written. The blocks of ``g`` are laid out once, for the
-        statistics (detached: the roots are constants to autograd) and the preconditioner;
-        the statistics take one kernel either way (:func:`.blocks.accumulate`)."""
+        the parameters are written. The blocks of ``g`` are laid out once, detached (the
+        roots are constants to autograd), for the statistics (one kernel in either form,
+        :func:`.blocks.accumulate`) and, where ``g`` carries no graph, the preconditioner."""
         h, t = self.hyper, state.count + 1
         lays = self.layouts(params)
         g = self._decayed(grads, params)
