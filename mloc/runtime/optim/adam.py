@@ -17,6 +17,7 @@ import torch
 
 from mloc.shared.hyper import AdamHyper, AdamWHyper
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
+from mloc.runtime.optim.ops import FUNCTIONAL, INPLACE
 from mloc.runtime.tree import Params
 
 
@@ -43,25 +44,8 @@ class Adam(Optimizer):
         zeros = lambda: tuple(torch.zeros_like(p) for p in params)  # noqa: E731
         return AdamState(0, zeros(), zeros())
 
-    def _moments(self, grads, state, params):
-        h = self.hyper
-        (b1, b2), wd = h.betas, h.weight_decay
-        if not self.decoupled and not is_zero(wd):
-            grads = tuple(g + wd * p for g, p in zip(grads, params))
-        mu = tuple(m + (1 - b1) * (g - m) for m, g in zip(state.mu, grads))
-        nu = tuple(b2 * v + (1 - b2) * g * g for v, g in zip(state.nu, grads))
-        t = state.count + 1
-        return grads, mu, nu, 1 - b1**t, 1 - b2**t
-
     def update(self, grads, state, params):
-        h = self.hyper
-        lr, wd = h.lr, h.weight_decay
-        _, mu, nu, c1, c2 = self._moments(grads, state, params)
-        step, root_c2 = lr / c1, c2**0.5
-        upd = tuple(-step * m / (torch.sqrt(v) / root_c2 + h.eps) for m, v in zip(mu, nu))
-        if self.decoupled and not is_zero(wd):
-            upd = tuple(u - lr * wd * p for u, p in zip(upd, params))
-        return upd, AdamState(state.count + 1, mu, nu)
+        return step(FUNCTIONAL, self.hyper, self.decoupled, state, params, grads)
 
     def diag(self, grads, state, params):
         # d/dg of  lr/c1 · m / (sqrt(v/c2) + eps), with m, v the moments after g:
@@ -69,7 +53,7 @@ class Adam(Optimizer):
         # Bias correction is kept: s is the exact derivative of the step actually taken.
         h = self.hyper
         b1, b2 = h.betas
-        g, mu, nu, c1, c2 = self._moments(grads, state, params)
+        g, mu, nu, c1, c2 = moments(FUNCTIONAL, h, self.decoupled, state, params, grads)
         out = []
         for gi, m, v in zip(g, mu, nu):
             root = torch.sqrt(v / c2)
@@ -82,27 +66,37 @@ class Adam(Optimizer):
         return state.mu + state.nu
 
     def commit(self, grads, state, params):
-        """``torch.optim.adam._single_tensor_adam`` (``decoupled_weight_decay`` for AdamW),
-        operation for operation; the step count is a Python int (``torch.optim`` reads its
-        step tensor back to the host: the same float)."""
+        """:func:`step` in place: ``torch.optim.adam._single_tensor_adam``'s kernels
+        (``decoupled_weight_decay`` for AdamW); the step count is a Python int
+        (``torch.optim`` reads its step tensor back to the host: the same float)."""
         if not self.inplace:
             return super().commit(grads, state, params)
-        h = self.hyper
-        lr, (b1, b2), wd, eps = h.lr, h.betas, h.weight_decay, h.eps
-        t = state.count + 1
-        step_size = lr / (1 - b1**t)
-        root_c2 = (1 - b2**t) ** 0.5
-        for p, g, m, v in zip(params, grads, state.mu, state.nu):
-            if wd != 0:
-                if self.decoupled:
-                    p.mul_(1 - lr * wd)
-                else:
-                    g = g.add(p, alpha=wd)
-            m.lerp_(g, 1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denom = (v.sqrt() / root_c2).add_(eps)
-            p.addcdiv_(m, denom, value=-step_size)
-        return AdamState(t, state.mu, state.nu)
+        return step(INPLACE, self.hyper, self.decoupled, state, params, grads)[1]
+
+
+def moments(ops, h: AdamHyper, decoupled: bool, state: AdamState, params, grads):
+    """``(g', m_t, v_t, 1−β₁ᵗ, 1−β₂ᵗ)`` in the algebra of :mod:`.ops`, ``g' = g + wd·θ``
+    for Adam (``g`` for AdamW): the moments of :func:`step`, and what :meth:`Adam.diag`
+    differentiates."""
+    (b1, b2), wd = h.betas, h.weight_decay
+    if not decoupled and not is_zero(wd):
+        grads = ops.add(grads, params, wd)
+    mu = ops.ema_lerp_(state.mu, grads, b1)             # β₁m + (1-β₁)g'
+    nu = ops.ema_sq_(state.nu, grads, b2)               # β₂v + (1-β₂)g'²
+    t = state.count + 1
+    return grads, mu, nu, 1 - b1**t, 1 - b2**t
+
+
+def step(ops, h: AdamHyper, decoupled: bool, state: AdamState, params, grads):
+    """One Adam (AdamW) step in the algebra of :mod:`.ops` (the module docstring's
+    equations): ``(updates, state)`` under :data:`~.ops.FUNCTIONAL`; under
+    :data:`~.ops.INPLACE` the parameters and the moments are written."""
+    lr, wd = h.lr, h.weight_decay
+    _, mu, nu, c1, c2 = moments(ops, h, decoupled, state, params, grads)
+    denom = ops.add_(ops.div(ops.sqrt(nu), c2**0.5), h.eps)        # √v_t/√c₂ + ε
+    decay = (lr, wd) if decoupled and not is_zero(wd) else None      # AdamW: - η·wd·θ
+    updates = ops.step_div(params, mu, denom, lr / c1, decay)        # - η/c₁ · m_t / denom
+    return updates, AdamState(state.count + 1, tuple(mu), tuple(nu))
 
 
 @takes(AdamHyper)

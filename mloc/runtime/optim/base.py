@@ -14,9 +14,10 @@ moving it to a device, checkpointing and restoring it go through :mod:`mloc.runt
 which walks every shape alike.
 
 Training commits one step in place: :meth:`Optimizer.commit` (called without autograd).
-Its default is ``params += update(...)``; an optimizer may override it with the same
-step written with in-place operations (``torch.optim``'s own formulas), one form for
-every device. ``diag`` is SAMA's preconditioner where the descriptor declares it: the
+Its default is ``params += update(...)``; an optimizer whose step is written in the
+algebra of :mod:`.ops` runs that one definition in both: ``update`` under the functional
+interpreter, ``commit`` under an in-place one (``torch.optim``'s own kernels, one form for
+every device). ``diag`` is SAMA's preconditioner where the descriptor declares it: the
 diagonal of ``-∂update/∂grad`` of the next update (Choe et al., "Making Scalable Meta
 Learning Practical", NeurIPS 2023).
 

@@ -11,13 +11,16 @@ tensor is not preconditioned (before the start, 1-D tensors).
 
 ``δ = 1e-10``, ``β₂ = graft_beta2``. :func:`direction` is out of place and differentiable
 (``itd``), :func:`directions_inplace` the same formulas over all tensors at once with the
-accumulators overwritten (training), :func:`diagonal` ``∂D/∂g`` with the accumulators held
-constant (SAMA).
+accumulators overwritten (training): both are :func:`directions`, written once in the
+algebra of :mod:`.ops`. :func:`diagonal` is ``∂D/∂g`` with the accumulators held constant
+(SAMA).
 """
 
 from __future__ import annotations
 
 import torch
+
+from mloc.runtime.optim.ops import FOREACH, FUNCTIONAL
 
 ACCUMULATORS = {"none": 0, "sgd": 0, "adagrad": 1, "rmsprop": 1, "adam": 2}
 """Accumulator tensors per parameter: ``(v,)``, or ``(m, v)`` for ``adam``."""
@@ -25,54 +28,37 @@ EPS = 1e-10
 ADAM_BETA1 = 0.9
 
 
-def direction(kind, b2, t, g, acc):
-    """``(new accumulators, D)`` for one tensor at step ``t`` (out of place)."""
+def directions(ops, kind, b2, t, g, accs) -> tuple[tuple, list]:
+    """``(accumulators, D)`` of every tensor of the column ``g`` at step ``t``, the
+    accumulators ``accs`` (per tensor, as :data:`ACCUMULATORS` says) updated, in the algebra
+    of :mod:`.ops`: the module docstring's formulas, once for :meth:`Shampoo.update`
+    (:data:`~.ops.FUNCTIONAL`, ``√`` with derivative 0 at 0: :func:`.ops.safe_sqrt`) and
+    :meth:`Shampoo.commit` (:data:`~.ops.FOREACH`, the accumulators overwritten)."""
     if kind in ("none", "sgd"):
-        return acc, g
+        return tuple(accs), list(g)
     if kind == "adagrad":
-        v = acc[0] + g * g
-        return (v,), g / (_sqrt(v) + EPS)
-    v = b2 * acc[-1] + (1 - b2) * g * g
-    if kind == "rmsprop":
-        return (v,), g / (_sqrt(v) + EPS)
+        v = ops.add_sq_([acc[0] for acc in accs], g)                 # v + g²
+    else:
+        v = ops.ema_sq_([acc[-1] for acc in accs], g, b2)            # β₂v + (1-β₂)g²
+    if kind != "adam":
+        return tuple((vi,) for vi in v), ops.div(g, ops.add_(ops.safe_sqrt(v), EPS))
     b1 = ADAM_BETA1
-    m = b1 * acc[0] + (1 - b1) * g
-    mhat, vhat = m / (1 - b1**t), v / (1 - b2**t)
-    return (m, v), mhat / (_sqrt(vhat) + EPS)
+    m = ops.ema_([acc[0] for acc in accs], g, b1)                    # β₁m + (1-β₁)g
+    denom = ops.add_(ops.bias_root(v, 1 - b2**t), EPS)              # √v̂ + δ
+    return tuple(zip(m, v)), ops.div_bias(m, denom, 1 - b1**t)        # m̂ / (√v̂ + δ)
 
 
-def _sqrt(v):
-    """``√v``, the same numbers, with derivative 0 instead of ``∞`` where ``v`` is 0 (an entry
-    whose gradient has been exactly 0 so far, e.g. a dead unit's: ``∞·0`` made the
-    hypergradient NaN under ``itd``, MAML's inner loop on Shampoo with AdaGrad grafting).
-    The derivative of ``g/(√v + δ)`` there is then ``1/δ``, that of the function as written."""
-    positive = v > 0
-    return torch.where(positive, torch.where(positive, v, torch.ones_like(v)).sqrt(), torch.zeros_like(v))
+def direction(kind, b2, t, g, acc):
+    """``(new accumulators, D)`` for one tensor at step ``t``, out of place and
+    differentiable (:func:`directions` under :data:`~.ops.FUNCTIONAL`)."""
+    accs, d = directions(FUNCTIONAL, kind, b2, t, [g], [acc])
+    return accs[0], d[0]
 
 
 def directions_inplace(kind, b2, t, g, accs) -> list:
-    """``D`` of every tensor of ``g`` (a list), each accumulator of ``accs`` overwritten:
-    :func:`direction`'s formulas as one ``torch._foreach_*`` call each."""
-    if kind in ("none", "sgd"):
-        return list(g)
-    v = [acc[-1] for acc in accs]
-    if kind == "adagrad":
-        torch._foreach_addcmul_(v, g, g)
-    else:
-        torch._foreach_mul_(v, b2)
-        torch._foreach_addcmul_(v, g, g, value=1 - b2)
-    denom = torch._foreach_sqrt(v)
-    if kind == "adam":
-        b1 = ADAM_BETA1
-        m = [acc[0] for acc in accs]
-        torch._foreach_lerp_(m, g, 1 - b1)
-        torch._foreach_div_(denom, (1 - b2**t) ** 0.5)
-        torch._foreach_add_(denom, EPS)
-        out = torch._foreach_div(m, denom)
-        torch._foreach_div_(out, 1 - b1**t)
-        return list(out)
-    torch._foreach_add_(denom, EPS)
-    return list(torch._foreach_div(g, denom))
+    """``D`` of every tensor of ``g`` (a list), each accumulator of ``accs`` overwritten
+    (:func:`directions` under :data:`~.ops.FOREACH`)."""
+    return directions(FOREACH, kind, b2, t, g, accs)[1]
 
 
 def diagonal(kind, b2, t, acc):

@@ -17,6 +17,7 @@ import torch
 
 from mloc.shared.hyper import SGDHyper
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
+from mloc.runtime.optim.ops import FUNCTIONAL, INPLACE
 from mloc.runtime.tree import Params
 
 
@@ -51,18 +52,7 @@ class SGD(Optimizer):
         return SGDState(0, buf)
 
     def update(self, grads, state, params):
-        h = self.hyper
-        lr, mu, wd = h.lr, h.momentum, h.weight_decay
-        if not is_zero(wd):
-            grads = tuple(g + wd * p for g, p in zip(grads, params))
-        if not self.has_momentum:
-            return tuple(-lr * g for g in grads), SGDState(state.count + 1, ())
-        if state.count == 0:
-            buf = grads
-        else:
-            buf = tuple(mu * b + (1 - h.dampening) * g for b, g in zip(state.momentum, grads))
-        direction = tuple(g + mu * b for g, b in zip(grads, buf)) if h.nesterov else buf
-        return tuple(-lr * d for d in direction), SGDState(state.count + 1, buf)
+        return step(FUNCTIONAL, self.hyper, self.has_momentum, state, params, grads)
 
     def diag(self, grads, state, params):
         h, c = self.hyper, 1.0
@@ -75,27 +65,29 @@ class SGD(Optimizer):
         return state.momentum
 
     def commit(self, grads, state, params):
-        """``torch.optim.sgd._single_tensor_sgd``, operation for operation (so a committed
-        run is bit-identical to ``torch.optim.SGD(foreach=False)``)."""
+        """:func:`step` in place: ``torch.optim.sgd._single_tensor_sgd``'s kernels (so a
+        committed run is bit-identical to ``torch.optim.SGD(foreach=False)``)."""
         if not self.inplace:
             return super().commit(grads, state, params)
-        h = self.hyper
-        lr, mu, wd, has_momentum, nesterov = h.lr, h.momentum, h.weight_decay, self.has_momentum, h.nesterov
-        damped = 1 - h.dampening
-        first, bufs = state.count == 0, []
-        for i, (p, g) in enumerate(zip(params, grads)):
-            if wd != 0:
-                g = g.add(p, alpha=wd)
-            if has_momentum:
-                if first:
-                    buf = g.detach().clone()
-                else:
-                    buf = state.momentum[i]
-                    buf.mul_(mu).add_(g, alpha=damped)
-                bufs.append(buf)
-                g = g.add(buf, alpha=mu) if nesterov else buf
-            p.add_(g, alpha=-lr)
-        return SGDState(state.count + 1, tuple(bufs))
+        return step(INPLACE, self.hyper, self.has_momentum, state, params, grads)[1]
+
+
+def step(ops, h: SGDHyper, has_momentum: bool, state: SGDState, params, grads):
+    """One SGD step in the algebra of :mod:`.ops` (the module docstring's equations):
+    ``(updates, state)`` under :data:`~.ops.FUNCTIONAL`; under :data:`~.ops.INPLACE` the
+    parameters and momentum buffers are written (the first step's buffer is a copy of
+    ``g'``)."""
+    lr, mu, wd = h.lr, h.momentum, h.weight_decay
+    if not is_zero(wd):
+        grads = ops.add(grads, params, wd)                          # g' = g + wd·θ
+    if not has_momentum:
+        return ops.step(params, grads, lr), SGDState(state.count + 1, ())
+    if state.count == 0:
+        buf = ops.copy(grads)                                       # b₁ = g'
+    else:
+        buf = ops.momentum_(state.momentum, grads, mu, h.dampening)  # b = μb + (1-τ)g'
+    direction = ops.add(grads, buf, mu) if h.nesterov else buf     # g' + μb, or b
+    return ops.step(params, direction, lr), SGDState(state.count + 1, tuple(buf))
 
 
 @takes(SGDHyper)

@@ -65,6 +65,7 @@ from torch import Tensor
 from mloc.shared.hyper import GRAFTS, ShampooHyper
 from mloc.runtime.optim import blocks, graft as grafting
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
+from mloc.runtime.optim.ops import FOREACH, FUNCTIONAL
 from mloc.runtime.optim.rootwork import RootWork, clone_tuple, failure_counts, merge_due
 
 
@@ -129,39 +130,36 @@ class Shampoo(Optimizer):
 
     # --- the step -----------------------------------------------------------------------
     def update(self, grads, state, params):
-        t = state.count + 1
-        g = self._decayed(grads, params)
-        lays = self.layouts(params)
-        stats = self._statistics(g, state.stats, lays)
-        roots, failures, pending = self._roots(t, stats, state, lays)
-        graft_state, direction = self._directions(t, g, state.graft, roots, params)
-        mom, upd = self._momentum(direction, state.momentum, params)
-        return upd, ShampooState(t, stats, roots, failures, graft_state, mom, pending)
+        return self._step(FUNCTIONAL, grads, state, params)
 
     def commit(self, grads, state, params):
-        """:meth:`update`'s step in place: the statistics, grafting accumulators, momentum
-        buffers and parameters are overwritten, the elementwise work grouped into one
-        ``torch._foreach_*`` call per formula over all tensors (the same formulas; the
-        results agree with :meth:`update` to rounding). With a tensor hyperparameter (a
-        schedule's learning rate) it is :meth:`update` followed by ``params += updates``."""
+        """:meth:`update`'s step in place (:meth:`_step` under :data:`~.ops.FOREACH`): the
+        statistics, grafting accumulators, momentum buffers and parameters are overwritten,
+        the elementwise work one ``torch._foreach_*`` call per operation over all tensors.
+        With a tensor hyperparameter (a schedule's learning rate) it is :meth:`update`
+        followed by ``params += updates``."""
         if not self.inplace:
             return super().commit(grads, state, params)
+        return self._step(FOREACH, grads, state, list(params))[1]
+
+    def _step(self, ops, grads, state, params):
+        """One step (the module docstring) in the algebra of :mod:`.ops`: ``(updates,
+        state)`` under :data:`~.ops.FUNCTIONAL`; under :data:`~.ops.FOREACH` the state and
+        the parameters are written. The blocks of ``g`` are laid out once, detached (the
+        roots are constants to autograd), for the statistics (one kernel in either form,
+        :func:`.blocks.accumulate`) and, where ``g`` carries no graph, the preconditioner."""
         h, t = self.hyper, state.count + 1
-        params = list(params)
         lays = self.layouts(params)
-        g = list(self._decayed(grads, params))
-        x = [blocks.to_blocks(gi, lay) if s else None for gi, s, lay in zip(g, state.stats, lays)]
-        for xi, s in zip(x, state.stats):       # the blocks are laid out once, used twice
-            if s:
-                blocks.accumulate(s, xi, h.beta2, inplace=True)
-        roots, failures, pending = self._roots(t, state.stats, state, lays)
-        d = grafting.directions_inplace(h.graft, h.graft_beta2, t, g, state.graft)
+        g = self._decayed(grads, params)
+        x = [blocks.to_blocks(gi.detach(), lay) if s else None for gi, s, lay in zip(g, state.stats, lays)]
+        stats = tuple(blocks.accumulate(s, xi, h.beta2, inplace=ops.inplace) if s else ()
+                      for xi, s in zip(x, state.stats))
+        roots, failures, pending = self._roots(t, stats, state, lays)
+        graft, d = grafting.directions(ops, h.graft, h.graft_beta2, t, g, state.graft)
         if t > h.start_preconditioning_step:
-            _graft_preconditioned(d, x, roots, lays, h.graft)
-        if h.decoupled_weight_decay and not is_zero(h.weight_decay):
-            torch._foreach_mul_(params, 1 - h.lr * h.weight_decay)
-        momentum = _momentum_inplace(params, d, state.momentum, h.lr, h.momentum, h.nesterov)
-        return ShampooState(t, state.stats, roots, failures, state.graft, momentum, pending)
+            d = _preconditioned(ops, d, g, x, roots, lays, h.graft)
+        momentum, updates = _momentum(ops, h, d, state.momentum, params)
+        return updates, ShampooState(t, stats, roots, failures, graft, momentum, pending)
 
     def _decayed(self, grads, params):
         h = self.hyper
@@ -184,39 +182,11 @@ class Shampoo(Optimizer):
 
     def _statistics(self, g, stats, lays):
         """The statistics after ``g`` laid out by ``lays``, new tensors (detached where ``g``
-        needs grad: the roots are constants to autograd). :meth:`commit` accumulates in
-        place with the same kernel (:func:`.blocks.accumulate`), so the two agree bit for bit."""
+        needs grad: the roots are constants to autograd), as :meth:`_step` computes them:
+        what SAMA's diagonal refreshes the roots from with staleness 0."""
         return tuple(blocks.accumulate(s, blocks.to_blocks(gi.detach() if gi.requires_grad else gi, lay),
                                        self.hyper.beta2)
                      if s else () for gi, s, lay in zip(g, stats, lays))
-
-    def _directions(self, t, g, graft_state, roots, params):
-        """``(graft accumulators, direction)`` per tensor (before momentum)."""
-        h, new_graft, out = self.hyper, [], []
-        precondition = t > h.start_preconditioning_step
-        for gi, acc, rts, p in zip(g, graft_state, roots, params):
-            acc, d = grafting.direction(h.graft, h.graft_beta2, t, gi, acc)
-            new_graft.append(acc)
-            if rts and precondition:
-                pre = self._precondition(gi, self.layout(p), rts)
-                if h.graft != "none":
-                    pre = pre * (_norm(d) / (_norm(pre) + 1e-16))
-                d = pre
-            out.append(d)
-        return tuple(new_graft), tuple(out)
-
-    def _momentum(self, direction, buffers, params):
-        h = self.hyper
-        lr, mu = h.lr, h.momentum
-        if is_zero(mu):
-            upd, mom = [-lr * d for d in direction], ()
-        else:
-            mom = tuple(mu * b + d for b, d in zip(buffers, direction))
-            step = [d + mu * b for d, b in zip(direction, mom)] if h.nesterov else mom
-            upd = [-lr * s for s in step]
-        if h.decoupled_weight_decay and not is_zero(h.weight_decay):
-            upd = [u - lr * h.weight_decay * p for u, p in zip(upd, params)]
-        return mom, tuple(upd)
 
     def committed(self, state):
         """The statistics, the roots in use, the grafting accumulators and the momentum; not
@@ -287,35 +257,36 @@ def _orders(lays) -> tuple:
     return tuple(lay.p for lay in lays)
 
 
-def _graft_preconditioned(d, x, roots, lays, graft) -> None:
-    """For :meth:`Shampoo.commit`: replace the grafted direction ``d[i]`` of every
-    preconditioned tensor by its blocks ``x[i]`` preconditioned and (unless ``graft`` is
-    ``none``) rescaled to ``‖d[i]‖``, with one norm call for all."""
+def _preconditioned(ops, d, g, x, roots, lays, graft) -> list:
+    """The directions ``d`` with every preconditioned tensor's replaced by its gradient
+    ``g`` preconditioned, ``P = G ×₁ Q₁ ⋯ ×ₖ Qₖ``, and (unless ``graft`` is ``none``)
+    rescaled to the grafted norm, ``P·‖D‖/(‖P‖+10⁻¹⁶)``. ``x``: ``g``'s blocks, detached
+    (the statistics'), used as they are unless ``g`` carries a graph (then laid out
+    again, here: the derivative runs through ``P``)."""
     idx = [i for i, r in enumerate(roots) if r]
-    pre = [blocks.from_blocks(blocks.precondition(x[i], roots[i]), lays[i]) for i in idx]
-    if pre and graft != "none":         # ‖P‖ of each, then ‖D‖ of each
-        norms = torch._foreach_norm(pre + [d[i] for i in idx])
-        p_norms = torch._foreach_add(norms[:len(pre)], 1e-16)
-        torch._foreach_mul_(pre, torch._foreach_div(norms[len(pre):], p_norms))
+    x = [blocks.to_blocks(g[i], lays[i]) if g[i].requires_grad else x[i] for i in idx]
+    pre = [blocks.from_blocks(blocks.precondition(xi, roots[i]), lays[i]) for xi, i in zip(x, idx)]
+    if graft != "none":
+        pre = ops.rescale_(pre, [d[i] for i in idx], 1e-16)
+    d = list(d)
     for i, p in zip(idx, pre):
         d[i] = p
+    return d
 
 
-def _momentum_inplace(params, d, buffers, lr, mu, nesterov) -> tuple:
-    """``θ ← θ − η·step`` for :meth:`Shampoo.commit`, the new momentum buffers returned:
-    with ``b' = μb + d`` (new tensors: ``d`` may be the caller's gradient), heavy ball steps
-    along ``b'``, and Nesterov's ``d + μb'`` is taken as ``(1+μ)b' − μb`` (the same number,
-    one pass over the tensors fewer)."""
+def _momentum(ops, h: ShampooHyper, d, buffers, params) -> tuple:
+    """``(momentum buffers, updates)`` of the last stage: ``b' = μb + d`` (new tensors:
+    ``d`` may be the caller's gradient), ``θ ← θ − η·b'`` (heavy ball) or
+    ``θ ← θ − η·(d + μb')`` (Nesterov), with ``θ·(1 − η·wd)`` first for decoupled weight
+    decay; without momentum ``θ ← θ − η·d``."""
+    lr, mu = h.lr, h.momentum
+    decay = (lr, h.weight_decay) if h.decoupled_weight_decay and not is_zero(h.weight_decay) else None
     if is_zero(mu):
-        torch._foreach_add_(params, d, alpha=-lr)
-        return buffers
-    new = torch._foreach_add(d, list(buffers), alpha=mu)
-    if nesterov:
-        torch._foreach_add_(params, new, alpha=-lr * (1 + mu))
-        torch._foreach_add_(params, list(buffers), alpha=lr * mu)
-    else:
-        torch._foreach_add_(params, new, alpha=-lr)
-    return tuple(new)
+        return (), ops.step(params, d, lr, decay)
+    new = ops.add(d, buffers, mu)
+    if h.nesterov:
+        return tuple(new), ops.step_nesterov(params, d, buffers, new, mu, lr, decay)
+    return tuple(new), ops.step(params, new, lr, decay)
 
 
 def _norm(x: Tensor) -> Tensor:
