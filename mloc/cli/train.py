@@ -7,11 +7,10 @@ torch and the program's modules; `check`, `graph` and `--help` never get here.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
-from mloc.cli.output import (EXIT_ERRORS, EXIT_OK, Output, UsageError, add_pass_options, io_error, make_dirs,
+from mloc.cli.output import (EXIT_ERRORS, EXIT_OK, Output, UsageError, add_pass_options, make_dirs,
                              print_timings, printer, report, summary)
 from mloc.codegen.compile import PIPELINE, Compiled, compile_program, load_generated
 from mloc.codegen.overrides import OverrideError
@@ -48,19 +47,19 @@ def _compiled(args, out: Output, out_dir: Path | None = None, gate=None) -> Comp
     return compiled
 
 
+def compiled_files(compiled: Compiled) -> dict[str, str]:
+    """What a compile writes into its folder: file name -> text."""
+    return {"train.py": compiled.source,
+            "plan.json": json.dumps(plan_to_json(compiled.plan), indent=2, sort_keys=True) + "\n",
+            "graph.dot": dump_dot(compiled.unit.graph)}
+
+
 def write_outputs(compiled: Compiled, out_dir: Path) -> Path:
+    from mloc.runtime.runfiles import write_text
     out_dir.mkdir(parents=True, exist_ok=True)
-    train = out_dir / "train.py"
-    _atomic_write(train, compiled.source)
-    _atomic_write(out_dir / "plan.json", json.dumps(plan_to_json(compiled.plan), indent=2, sort_keys=True) + "\n")
-    _atomic_write(out_dir / "graph.dot", dump_dot(compiled.unit.graph))
-    return train
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    for name, text in compiled_files(compiled).items():
+        write_text(out_dir / name, text)
+    return out_dir / "train.py"
 
 
 def cmd_compile(args, out: Output) -> int:
@@ -69,10 +68,11 @@ def cmd_compile(args, out: Output) -> int:
     compiled = _compiled(args, out, out_dir)
     if compiled is None:
         return EXIT_ERRORS
+    from mloc.runtime.runfolder import RunIOError
     try:
         train = write_outputs(compiled, out_dir)
-    except OSError as e:
-        raise io_error(e) from None
+    except RunIOError as e:
+        raise UsageError(str(e), help="check that the folder is writable and the disk has room") from None
     out.err(f"wrote {train}, {out_dir / 'plan.json'}, {out_dir / 'graph.dot'}\n"
             f"run it with: python {train}")
     return EXIT_OK
@@ -202,19 +202,12 @@ def _start(args, out: Output, compiled: Compiled, choice, options, record: dict 
     """The compiled program's run, started as `python train.py` starts one, its compiled
     files written into the run folder once it is open."""
     from mloc.runtime.launch import program_record, start
-    from mloc.runtime.runfolder import RunIOError
     declaration = load_generated(compiled.source, str((choice.dir / "train.py").resolve()))
     if options.nproc > 1:
         _warn_per_replica(compiled, options.nproc, out)
-
-    def write(folder: Path) -> None:
-        try:
-            write_outputs(compiled, folder)
-        except OSError as e:
-            raise RunIOError(e.filename or folder, e) from None
     about = program_record(declaration, file=str(Path(args.file).resolve()), sha256=_sha256(Path(args.file)))
-    return start(declaration, options, about, record, choice=choice, changes=set_changes, write=write,
-                 shown=args.file)
+    return start(declaration, options, about, record, choice=choice, changes=set_changes,
+                 files=compiled_files(compiled), shown=args.file)
 
 
 def _sha256(path: Path) -> str:

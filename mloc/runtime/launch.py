@@ -30,7 +30,8 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from types import MappingProxyType
+from typing import Mapping, Sequence
 
 from mloc.runtime import resumption
 from mloc.runtime.build import resolve_device
@@ -44,7 +45,7 @@ from mloc.runtime.loop import Stop, Where, resume, train
 from mloc.runtime.options import OptionError, RunOptions, add_flags
 from mloc.runtime.precision import DeviceError
 from mloc.runtime.progress import Progress
-from mloc.runtime.runfiles import amend_config, write_config
+from mloc.runtime.runfiles import amend_config, write_config, write_text
 from mloc.runtime.runfolder import CHECKPOINT, Choice, RunFolder, RunFolderError, RunIOError, check_owner, choose
 from mloc.runtime.schedules import ScheduleError
 from mloc.runtime.selection import Selection, failed_summary
@@ -146,12 +147,12 @@ def _main(declaration: Declaration, options: RunOptions, record: dict | None, fi
 
 
 def start(declaration: Declaration, options: RunOptions, about: dict, record: dict | None = None, *,
-          choice: Choice | None = None, changes: Sequence[str] = (), write: Callable[[Path], None] | None = None,
+          choice: Choice | None = None, changes: Sequence[str] = (), files: Mapping[str, str] = MappingProxyType({}),
           shown: str | None = None) -> int:
     """Start a run, whichever door it came in by: resolve the device (one for every
     process), check a resume (its checkpoint; what changed since `record`, the run's last
     start, after the caller's `changes`), open the run folder (`choice`, else chosen from
-    the options), let `write` put the compiled files there, write `config.json` (`about`:
+    the options), write the compiled `files` there (name -> text), then `config.json` (`about`:
     the program, :func:`program_record`), then train here, in `--nproc` workers or as a
     `--pipeline`. `shown`: how to name the program file in a note (default: its path)."""
     config, nproc = options.config(declaration.defaults), options.nproc or 1
@@ -171,8 +172,8 @@ def start(declaration: Declaration, options: RunOptions, about: dict, record: di
     with RunFolder(choice) as folder:
         if options.resume is not None:      # again, holding the lock: the checkpoint that counts
             check_resume(folder.dir, declaration.name, config.steps)
-        if write is not None:
-            write(folder.dir)
+        for name, text in files.items():
+            write_text(folder.dir / name, text)
         write_config(folder.dir, run_record(config, about, options.resume, nproc, options.threads,
                                             options.logger or (), changes=changed))
         options = replace(options, out=folder.dir, resume=folder.dir if options.resume else None)
