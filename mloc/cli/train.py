@@ -217,7 +217,8 @@ def _sha256(path: Path) -> str:
 
 def _warn_per_replica(compiled: Compiled, nproc: int, out: Output) -> None:
     """Once: the parts of the program that data parallelism does not average (README)."""
-    parts = [f"the itd edge {e.upper}->{e.lower}" for e in compiled.plan.edges if e.method == "itd"]
+    from mloc.builtins import METHODS
+    parts = [f"the {e.method} edge {e.upper}->{e.lower}" for e in compiled.plan.edges if METHODS[e.method].caps.unrolls]
     parts += [f"the exact nested solve of `{m}`" for c in compiled.plan.compositions.values()
               for m, _, _ in c.nested]
     if parts:

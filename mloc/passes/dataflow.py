@@ -21,6 +21,7 @@ from __future__ import annotations
 import networkx as nx
 
 from mloc.builtins import METHODS, OPTIMIZERS
+from mloc.builtins.methods import ITD
 from mloc.diagnostics import Diagnostics
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.payloads import DataflowEdge, Read, ResolvedProgram
@@ -135,7 +136,7 @@ def _check_links(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str],
                              "the loss (a proximal term, as iMAML does)")
         caps, low = METHODS[edge.method.name].caps, g.problem(edge.lower)
         if low.accumulate > 1 and (caps.unrolls or (caps.planned and via_init and not via_loss)):
-            method = "itd" if caps.planned else f"`{edge.method.name}`"
+            method = ITD.name if caps.planned else f"`{edge.method.name}`"
             diags.error("E218", f"`{edge.lower}` accumulates {low.accumulate} micro-steps per step, but "
                         f"{method} unrolls its steps on one batch each" +
                         (" (`auto` picks itd: the upper enters only through `init`)" if caps.planned else ""),

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from mloc.builtins import METHODS, OPTIMIZERS, Shape
+from mloc.builtins.methods import ITD
 from mloc.ir.composition import compose_all, feedback, step_caps
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.interlock import chains_of
@@ -181,7 +182,7 @@ def _itd_mode(e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str) -> E
     options = []
     for mode in ("reverse", "forward", "recompute"):
         a = {**args, "mode": mode}
-        time, memory = _cost("itd", a, sizes, e.lower, e.upper)
+        time, memory = _cost(ITD.name, a, sizes, e.lower, e.upper)
         options.append((not _fits(memory, budget), time, memory or 0, mode, a))
     options.sort(key=lambda o: o[:3])
     if options[0][0]:                  # nothing fits: the smallest, however slow
@@ -194,7 +195,7 @@ def _itd_mode(e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str) -> E
               "recompute": f"{why}: reverse mode's {k} graphs exceed the budget; recompute keeps only the iterates"}[mode]
     if over:
         reason = f"{why}: nothing fits the budget; {mode} needs the least memory ({format_bytes(memory)} > {format_bytes(budget)})"
-    return EdgePlan(e.upper, e.lower, "itd", tuple(a.items()), e.unroll, time, memory or None, reason)
+    return EdgePlan(e.upper, e.lower, ITD.name, tuple(a.items()), e.unroll, time, memory or None, reason)
 
 
 def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) -> EdgePlan:

@@ -21,15 +21,23 @@ import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
-_HOMES = {"Edge": "compose", "Hierarchy": "compose", "LowerOp": "problem", "Problem": "problem",
-          "Optimizer": "optim", "adam": "optim", "adamw": "optim", "apply_updates": "optim", "sgd": "optim",
-          "cg": "methods", "finite_diff": "methods", "first_order": "methods", "itd": "methods",
-          "neumann": "methods", "sama": "methods"}
-__all__ = sorted(_HOMES)
+_OWN = {"Edge": "compose", "Hierarchy": "compose", "LowerOp": "problem", "Problem": "problem"}
+_PACKAGES = ("optim", "methods")
+"""The runtime's own types by module; then whatever :mod:`.optim` (every optimizer's factory
+and class) and :mod:`.methods` (every method's factory) export: the built-ins are listed
+once, by those packages, never here."""
 
 
 def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'mloc.runtime' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"mloc.runtime.{home}"), name)
+    if name in _OWN:
+        return getattr(importlib.import_module(f"mloc.runtime.{_OWN[name]}"), name)
+    if name == "__all__":
+        return sorted({*_OWN, *(n for home in _PACKAGES for n in _package(home).__all__)})
+    for home in _PACKAGES:
+        if name in _package(home).__all__:
+            return getattr(_package(home), name)
+    raise AttributeError(f"module 'mloc.runtime' has no attribute {name!r}")
+
+
+def _package(home: str):
+    return importlib.import_module(f"mloc.runtime.{home}")
