@@ -85,3 +85,12 @@ def test_the_diagnostics_doc_names_only_existing_cases_and_codes():
     assert codes <= set(CODES), codes - set(CODES)
     commands = set(_subcommands(build_parser()))
     assert {m.group(1) for m in _COMMAND.finditer(doc)} <= commands
+
+
+def test_every_code_belongs_to_a_group_reported_by_passes_that_exist():
+    """codes.py's groups name the pipeline's passes (or `run`), and cover every code."""
+    from mloc.codegen.compile import PASSES
+    from mloc.diagnostics.codes import CODES, GROUPS
+    for prefix, _, passes in GROUPS:
+        assert set(passes) <= {*PASSES, "run"}, (prefix, sorted(set(passes) - {*PASSES, "run"}))
+    assert all(any(code.startswith(g[0]) for g in GROUPS) for code in CODES)

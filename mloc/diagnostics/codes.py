@@ -1,23 +1,29 @@
-"""The registry of diagnostic codes, grouped by the stage that reports them.
+"""The registry of diagnostic codes, grouped by kind (:data:`GROUPS` says which passes of
+the pipeline report each group; ``run`` is the runtime, for what only training meets).
 
 Codes are stable: tests, docs and users' scripts refer to them. Add new ones at the end of
 their group; never renumber.
-
-    E0xx  syntax                (frontend/parse)
-    E1xx  names and imports     (passes/validate)
-    E2xx  program structure     (passes/validate, passes/structure)
-    E3xx  calls and arguments   (passes/validate)
-    E4xx  hypergradient methods (passes/validate)
-    E5xx  interlocking chains   (passes/structure)
-    E6xx  the train block       (passes/validate)
-    E7xx  dataflow and runtime  (compile/run; need the user's code)
-    W1xx  warnings
-    E900  internal compiler error
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("E0", "syntax", ("parse", "resolve")),
+    ("E1", "names and imports", ("parse", "resolve")),
+    ("E2", "program structure", ("resolve", "hierarchy", "dataflow")),
+    ("E3", "calls and arguments", ("resolve",)),
+    ("E4", "hypergradient methods", ("resolve", "dataflow")),
+    ("E5", "interlocking chains", ("resolve", "hierarchy", "dataflow")),
+    ("E6", "the train block", ("resolve", "trace")),
+    ("E7", "dataflow and the program's own code", ("trace", "support", "run")),
+    ("E9", "internal compiler error", ("run",)),
+    ("W1", "warnings", ("resolve", "runnable", "trace", "support", "run")),
+)
+"""(code prefix, what the group is about, the passes that report it): the pass names are the
+pipeline's (`mloc.codegen.compile.PASSES`; tests/test_diagnostics_cli.py checks them)."""
 
 
 @dataclass(frozen=True)
