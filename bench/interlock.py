@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 import mloc  # noqa: E402
 from mloc.cli.train import write_outputs  # noqa: E402
 from mloc.codegen.compile import compile_program  # noqa: E402
-from mloc.runtime import interlock as il  # noqa: E402
-from mloc.runtime import pipeline  # noqa: E402
+from mloc.runtime.grad import interlock as il  # noqa: E402
+from mloc.runtime.processes import pipeline  # noqa: E402
 
 PROGRAM = ROOT / "programs" / "interlock4.mlo"
 POLICIES = {1: "local", 2: "2-wise", 3: "3-wise", 4: "global"}

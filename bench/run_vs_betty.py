@@ -11,7 +11,7 @@ problem's `unroll_steps`; hand-written: 5 lower steps per upper step).
   test checks against the hand-written loop), compiled once with
   `mloc.codegen.compile.compile_program` (unroll 5 through the override
   `weight_net->classifier.unroll=5`), loaded with `load_generated`, instantiated with
-  `mloc.runtime.launch.build`; the timed call is `program.outer_step()`, what `mloc run`'s
+  `mloc.runtime.processes.launch.build`; the timed call is `program.outer_step()`, what `mloc run`'s
   training loop calls (logging, evaluation and checkpoints, every N steps, are not timed).
 - **hand**: `tests/reference/mwn_hand.py`'s `MWNLoop.outer_step()` (SGD and Adam written
   out as torch.optim's single-tensor formulas); **hand+optim** is the same loop with
@@ -69,8 +69,8 @@ import mwn_hand  # noqa: E402  (puts programs/ on sys.path)
 import reweighting as lib  # noqa: E402
 from hypergrad import peak_bytes  # noqa: E402
 from mloc.codegen.compile import compile_program, load_generated  # noqa: E402
-from mloc.runtime.engine import RunConfig  # noqa: E402
-from mloc.runtime.launch import build  # noqa: E402
+from mloc.runtime.program.engine import RunConfig  # noqa: E402
+from mloc.runtime.processes.launch import build  # noqa: E402
 
 EQUIVALENCE = ROOT / "tests" / "equivalence"
 CASES = [("darts", 1), ("neumann", 1), ("darts", 5), ("neumann", 5)]

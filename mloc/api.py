@@ -91,11 +91,11 @@ class Session:
         return self.program.evaluate()
 
     def save(self, path: str | Path) -> None:
-        from mloc.runtime.checkpoint import save_checkpoint
+        from mloc.runtime.program.checkpoint import save_checkpoint
         save_checkpoint(Path(path), self.program.state_dict(), self.program.name)
 
     def restore(self, path: str | Path) -> None:
-        from mloc.runtime.checkpoint import load_checkpoint
+        from mloc.runtime.program.checkpoint import load_checkpoint
         self.program.load_state_dict(load_checkpoint(Path(path), self.program.name))
 
 
@@ -105,7 +105,7 @@ def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int |
     compiled = compile_program(str(path), tuple(set))
     if not compiled.ok:
         raise ProgramError(compiled.diagnostics)
-    from mloc.runtime.launch import build
+    from mloc.runtime.processes.launch import build
     declaration = load_generated(compiled.source, str(Path(path).resolve().with_suffix(".generated.py")))
     defaults = declaration.defaults
     config = replace(defaults, seed=defaults.seed if seed is None else seed, device=device,

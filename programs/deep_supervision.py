@@ -4,7 +4,7 @@ Each stage is a block with an auxiliary classification head. A stage's loss runs
 through every stage up to it and scores its own head; how far each loss's gradient may flow
 back is the chain's `interlock = n` (1 local, 2 pairwise, ..., K end-to-end).
 
-What the runtime asks of these modules (see `mloc.runtime.interlock`): a stage's `forward`
+What the runtime asks of these modules (see `mloc.runtime.grad.interlock`): a stage's `forward`
 maps the previous stage's features (one tensor) to its own; its head is a part of the
 module that `forward` does not use (`self.head`); the loss of stage k calls stages 1..k
 once each, in order, then the head of stage k. Nothing else: ordinary PyTorch.

@@ -20,7 +20,7 @@ import torch
 
 import mloc
 from mloc.builtins import METHODS
-from mloc.runtime.checkpoint import load_checkpoint
+from mloc.runtime.program.checkpoint import load_checkpoint
 
 BN = Path(__file__).parent / "buffers" / "bn.mlo"
 STEPS, UNROLL = 4, 3

@@ -157,7 +157,7 @@ def test_optimizer_capabilities_are_ones_methods_can_ask_for():
 
 
 def test_schedule_factories_are_named_by_their_descriptors():
-    assert SCHEDULES["step"].runtime == "mloc.runtime.schedules:step_decay"
+    assert SCHEDULES["step"].runtime == "mloc.runtime.program.schedules:step_decay"
     assert [n for n, d in SCHEDULES.items() if d.caps.identity] == ["constant"]
 
 

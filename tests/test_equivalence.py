@@ -25,9 +25,9 @@ import torch
 
 from mloc.cli import main  # noqa: E402
 from mloc.codegen.compile import compile_program, load_generated  # noqa: E402
-from mloc.runtime.checkpoint import load_checkpoint  # noqa: E402
-from mloc.runtime.engine import RunConfig  # noqa: E402
-from mloc.runtime.launch import build  # noqa: E402
+from mloc.runtime.program.checkpoint import load_checkpoint  # noqa: E402
+from mloc.runtime.program.engine import RunConfig  # noqa: E402
+from mloc.runtime.processes.launch import build  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 EQUIVALENCE = HERE / "equivalence"

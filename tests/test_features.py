@@ -161,7 +161,7 @@ def test_bare_tensor_batches_log_their_losses():
 
 def test_mloc_run_trains_in_float64_when_asked(tmp_path, mloc_here):
     """`mloc run --dtype float64` (as `python train.py --dtype` and the API's `dtype=`)."""
-    from mloc.runtime.checkpoint import load_checkpoint
+    from mloc.runtime.program.checkpoint import load_checkpoint
     proc = mloc_here("run", RESTART, "--dtype", "float64", "--steps", "3", "--out", tmp_path / "run", "--quiet")
     assert proc.returncode == 0, proc.stderr
     saved = load_checkpoint(tmp_path / "run" / "checkpoint.pt", None)["problems"]["hyper"]["params"][0]

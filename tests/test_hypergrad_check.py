@@ -1,7 +1,7 @@
 """`mloc hypergrad --check` ends with a verdict, and says when its reference is meaningless:
 the lower Hessian's spectrum is checked against closed forms (Q: A with eigenvalues
 linspace(1, 10); S: an indefinite A with eigenvalues -2, 1, 3, 5, 7, 9), exactly for small
-problems and by Hessian-vector-product power iteration (`mloc.runtime.curvature`) above."""
+problems and by Hessian-vector-product power iteration (`mloc.runtime.grad.curvature`) above."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_a_non_convex_lower_problem_makes_the_reference_meaningless(capsys):
 def test_the_probed_curvature_finds_the_negative_direction():
     """Above the exact limit: power iteration's Rayleigh quotient, a certificate <= 0."""
     import mloc
-    from mloc.runtime.curvature import lower_curvature
+    from mloc.runtime.grad.curvature import lower_curvature
 
     session = mloc.load(HERE / "saddle.mlo", dtype="float64")
     try:

@@ -71,7 +71,7 @@ def test_check_with_batchnorm_in_the_lower_problem(capsys):
 
 def test_batchnorm_curvature_matches_the_full_hessian_and_keeps_the_buffers():
     import mloc
-    from mloc.runtime.curvature import lower_curvature
+    from mloc.runtime.grad.curvature import lower_curvature
 
     session = mloc.load(BN, dtype="float64")
     program = session.program

@@ -110,8 +110,8 @@ def test_plan_shows_one_vectorized_action():
 def test_tasks_whose_batches_differ_in_shape_are_the_programs_error(capsys):
     """Stacking the tasks needs equal shapes: a clear error (exit 1 through the launcher's
     rule for the program's errors), not an internal one."""
-    from mloc.runtime.usercode import user_error
-    from mloc.runtime.metabatch import MetaBatchError
+    from mloc.runtime.base.usercode import user_error
+    from mloc.runtime.grad.metabatch import MetaBatchError
     s = mloc.load(PROGRAMS / "imaml.mlo", set=[*SMALL, "meta.vmap=true", "meta->adapt.hypergrad=first_order"])
     stream, drawn = s.program.streams["adapt"], []
 

@@ -209,3 +209,81 @@ def test_the_runtime_loads_nothing_of_the_compiler(name, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# --- the runtime's subpackages ------------------------------------------------------------
+
+RUNTIME_LAYERS = ["files", "base", "optim", "methods", "grad", "program", "run", "processes"]
+"""mloc/runtime/'s subpackages, bottom to top (docs/architecture.md says what each holds): a
+module imports only from its own subpackage and those before it, at module level or inside a
+function; none imports the package `mloc.runtime` itself (its names come from their
+subpackages). The modules of `files`, the bottom, import no torch of their own."""
+
+
+def _runtime_wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """`module -> import` for each import of a runtime module that goes up the order, or
+    into the package `mloc.runtime` itself."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        if not name.startswith("mloc.runtime."):
+            continue
+        layer = RUNTIME_LAYERS.index(name.split(".")[2])
+        for dep in sorted(deps):
+            if dep == "mloc.runtime":
+                found.append(f"{name} -> mloc.runtime (import from the subpackage that defines the name)")
+            elif dep.startswith("mloc.runtime.") and RUNTIME_LAYERS.index(dep.split(".")[2]) > layer:
+                found.append(f"{name} -> {dep}")
+    return found
+
+
+def test_the_runtime_is_its_subpackages():
+    """No flat module beside them: a new module goes into the subpackage of its concern."""
+    runtime = ROOT / "mloc" / "runtime"
+    assert sorted(p.name for p in runtime.glob("*.py")) == ["__init__.py"]
+    assert sorted(p.name for p in runtime.iterdir() if p.is_dir() and p.name != "__pycache__") \
+        == sorted(RUNTIME_LAYERS)
+
+
+def _runtime_graph() -> dict[str, set[str]]:
+    """Each module of mloc/runtime and the runtime modules it imports, anywhere in it
+    (``from pkg import mod`` imports ``pkg.mod`` where that is a module)."""
+    runtime = ROOT / "mloc" / "runtime"
+    paths = {".".join(("mloc", *p.relative_to(ROOT / "mloc").with_suffix("").parts)).removesuffix(".__init__"): p
+             for p in sorted(runtime.rglob("*.py"))}
+    graph = {}
+    for name, path in paths.items():
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in paths]
+                out.update(subs)
+                if len(subs) < len(node.names):
+                    out.add(base)
+        graph[name] = {m for m in out if m in paths and m != name}
+    return graph
+
+
+def test_runtime_subpackages_import_one_way():
+    assert _runtime_wrong_way(_runtime_graph()) == []
+
+
+def test_the_runtime_order_check_can_fail():
+    graph = {"mloc.runtime.files.a": {"mloc.runtime.grad.b"}, "mloc.runtime.grad.b": {"mloc.runtime.files.a"},
+             "mloc.runtime.base.c": {"mloc.runtime"}}
+    assert _runtime_wrong_way(graph) == ["mloc.runtime.base.c -> mloc.runtime (import from the subpackage "
+                                         "that defines the name)", "mloc.runtime.files.a -> mloc.runtime.grad.b"]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "mloc" / "runtime" / "files").glob("*.py")), ids=lambda p: p.name)
+def test_the_runtime_files_need_no_torch(path):
+    top = [n for n in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names} | \
+        {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {n for n in names if n.split(".")[0] == "torch"}, f"{path} imports torch at module level"

@@ -122,8 +122,8 @@ def test_the_planned_compositions_are_the_runtimes(name, overrides):
     table of capabilities."""
     from mloc.codegen.compile import compile_program, load_generated
     from mloc.ir.composition import compositions_of
-    from mloc.runtime.engine import RunConfig
-    from mloc.runtime.launch import build
+    from mloc.runtime.program.engine import RunConfig
+    from mloc.runtime.processes.launch import build
     from tests.conftest import PROGRAMS, ROOT
     c = compile_program(str(PROGRAMS / f"{name}.mlo"), overrides, out_dir=ROOT / "build" / name)
     declaration = load_generated(c.source, str(ROOT / "build" / name / "train.py"))

@@ -44,7 +44,7 @@ def test_installed_and_standard_modules_are_never_forgotten(tmp_path):
 
     import torch
 
-    from mloc.runtime.user_modules import forget_shadowed
+    from mloc.runtime.base.user_modules import forget_shadowed
 
     (tmp_path / "json.py").write_text("X = 1\n")
     (tmp_path / "torch").mkdir()

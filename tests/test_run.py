@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mloc.cli import main
-from mloc.runtime.checkpoint import load_checkpoint
+from mloc.runtime.program.checkpoint import load_checkpoint
 from tests.conftest import PROGRAMS, ROOT
 
 SMALL = Path(__file__).parent / "run" / "small.mlo"
@@ -182,7 +182,7 @@ def test_run_options_reach_train_py_unchanged():
     same options, and to the same config as `mloc run` builds in process."""
     import argparse
 
-    from mloc.runtime.options import RunConfig, RunOptions, add_flags
+    from mloc.runtime.files.options import RunConfig, RunOptions, add_flags
 
     defaults = RunConfig(steps=7, seed=3, device="auto", precision="fp32")
     parser = argparse.ArgumentParser()

@@ -6,7 +6,7 @@ held in a 0-dim tensor the engine rewrites before each commit. torch's chainable
 schedulers instead multiply the previous rate (`MultiStepLR`: `lr·γ·γ` where mloc has
 `lr·γ²`), so the rates agree to the last bit or two, and exactly when every product is
 exact (γ = 0.5 and a learning rate that is a power of two, as below). The engine
-(mloc/runtime/build.py) holds a scheduled rate in a tensor of the default dtype, float32,
+(mloc/runtime/program/build.py) holds a scheduled rate in a tensor of the default dtype, float32,
 so a rate not representable in float32 (0.05) is rounded there: those runs agree with the
 hand loop to 1e-7, not bit for bit.
 """
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import mloc
-from mloc.runtime.schedules import multistep, torch_schedule
+from mloc.runtime.program.schedules import multistep, torch_schedule
 from tests.test_torch_optim import QUAD, hand, radam, run
 
 LRS = "torch.optim.lr_scheduler"

@@ -1,7 +1,7 @@
 """The default thread count (issue 22, item 12): on a busy 2-core machine torch's default (one
 thread per core) ran a small program at 2.7 steps/s against 123 with `--threads 1`. The rule
 is a pure function of the cores, the load, the program's largest parameter tensor and
-`OMP_NUM_THREADS` (`mloc.runtime.threads.choose`); the banner shows the count and its reason,
+`OMP_NUM_THREADS` (`mloc.runtime.processes.threads.choose`); the banner shows the count and its reason,
 config.json records both."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from mloc.runtime.threads import GRAIN_SIZE, Threads, choose
+from mloc.runtime.processes.threads import GRAIN_SIZE, Threads, choose
 from tests.conftest import ROOT
 from tests.run.helpers import SMALL
 

@@ -19,7 +19,7 @@ import torch
 
 import mloc
 from mloc.passes.pipeline import compile_file, compile_source
-from mloc.runtime import tree
+from mloc.runtime.base import tree
 from mloc.runtime.optim import torch_optimizer
 from mloc.source import SourceFile
 

@@ -20,7 +20,7 @@ import torch
 
 from mloc.builtins import METHODS
 from mloc.cli import main
-from mloc.runtime.checkpoint import load_checkpoint
+from mloc.runtime.program.checkpoint import load_checkpoint
 
 UNUSED = Path(__file__).parent / "unused" / "unused.mlo"
 EXECUTABLE = sorted(n for n, d in METHODS.items() if not d.caps.planned)

@@ -6,9 +6,9 @@
                [--steps N] [--out DIR] [--logger NAME] [--resume] (mloc.cli.sweep)
 
 They read what a run folder holds (``metrics.jsonl``, whose schema is in
-:mod:`mloc.runtime.metrics`; ``config.json``; ``summary.json`` when the run wrote one;
+:mod:`mloc.runtime.run.metrics`; ``config.json``; ``summary.json`` when the run wrote one;
 ``.lock``) and nothing else. A curve is named as the loggers name it
-(:func:`mloc.runtime.loggers.scalars`): ``PROBLEM/loss``, ``PROBLEM/lr``,
+(:func:`mloc.runtime.files.loggers.scalars`): ``PROBLEM/loss``, ``PROBLEM/lr``,
 ``PROBLEM/grad_norm``, ``eval/METRIC``.
 
 **Best** follows the metric's **direction** (:meth:`Run.direction`): the one the program
@@ -23,7 +23,7 @@ itself reported, kept in ``best.pt``); otherwise the highest (``max``) or lowest
 evaluation in ``metrics.jsonl``, NaN never best, a tie kept at the earlier step. `mloc runs`
 shows the declared metric's best, else the first evaluation's that has a direction.
 **Status**: ``running`` while a process
-holds the folder's lock (:func:`mloc.runtime.runfolder.lock_owner`; a killed run's, a
+holds the folder's lock (:func:`mloc.runtime.files.runfolder.lock_owner`; a killed run's, a
 zombie's, is not held); else ``summary.json``'s status (``interrupted`` also for a run
 aborted by a second Ctrl-C, and ``interrupted (resumable)`` when a checkpoint is there); else ``finished`` when the last
 record is a ``summary`` at the configured last step, ``crashed`` otherwise.
@@ -69,7 +69,7 @@ class Run:
 
     def curves(self) -> dict[str, list[tuple[float, float]]]:
         """``{name: [(step, value), ...]}`` for every scalar the loggers would log."""
-        from mloc.runtime.loggers import scalars
+        from mloc.runtime.files.loggers import scalars
         out: dict[str, list[tuple[float, float]]] = {}
         for r in self.records:
             for name, value in scalars(r).items():
@@ -136,7 +136,7 @@ class Run:
         return {"metric": metric, "mode": mode, "declared": declared, "step": step, "value": value}
 
     def status(self) -> str:
-        from mloc.runtime.runfolder import lock_owner
+        from mloc.runtime.files.runfolder import lock_owner
         if lock_owner(self.dir) is not None:
             return "running"
         if self.summary and self.summary.get("status"):
@@ -174,10 +174,10 @@ def mode_label(mode: str, declared: bool) -> str:
 
 def load_run(directory: Path) -> Run:
     """Read a run folder; a :class:`UsageError` when it holds no metrics or a file that is
-    not what mloc writes (:mod:`mloc.runtime.runread`: the message names the file)."""
-    from mloc.runtime import runread
-    from mloc.runtime.records import read_metrics
-    from mloc.runtime.runfolder import RunIOError
+    not what mloc writes (:mod:`mloc.runtime.files.runread`: the message names the file)."""
+    from mloc.runtime.files import runread
+    from mloc.runtime.run.records import read_metrics
+    from mloc.runtime.files.runfolder import RunIOError
     directory = Path(directory)
     path = directory / "metrics.jsonl"
     try:

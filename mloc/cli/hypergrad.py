@@ -56,10 +56,10 @@ def cmd_hypergrad(args, out: Output) -> int:
     compiled = _compiled(args, out)
     if compiled is None:
         return EXIT_ERRORS
-    from mloc.runtime.engine import RunConfig
-    from mloc.runtime.launch import build
-    from mloc.runtime.usercode import user_error
-    from mloc.runtime.finite import NonFiniteError
+    from mloc.runtime.program.engine import RunConfig
+    from mloc.runtime.processes.launch import build
+    from mloc.runtime.base.usercode import user_error
+    from mloc.runtime.grad.finite import NonFiniteError
     declaration = load_generated(compiled.source, str(Path(args.file).resolve().with_suffix(".generated.py")))
     base: RunConfig = declaration.defaults
     config = replace(base, seed=args.seed if args.seed is not None else base.seed, device="cpu", dtype=args.dtype)
@@ -201,12 +201,12 @@ def _reference_errors(declaration, config, compiled: Compiled, grads: dict, stat
     the lower's loss does not read the upper, its solution depends on it only through the
     starting point; the uppers above such an edge get no error, and a line says why.
 
-    Also the curvature of each CG-solved lower problem there (`mloc.runtime.curvature`):
+    Also the curvature of each CG-solved lower problem there (`mloc.runtime.grad.curvature`):
     CG's answer is a reference only where that Hessian is positive definite."""
     from mloc.builtins import METHODS
     from mloc.runtime import Edge, cg
-    from mloc.runtime.curvature import lower_curvature
-    from mloc.runtime.launch import build
+    from mloc.runtime.grad.curvature import lower_curvature
+    from mloc.runtime.processes.launch import build
 
     specs = {spec.name: spec for spec in declaration.problems}
     starts = {(e.upper, e.lower) for e in compiled.plan.edges

@@ -98,15 +98,15 @@ class Job:
 
 
 def cmd_sweep(args, out: Output) -> int:
-    from mloc.runtime import runfolder     # not at the top: `mloc check` never imports torch
+    from mloc.runtime.files import runfolder     # not at the top: `mloc check` never imports torch
     if not Path(args.file).is_file():
         raise UsageError(f"no such file: {args.file}", help="check the path; programs end in .mlo")
     if args.jobs < 1 or args.threads < 1:
         raise UsageError("--jobs and --threads must be at least 1")
     if args.steps is not None and args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    from mloc.runtime.loggers import LoggerError
-    from mloc.runtime.options import usable_loggers
+    from mloc.runtime.files.loggers import LoggerError
+    from mloc.runtime.files.options import usable_loggers
     try:
         usable_loggers(args.logger)        # an unknown or uninstalled logger: refused before any run
     except LoggerError as e:
@@ -227,14 +227,14 @@ def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output, threads: 
     ``root/logs/NAME.log``); a failure is reported and the others go on. Returns whether
     the sweep was interrupted.
 
-    The runs die with the sweep, whatever kills it (:func:`mloc.runtime.workers.child_of`:
+    The runs die with the sweep, whatever kills it (:func:`mloc.runtime.processes.workers.child_of`:
     the kernel's SIGKILL when it exits), and run in sessions of their own, so a terminal's
     Ctrl-C reaches the sweep alone. Ctrl-C or SIGTERM to the sweep sends each running run
-    one SIGINT (:func:`mloc.runtime.workers.interrupt`): it stops after its step with a
+    one SIGINT (:func:`mloc.runtime.processes.workers.interrupt`): it stops after its step with a
     checkpoint and status ``interrupted``, as an interrupted ``mloc run`` does; the sweep
     waits for them and starts no other. A second Ctrl-C kills them at once. A log that
     cannot be opened stops them all the same way."""
-    from mloc.runtime import workers
+    from mloc.runtime.processes import workers
     waiting, running = [j for j in jobs if j.action != "skip"], []
     done = len(jobs) - len(waiting)
     for j in (j for j in jobs if j.action == "skip"):
@@ -264,7 +264,7 @@ def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output, threads: 
 def _start(job: Job, root: Path, env: dict, running: list[Job]) -> None:
     """Start ``job``'s run (its output appended to its log when it resumes) and add it to
     ``running`` at once, so that an interrupt a moment later stops it too."""
-    from mloc.runtime import workers
+    from mloc.runtime.processes import workers
     log = root / "logs" / f"{job.name}.log"
     try:
         with open(log, "ab" if job.action == "resume" else "wb") as f:
@@ -315,7 +315,7 @@ def failure(log: Path, run_dir: Path, code: int, most: int = 3) -> list[str]:
         shown = [line for b in blocks[:most] for line in b]
         more = len(blocks) - most
         return lines + shown + ([f"... and {more} more error{'s' * (more != 1)}"] if more > 0 else [])
-    from mloc.runtime.selection import SUMMARY
+    from mloc.runtime.run.selection import SUMMARY
     try:
         error = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8")).get("error")
     except (OSError, ValueError, AttributeError):

@@ -18,7 +18,7 @@ which keeps its ``--set``, seed and steps); one that failed, or left no checkpoi
 again (``--overwrite``: a failure is not resumed from the state that failed).
 
 **One sweep at a time.** The sweep holds its folder's lock (``OUT/.lock``,
-:func:`mloc.runtime.runfolder.held`) while it runs: a second sweep in the same folder is
+:func:`mloc.runtime.files.runfolder.held`) while it runs: a second sweep in the same folder is
 refused naming the first, and none is ever left holding it, however the sweep ended.
 """
 
@@ -89,7 +89,7 @@ def next_step(run_dir: Path) -> str:
     finished), ``resume`` (it stopped with a checkpoint: interrupted, or killed),
     ``overwrite`` (it failed, or trained without leaving a checkpoint) or ``start`` (it
     never trained)."""
-    from mloc.runtime.runfolder import CHECKPOINT, holds_run
+    from mloc.runtime.files.runfolder import CHECKPOINT, holds_run
     try:
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
         status = summary.get("status") if isinstance(summary, dict) else None

@@ -16,7 +16,7 @@ from mloc.codegen.compile import PIPELINE, Compiled, compile_program, load_gener
 from mloc.codegen.overrides import OverrideError
 from mloc.ir.printer import dump_dot
 from mloc.passes.plan import format_bytes, plan_table, plan_to_json
-from mloc.runtime.options import add_flags
+from mloc.runtime.files.options import add_flags
 
 
 def _compiled(args, out: Output, out_dir: Path | None = None, gate=None) -> Compiled | None:
@@ -55,7 +55,7 @@ def compiled_files(compiled: Compiled) -> dict[str, str]:
 
 
 def write_outputs(compiled: Compiled, out_dir: Path) -> Path:
-    from mloc.runtime.runfiles import write_text
+    from mloc.runtime.files.runfiles import write_text
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in compiled_files(compiled).items():
         write_text(out_dir / name, text)
@@ -68,7 +68,7 @@ def cmd_compile(args, out: Output) -> int:
     compiled = _compiled(args, out, out_dir)
     if compiled is None:
         return EXIT_ERRORS
-    from mloc.runtime.runfolder import RunIOError
+    from mloc.runtime.files.runfolder import RunIOError
     try:
         train = write_outputs(compiled, out_dir)
     except RunIOError as e:
@@ -91,11 +91,11 @@ def cmd_plan(args, out: Output) -> int:
 
 def cmd_run(args, out: Output) -> int:
     """Compile into the run folder's place, then start the run there
-    (:func:`mloc.runtime.launch.start`: the run folder, `config.json`, training here, in
+    (:func:`mloc.runtime.processes.launch.start`: the run folder, `config.json`, training here, in
     `--nproc` workers or as a `--pipeline`)."""
-    from mloc.runtime import runfolder
-    from mloc.runtime.loggers import LoggerError
-    from mloc.runtime.options import OptionError, RunOptions
+    from mloc.runtime.files import runfolder
+    from mloc.runtime.files.loggers import LoggerError
+    from mloc.runtime.files.options import OptionError, RunOptions
     try:
         options = RunOptions.parsed(args)
     except (OptionError, LoggerError) as e:
@@ -128,12 +128,12 @@ def cmd_run(args, out: Output) -> int:
 
 def _resumed(args, options):
     """`--resume DIR`: the options the command leaves open taken from the run's last start
-    (`mloc.runtime.resumption`), its `--set`s merged with the command's (into `args`), that
+    (`mloc.runtime.files.resumption`), its `--set`s merged with the command's (into `args`), that
     record, and the lines saying what the merge changed. A `--seed` or `--dtype` other than
     the run's is refused here, before the compile."""
     from mloc.codegen.overrides import merge_recorded, train_fields
-    from mloc.runtime import resumption
-    from mloc.runtime.runfolder import RunFolderError, RunIOError
+    from mloc.runtime.files import resumption
+    from mloc.runtime.files.runfolder import RunFolderError, RunIOError
     try:
         record = resumption.last_start(options.resume)
     except RunIOError as e:                  # a config.json that is not what mloc writes
@@ -157,8 +157,8 @@ def _resumed(args, options):
 
 def _device_usable(device: str, nproc: int) -> None:
     """A `UsageError` (exit 2) when `device` is not there for `nproc` processes."""
-    from mloc.runtime.build import resolve_device
-    from mloc.runtime.precision import DeviceError
+    from mloc.runtime.program.build import resolve_device
+    from mloc.runtime.base.precision import DeviceError
     try:
         resolve_device(device, 0, nproc)
     except DeviceError as e:
@@ -191,9 +191,9 @@ def _no_checkpoint(folder: Path, trained: bool) -> UsageError:
 
 def _run_errors() -> tuple:
     """The runtime's errors that are the user's (exit 2), imported only when one is raised."""
-    from mloc.runtime.checkpoint import CheckpointError
-    from mloc.runtime.precision import DeviceError
-    from mloc.runtime.runfolder import RunFolderError, RunIOError
+    from mloc.runtime.program.checkpoint import CheckpointError
+    from mloc.runtime.base.precision import DeviceError
+    from mloc.runtime.files.runfolder import RunFolderError, RunIOError
     return CheckpointError, DeviceError, RunFolderError, RunIOError
 
 
@@ -201,7 +201,7 @@ def _start(args, out: Output, compiled: Compiled, choice, options, record: dict 
            set_changes: list[str] = ()) -> int:
     """The compiled program's run, started as `python train.py` starts one, its compiled
     files written into the run folder once it is open."""
-    from mloc.runtime.launch import program_record, start
+    from mloc.runtime.processes.launch import program_record, start
     declaration = load_generated(compiled.source, str((choice.dir / "train.py").resolve()))
     if options.nproc > 1:
         _warn_per_replica(compiled, options.nproc, out)

@@ -27,7 +27,7 @@ from mloc.passes.plan import Plan, Sizes
 from mloc.source import SourceFile
 
 if TYPE_CHECKING:
-    from mloc.runtime.declaration import Declaration
+    from mloc.runtime.run.declaration import Declaration
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def compile_program(path: str, overrides: tuple[str, ...] = (), out_dir: Path | 
 def load_generated(source: str, filename: str) -> Declaration:
     """Execute generated code as a module (tracebacks show its lines): the program it
     declares."""
-    from mloc.runtime.declaration import declared
+    from mloc.runtime.run.declaration import declared
     lines = source.splitlines(keepends=True)
     linecache.cache[filename] = (len(source), None, lines, filename)
     namespace = {"__name__": "mloc_generated", "__file__": filename}

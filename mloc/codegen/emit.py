@@ -54,9 +54,9 @@ class Emitter:
         self.lines += _docstring(info.name, self.name, self.plan, self.overrides)
         self.emit("")
         names = ", ".join(_declaration_types(self.plan, info.train))
-        line = f"from mloc.runtime.declaration import {names}"
-        self.emit(line if len(line) <= layout.WIDTH else f"from mloc.runtime.declaration import ({names})")
-        self.emit("from mloc.runtime.launch import main, program_dir")
+        line = f"from mloc.runtime.run.declaration import {names}"
+        self.emit(line if len(line) <= layout.WIDTH else f"from mloc.runtime.run.declaration import ({names})")
+        self.emit("from mloc.runtime.processes.launch import main, program_dir")
         for module, names in sorted(_runtime_imports(self.used(), bool(self.plan.chains)).items()):
             self.emit(f"from {module} import " + ", ".join(sorted(names)))
         self.emit("")
@@ -226,7 +226,7 @@ def _runtime_imports(used: list[Descriptor], chains: bool = False) -> dict[str, 
     """{module: factory names} for the runtime factories of `used` (each has a runtime: the
     checker reports E704 for a built-in without one, and the planner resolves `auto`), and
     what interlocking chains need when the program has ``chains``."""
-    out: dict[str, set[str]] = {"mloc.runtime.interlock": {"chain_step"}} if chains else {}
+    out: dict[str, set[str]] = {"mloc.runtime.grad.interlock": {"chain_step"}} if chains else {}
     for d in used:
         if d.runtime is None:
             raise ValueError(f"`{d.name}` has no runtime; it cannot appear in generated code")
@@ -235,7 +235,7 @@ def _runtime_imports(used: list[Descriptor], chains: bool = False) -> dict[str, 
 
 
 def _declaration_types(plan: Plan, train) -> list[str]:
-    """The types of :mod:`mloc.runtime.declaration` that train.py's declaration uses."""
+    """The types of :mod:`mloc.runtime.run.declaration` that train.py's declaration uses."""
     used = {"Declaration", "Intervals", "ProblemSpec", "RunConfig"}
     used |= {"Edge"} if plan.edges else set()
     used |= {"Composition"} if plan.compositions else set()

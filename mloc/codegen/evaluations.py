@@ -31,7 +31,7 @@ def functions(evals, problems: set[str], imports: set[str], at) -> list[list[str
 def _call(call: ast.Call, problems: set[str], me: str = "p") -> str:
     """An evaluation's call, its data arguments wrapped in `p.data(...)` (moved to the run's
     device and, under `--dtype`, cast, as the batches are:
-    :meth:`mloc.runtime.engine.Program.data`); `me` is the name of the program's parameter."""
+    :meth:`mloc.runtime.program.engine.Program.data`); `me` is the name of the program's parameter."""
     args = []
     for a in call.args:
         value = render_value(a.value)
@@ -67,7 +67,7 @@ def table(evals, at) -> list[str]:
 
 def selection(t, at) -> list[str]:
     """`checkpoint best on` and `stop when` as the declaration's `best` and `stop`
-    (followed by mloc.runtime.selection); nothing when the program has neither."""
+    (followed by mloc.runtime.run.selection); nothing when the program has neither."""
     out = []
     if t.best is not None:
         out.append(f"    best=Criterion({t.best.metric!r}, {t.best.mode!r}),  {at(t.best.span)}")

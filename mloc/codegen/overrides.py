@@ -351,7 +351,7 @@ def _argument(call: ast.Call, name: str) -> ast.Arg | None:
 
 
 def merge_recorded(recorded: Sequence[str], given: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
-    """The overrides a resume compiles with (:mod:`mloc.runtime.resumption`): the
+    """The overrides a resume compiles with (:mod:`mloc.runtime.files.resumption`): the
     ``recorded`` ones, each replaced by a ``given`` one that sets the same path or a whole
     field above it, then the given ones (in the order given); and a line for each change."""
     new = [Override.parse(t) for t in given]

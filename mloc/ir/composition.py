@@ -65,7 +65,7 @@ def compositions_of(problems: Iterable, edges: Iterable, semantics: str = "per_e
                     ) -> dict[str, Composition]:
     """Every upper's composition for a runtime hierarchy built by hand: ``problems`` have a
     ``name`` and ``reads``, ``edges`` an ``upper``, a ``lower`` and a runtime ``method``
-    object (:class:`mloc.runtime.compose.Edge`)."""
+    object (:class:`mloc.runtime.grad.compose.Edge`)."""
     reads = {p.name: tuple(p.reads) for p in problems}
     uppers: dict[str, set[str]] = {n: set() for n in reads}
     caps = {}

@@ -144,7 +144,7 @@ def _check_links(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str],
 
 
 def _check_vmap(g: ProgramGraph, diags: Diagnostics) -> None:
-    """`vmap = true` vectorizes a meta-batch (:mod:`mloc.runtime.metabatch`): k independent
+    """`vmap = true` vectorizes a meta-batch (:mod:`mloc.runtime.grad.metabatch`): k independent
     solves of one lower problem, each from its own restart, differentiated by a method
     that vmaps, with a functional optimizer and no per-step stage besides it (E219)."""
     for node in g.problems():

@@ -2,7 +2,7 @@
 
 Each `eval [NAME] every N = CALL` is called once, before training, on real modules in
 their initial state (built by their `module` calls), the way a run calls it
-(:func:`mloc.runtime.buffers.inference`: evaluation mode, no autograd, no buffer changed):
+(:func:`mloc.runtime.grad.buffers.inference`: evaluation mode, no autograd, no buffer changed):
 
 - a call that raises is E702 at the evaluation;
 - a value that is not a number, a 0-dim tensor or a dict of them keyed by strings is E707
@@ -23,7 +23,7 @@ from mloc.passes.loader import evaluate
 def try_evaluations(g, mods: dict, raised) -> list[Diagnostic]:
     """Diagnostics for the program's evaluations (see the module docstring); ``raised(span,
     what, err)`` makes the E702 of a call that raises."""
-    from mloc.runtime.evaluations import as_metrics, invalid, trial
+    from mloc.runtime.program.evaluations import as_metrics, invalid, trial
 
     train, out, names, modules = g.info.train, [], set(), {}
     for e in train.evals:

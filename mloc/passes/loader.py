@@ -21,7 +21,7 @@ from mloc.ir.payloads import ProgramInfo
 def program_path(directory: Path):
     """Put the program's directory first on sys.path while its modules are imported (the
     modules it has are imported from it even if another program's ran before)."""
-    from mloc.runtime.user_modules import forget_shadowed
+    from mloc.runtime.base.user_modules import forget_shadowed
 
     entry = str(directory)
     sys.path.insert(0, entry)

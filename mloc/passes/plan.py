@@ -122,7 +122,7 @@ def structure(g: ProgramGraph) -> tuple[dict, dict]:
 def _runtime_reads(g: ProgramGraph, name: str) -> tuple[str, ...]:
     """The problems `name`'s loss reads, then the `init` problems of those it reads (a
     problem started from another's weights is θ_init + δ: its loss reads θ_init too), as
-    the runtime binds them (`mloc.runtime.build`)."""
+    the runtime binds them (`mloc.runtime.program.build`)."""
     reads = tuple(g.problem(name).loss.read_names())
     inits = [g.problem(r).init[0] for r in reads if g.problem(r).init is not None]
     return reads + tuple(dict.fromkeys(i for i in inits if i not in reads))

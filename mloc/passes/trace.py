@@ -1,7 +1,7 @@
 """The trace pass: verify the declared edges against what the user's code really does.
 
 Imports the program's modules, builds every model on the meta device (no memory), draws
-one batch per problem, evaluates each loss (`mloc.runtime.introspect`), and compares the
+one batch per problem, evaluates each loss (`mloc.runtime.grad.introspect`), and compares the
 problems a loss *names* with the problems whose parameters *reach* it:
 
 - a named problem whose parameters never reach the loss (a `.detach()`, `no_grad`, or an
@@ -13,7 +13,7 @@ problems a loss *names* with the problems whose parameters *reach* it:
 - a loss that is not a floating-point scalar is E703 (a Python number: detached by `.item()`);
 - a `project` call is run once on its module, under no_grad (E702 if it raises);
 - a `torch.optim.lr_scheduler` schedule is built on a stand-in of its problem's optimizer
-  (`mloc.runtime.schedules.bind`, what the build does): what torch refuses there (cycling
+  (`mloc.runtime.program.schedules.bind`, what the build does): what torch refuses there (cycling
   the momentum of an optimizer without one, bad arguments), a scheduler that reads a
   metric and a setting the optimizer cannot take are E710 at the schedule;
 - a trainable parameter that reaches no loss its problem's gradient comes from (its own,
@@ -48,7 +48,7 @@ _raised = raised      # E702 with the user's own file:line frames (`mloc.passes.
 
 
 def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
-    from mloc.runtime import introspect as intro
+    from mloc.runtime.grad import introspect as intro
 
     diags: list[Diagnostic] = []
     warnings: list[Diagnostic] = []     # added last: they stop nothing
@@ -111,7 +111,7 @@ def unused_parameters(g: ProgramGraph, modules: dict, reached: dict[str, set[tup
     it `frozen`. A problem that starts from `p`'s parameters (`init = p`, MAML) evaluates
     them under its own names; problems with an `init` (their parameters are offsets) are
     skipped."""
-    from mloc.runtime.binding import select_parameters
+    from mloc.runtime.program.binding import select_parameters
 
     out = []
     for p in g.problems():
@@ -187,7 +187,7 @@ def _check_schedules(g, diags: list, warnings: list) -> None:
     its problem's optimizer, built as the generated code builds both; W107 for one that
     cycles a momentum the optimizer declares 0."""
     from mloc.builtins import OPTIMIZERS, SCHEDULES
-    from mloc.runtime.schedules import ScheduleError, bind, starts_momentum
+    from mloc.runtime.program.schedules import ScheduleError, bind, starts_momentum
 
     for p in g.problems():
         if p.schedule is None or SCHEDULES[p.schedule.name].caps.identity:
@@ -219,7 +219,7 @@ def _check_schedules(g, diags: list, warnings: list) -> None:
 def _probe(g, p, mods, modules: dict, data, meta_batch):
     """Probe on the meta device; a loss that mixes in tensors of its own (constants made on
     the CPU) cannot run there, and is probed once more with real modules and a real batch."""
-    from mloc.runtime import introspect as intro
+    from mloc.runtime.grad import introspect as intro
 
     reads = p.loss.read_names()
     fn = _loss_function(p, mods)
@@ -233,7 +233,7 @@ def _probe(g, p, mods, modules: dict, data, meta_batch):
 
 
 def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: dict) -> None:
-    from mloc.runtime import introspect as intro
+    from mloc.runtime.grad import introspect as intro
 
     reads = p.loss.read_names()
     try:
@@ -281,12 +281,12 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: d
 
 def _check_chain(g, stages, mods, modules: dict, data) -> tuple[str, Diagnostic] | None:
     """Run the chain's forward wave as a chain step does (each loss cut at its stage
-    calls, every head evaluated; `mloc.runtime.interlock.check_contract`) on the meta
+    calls, every head evaluated; `mloc.runtime.grad.interlock.check_contract`) on the meta
     device, or once more on real modules and a real batch if the losses need values: a
     loss that breaks the chain contract is E702 at that loss, with the contract as help.
     Returns (the stage, its diagnostic) or None."""
-    from mloc.runtime import introspect as intro
-    from mloc.runtime.interlock import ChainContractError, check_contract
+    from mloc.runtime.grad import introspect as intro
+    from mloc.runtime.grad.interlock import ChainContractError, check_contract
 
     def run(used: dict, batch):
         fns = [(_loss_function(g.problem(s), mods), [used[r] for r in g.problem(s).loss.read_names()])
@@ -313,7 +313,7 @@ def _check_chain(g, stages, mods, modules: dict, data) -> tuple[str, Diagnostic]
 
 def _check_project(g, p, mods, modules: dict, diags: list) -> None:
     """Run `project` once, on the meta module (or, if it needs values, a real one)."""
-    from mloc.runtime import introspect as intro
+    from mloc.runtime.grad import introspect as intro
 
     def run(module):
         return intro.without_grad(lambda: evaluate(p.project.call, {**mods, p.name: module}))
@@ -331,7 +331,7 @@ def _check_project(g, p, mods, modules: dict, diags: list) -> None:
 def _dtypes_mix(g, p, mods, meta_module, data, meta_batch, diags: list) -> bool:
     """False (after E706) when the batches' floating dtype differs from the module's and
     the loss, run once on the real modules and batch, fails on it."""
-    from mloc.runtime import introspect as intro
+    from mloc.runtime.grad import introspect as intro
 
     have, want = intro.floating_dtypes(meta_batch), intro.floating_dtypes(meta_module)
     if not have or not want or have <= want:

@@ -48,8 +48,8 @@ def no_batch(span, text: str) -> Diagnostic:
 
 def user_frames(err: BaseException) -> list[str]:
     """`file:line in function: code` for the user's frames of `err`'s traceback (the rule
-    `mloc run` applies: `mloc.runtime.launch`)."""
-    from mloc.runtime.usercode import user_frames   # deferred: only on an error
+    `mloc run` applies: `mloc.runtime.processes.launch`)."""
+    from mloc.runtime.base.usercode import user_frames   # deferred: only on an error
     return user_frames(err)
 
 

@@ -1,13 +1,20 @@
 """The hypergradient runtime: what generated training loops call.
 
+Subpackages, bottom to top (a module imports only from its own and those before it,
+``tests/test_packaging.py``): ``files`` (a run's options, folder, files and loggers,
+torch-free), ``base`` (pytrees, the device, the user's code), ``optim`` (optimizers),
+``methods`` (BR-VJP methods), ``grad`` (how a problem's gradient is produced, composed and
+committed), ``program`` (a program built and stepped, its state), ``run`` (the training
+loop and what it writes), ``processes`` (how a run is started, in one process or several).
+
 - :mod:`mloc.runtime.optim`: functional, differentiable optimizers.
 - :mod:`mloc.runtime.methods`: best-response VJPs, one factory per method.
-- :mod:`mloc.runtime.problem`: the problem abstraction (``Problem``).
-- :mod:`mloc.runtime.compose`: adjoint accumulation over the DAG (``Hierarchy``, ``Edge``).
+- :mod:`mloc.runtime.grad.problem`: the problem abstraction (``Problem``).
+- :mod:`mloc.runtime.grad.compose`: adjoint accumulation over the DAG (``Hierarchy``, ``Edge``).
 
 Importing this package imports neither torch nor anything else: each name below is imported
 from its module on first use, so the runtime's torch-free modules (the run's options,
-:mod:`mloc.runtime.options`, which `mloc`'s parser shows) load without torch; `mloc/__init__.py`
+:mod:`mloc.runtime.files.options`, which `mloc`'s parser shows) load without torch; `mloc/__init__.py`
 never imports it. torch 2.13 warns at import time when NumPy is not installed ("Failed to
 initialize NumPy"); mloc never uses NumPy, so that one message is filtered out here, before
 any module of the runtime imports torch, rather than shown on every run.
@@ -21,7 +28,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
-_OWN = {"Edge": "compose", "Hierarchy": "compose", "LowerOp": "problem", "Problem": "problem"}
+_OWN = {"Edge": "grad.compose", "Hierarchy": "grad.compose", "LowerOp": "grad.problem", "Problem": "grad.problem"}
 _PACKAGES = ("optim", "methods")
 """The runtime's own types by module; then whatever :mod:`.optim` (every optimizer's factory
 and class) and :mod:`.methods` (every method's factory) export: the built-ins are listed

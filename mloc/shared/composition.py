@@ -1,6 +1,6 @@
 r"""How one upper's hypergradient is composed out of BR-VJPs: the :class:`Composition` the
 planner computes (:func:`mloc.ir.composition.compose`) and the runtime executes
-(:class:`mloc.runtime.compose.Hierarchy`), and the semantics it is computed under.
+(:class:`mloc.runtime.grad.compose.Hierarchy`), and the semantics it is computed under.
 
 The hypergradient of an upper ``U`` is the total derivative of its loss with every problem
 below it at its best response. Every BR-VJP is linear in its input, so adjoints are

@@ -3,7 +3,7 @@
 The program (`scripted.mlo`) has one parameter w that plain SGD moves to exactly k after k
 steps, and an evaluation that returns the k-th value of a list written in the program:
 every value the run sees is known, so the best step, its value and the stopping step are
-computed by hand below (the closed form of the rule in `mloc.runtime.selection`).
+computed by hand below (the closed form of the rule in `mloc.runtime.run.selection`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch
 import mloc
 
 from mloc.codegen.compile import compile_program, load_generated
-from mloc.runtime.checkpoint import load_checkpoint
-from mloc.runtime.launch import run
-from mloc.runtime.selection import Tracker
+from mloc.runtime.program.checkpoint import load_checkpoint
+from mloc.runtime.processes.launch import run
+from mloc.runtime.run.selection import Tracker
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent

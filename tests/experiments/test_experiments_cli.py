@@ -14,7 +14,7 @@ import pytest
 from mloc.cli import main
 from mloc.cli.experiments import load_run, mode_by_name
 from mloc.cli.sweep import grid, split_values
-from mloc.runtime.runfolder import Choice, RunFolder
+from mloc.runtime.files.runfolder import Choice, RunFolder
 from tests.conftest import ROOT
 
 SMALL = Path(__file__).resolve().parents[1] / "run" / "small.mlo"

@@ -17,9 +17,9 @@ import torch
 
 import mloc
 from mloc.cli import main
-from mloc.runtime.loggers import LoggerError, WandbLogger, check_available, parse, scalars
-from mloc.runtime.finite import FiniteGuard
-from mloc.runtime.records import read_metrics
+from mloc.runtime.files.loggers import LoggerError, WandbLogger, check_available, parse, scalars
+from mloc.runtime.grad.finite import FiniteGuard
+from mloc.runtime.run.records import read_metrics
 
 SMALL = Path(__file__).resolve().parents[1] / "run" / "small.mlo"     # net (lower), weights (upper), log every 5
 

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from mloc.runtime.runfolder import _alive, _read_lock
+from mloc.runtime.files.runfolder import _alive, _read_lock
 from tests.run.helpers import FAULTY, mloc, popen
 
 DEADLINE = 240          # seconds; only to stop a hang, never a measurement

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mloc.runtime.records import read_metrics
+from mloc.runtime.run.records import read_metrics
 from tests.conftest import ROOT
 
 wandb = pytest.importorskip("wandb")

@@ -3,7 +3,7 @@ Copied by tests/test_extension.py into the temporary package `toyplug` (as `runt
 
 from dataclasses import dataclass
 
-from mloc.runtime import tree
+from mloc.runtime.base import tree
 from mloc.runtime.optim import Optimizer, takes
 from toyplug.builtins import PlainHyper
 

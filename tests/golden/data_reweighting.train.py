@@ -6,12 +6,12 @@ Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-ed
 cheaper).
 """
 
-from mloc.runtime.declaration import (
+from mloc.runtime.run.declaration import (
     Composition, Criterion, Declaration, Edge, Evaluation, Intervals, ProblemSpec, RunConfig)
-from mloc.runtime.launch import main, program_dir
+from mloc.runtime.processes.launch import main, program_dir
 from mloc.runtime.methods import sama
 from mloc.runtime.optim import adam, sgd
-from mloc.runtime.schedules import cosine
+from mloc.runtime.program.schedules import cosine
 
 # the directory of data_reweighting.mlo, first on sys.path
 program_dir(__file__, '../../programs')

@@ -6,9 +6,9 @@ Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-ed
 cheaper).
 """
 
-from mloc.runtime.declaration import Declaration, Interlock, Intervals, ProblemSpec, RunConfig
-from mloc.runtime.launch import main, program_dir
-from mloc.runtime.interlock import chain_step
+from mloc.runtime.run.declaration import Declaration, Interlock, Intervals, ProblemSpec, RunConfig
+from mloc.runtime.processes.launch import main, program_dir
+from mloc.runtime.grad.interlock import chain_step
 from mloc.runtime.optim import sgd
 
 # the directory of interlock.mlo, first on sys.path

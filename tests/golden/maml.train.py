@@ -6,9 +6,9 @@ Semantics: per_edge (exact asked; no middle problem reads a lower one, so per-ed
 cheaper).
 """
 
-from mloc.runtime.declaration import (
+from mloc.runtime.run.declaration import (
     Composition, Declaration, Edge, Evaluation, Intervals, ProblemSpec, RunConfig)
-from mloc.runtime.launch import main, program_dir
+from mloc.runtime.processes.launch import main, program_dir
 from mloc.runtime.methods import itd
 from mloc.runtime.optim import adam, sgd
 

@@ -6,9 +6,9 @@ Semantics: exact (`weight_net` reads `classifier` below it: differentiate throug
 objective).
 """
 
-from mloc.runtime.declaration import (
+from mloc.runtime.run.declaration import (
     Composition, Declaration, Edge, Evaluation, Intervals, ProblemSpec, RunConfig)
-from mloc.runtime.launch import main, program_dir
+from mloc.runtime.processes.launch import main, program_dir
 from mloc.runtime.methods import neumann
 from mloc.runtime.optim import adam, sgd
 

@@ -2,9 +2,9 @@
 another function trained silently (issue 22, item 2).
 
 A chain step evaluates stage t's loss with the earlier stages replaced by their stored
-features (`mloc.runtime.interlock`). That is the loss as written only if it calls stages
+features (`mloc.runtime.grad.interlock`). That is the loss as written only if it calls stages
 1..t once each, in order, each on the previous one's output, and reads nothing of an
-earlier stage past the cut (`mloc.runtime.chain_contract`). Each way to break that is
+earlier stage past the cut (`mloc.runtime.grad.chain_contract`). Each way to break that is
 tested on its own, through `mloc run` (the trace pass catches it at compile: E702 at the
 loss, with the contract as help) and through the compiled `train.py` with the loss
 switched after compiling (the runtime's own check, which the pipeline shares: E702,
@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from mloc.cli import main
-from mloc.runtime.checkpoint import load_checkpoint
+from mloc.runtime.program.checkpoint import load_checkpoint
 from tests.interlock.programs import HAND, write
 
 LIB = '''

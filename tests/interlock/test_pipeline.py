@@ -1,7 +1,7 @@
 """The real pipeline (one process per stage, gloo on 127.0.0.1) against the simulation.
 
 Both take every gradient at the parameters of the step before and run the same
-primitives in the same order (`mloc.runtime.pipeline`), so in float64 the stages'
+primitives in the same order (`mloc.runtime.processes.pipeline`), so in float64 the stages'
 parameters after 6 steps agree to 1e-12 (observed: bit for bit), for pairwise and 3-wise
 (end-to-end on 3 stages) interlocking. Slow tier: three interpreters start per run.
 """
@@ -16,7 +16,7 @@ import torch
 import mloc
 from mloc.cli.train import write_outputs
 from mloc.codegen.compile import compile_program
-from mloc.runtime import pipeline
+from mloc.runtime.processes import pipeline
 from tests.interlock.programs import NET, write
 
 pytestmark = pytest.mark.slow

@@ -168,7 +168,7 @@ def _worker(launcher: int, rank: int) -> int:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"mloc.runtime.pipeline_stage" in argv and argv[argv.index(b"--rank") + 1] == str(rank).encode():
+        if b"mloc.runtime.processes.pipeline_stage" in argv and argv[argv.index(b"--rank") + 1] == str(rank).encode():
             return pid
     raise AssertionError(f"no worker of rank {rank} below {launcher}")
 

@@ -19,7 +19,7 @@ import torch
 from mloc.cli import main
 from mloc.codegen.compile import compile_program
 from mloc.passes.plan import plan_table
-from mloc.runtime.checkpoint import load_checkpoint
+from mloc.runtime.program.checkpoint import load_checkpoint
 from tests.conftest import PROGRAMS
 from tests.interlock.programs import NET, write
 

@@ -2,7 +2,7 @@
 
 No mloc import anywhere: this is the loop a user would write without mloc, using the
 example's own model classes, data and losses from ``programs/reweighting.py``. It follows
-the step semantics of ``mloc/runtime/engine.py``:
+the step semantics of ``mloc/runtime/program/engine.py``:
 
 - ``random.seed(seed)``, ``torch.manual_seed(seed)``, then the modules in source order
   (classifier, then weight net), then the data loaders (classifier's, then weight net's);

@@ -6,7 +6,7 @@
 MODE: `enospc` (the disk fills up halfway through the file: ENOSPC, as the kernel reports
 it), `kill-mid` (SIGKILL halfway through the file), `kill-before-rename` (the temporary
 file complete and synced, not yet renamed), `kill-after-rename` (renamed, the directory
-not yet synced). Only the `os` that `mloc.runtime.checkpoint` sees is wrapped."""
+not yet synced). Only the `os` that `mloc.runtime.program.checkpoint` sees is wrapped."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import runpy
 import signal
 import sys
 
-import mloc.runtime.checkpoint as checkpoint
+import mloc.runtime.program.checkpoint as checkpoint
 from mloc.cli import main
 
 MODE, N = sys.argv[1], int(sys.argv[2])

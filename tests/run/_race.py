@@ -4,10 +4,10 @@
 
 Each folder ``ROOT/rK`` is one round. The N processes, forked once, meet at a barrier
 before each round, then each does what ``mloc run --out ROOT/rK`` does to open its
-folder: :func:`~mloc.runtime.runfolder.choose`, then
-:class:`~mloc.runtime.runfolder.RunFolder`. One that gets the folder "trains" (appends a
+folder: :func:`~mloc.runtime.files.runfolder.choose`, then
+:class:`~mloc.runtime.files.runfolder.RunFolder`. One that gets the folder "trains" (appends a
 record naming itself to ``metrics.jsonl``, as a first step does), then checks that the
-folder is still its own (:func:`~mloc.runtime.runfolder.check_owner`, as every checkpoint
+folder is still its own (:func:`~mloc.runtime.files.runfolder.check_owner`, as every checkpoint
 does) before it lets go. Prints one JSON line per process and round:
 ``{"round": K, "pid": ..., "result": "owner" | "lost" | "refused", "message": ...}``.
 """
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from mloc.runtime.runfolder import METRICS, RunFolder, RunFolderError, check_owner, choose
+from mloc.runtime.files.runfolder import METRICS, RunFolder, RunFolderError, check_owner, choose
 
 
 def _one(folder: Path) -> tuple[str, str]:

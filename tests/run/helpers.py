@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from mloc.runtime.checkpoint import load_checkpoint
+from mloc.runtime.program.checkpoint import load_checkpoint
 from tests.conftest import ROOT
 
 HERE = Path(__file__).resolve().parent

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mloc.cli import main
-from mloc.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from mloc.runtime.program.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from tests.run.helpers import SMALL, _tree_equal
 
 

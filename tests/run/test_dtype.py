@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import mloc
 from mloc.cli import main
-from mloc.runtime import data as data_module
-from mloc.runtime.data import CastBatches, cast_data
+from mloc.runtime.program import data as data_module
+from mloc.runtime.program.data import CastBatches, cast_data
 
 HERE = Path(__file__).parent
 SEEN = ("tuple", "loader", "stream")       # tests/run/dtypes.py: 1.0 = x float64 and y int64
@@ -234,7 +234,7 @@ def test_a_device_mismatch_in_the_programs_code_gets_a_note_off_the_cpu(tmp_path
     tensor an evaluation loads in its own body) is the program's error (exit 1) with a note
     saying what mloc moves and how to move the rest; on the CPU, or for another error, no
     such note (and no --dtype note without --dtype)."""
-    from mloc.runtime.usercode import user_error
+    from mloc.runtime.base.usercode import user_error
     err = _raised_by_user_code(tmp_path, MISMATCH)
     assert user_error(err, "evaluation acc at step 500", None, torch.device("cuda", 0)) == 1
     text = capsys.readouterr().err

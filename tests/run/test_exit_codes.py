@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from mloc.cli import main
-from mloc.runtime.loggers import LoggerError, WandbLogger
-from mloc.runtime.metrics import MetricsWriter
+from mloc.runtime.files.loggers import LoggerError, WandbLogger
+from mloc.runtime.run.metrics import MetricsWriter
 from tests.conftest import ROOT
 from tests.run.helpers import ENV, HERE, SMALL
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from mloc.runtime.runfolder import choose, holds_run
+from mloc.runtime.files.runfolder import choose, holds_run
 from tests.run.helpers import FAULTY, HERE, mloc
 
 NOCKPT = HERE / "nockpt.mlo"

@@ -28,8 +28,8 @@ import torch
 
 from mloc.builtins import METHODS, OPTIMIZERS
 from mloc.cli import main
-from mloc.runtime import tree
-from mloc.runtime.checkpoint import load_checkpoint
+from mloc.runtime.base import tree
+from mloc.runtime.program.checkpoint import load_checkpoint
 
 RUN = Path(__file__).resolve().parent
 RUNNABLE = sorted(n for n, d in OPTIMIZERS.items() if d.runtime is not None)

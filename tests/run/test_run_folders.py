@@ -128,7 +128,7 @@ def test_nproc_below_one_is_a_usage_error(tmp_path, capsys, n):
 
 def test_a_folder_locked_by_a_live_process_is_refused_and_a_dead_ones_lock_is_taken(tmp_path, capsys):
     assert run("--steps", 5, "--out", tmp_path) == 0
-    hold = ("import sys, time; from pathlib import Path; from mloc.runtime.runfolder import Choice, RunFolder\n"
+    hold = ("import sys, time; from pathlib import Path; from mloc.runtime.files.runfolder import Choice, RunFolder\n"
             "with RunFolder(Choice(Path(sys.argv[1]))):\n    print('held', flush=True); time.sleep(60)")
     other = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=ENV)
     try:

@@ -1,7 +1,7 @@
 """The run folder's lock is exclusive (issue 23): one owner per folder, whatever the timing.
 
 Ownership is an exclusive ``flock`` on ``DIR/.lock`` held for the run's life
-(:mod:`mloc.runtime.runfolder`). The windows the issue found are widened here
+(:mod:`mloc.runtime.files.runfolder`). The windows the issue found are widened here
 deterministically with the lock code's test hook (``MLOC_TEST_LOCK_WAIT=POINT:GATE``: a
 process that reaches POINT creates ``GATE.reached`` and waits until GATE exists), not
 with sleeps, so the outcome does not depend on the machine's load:
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from mloc.cli import main
-from mloc.runtime.runfolder import Choice, RunFolder, lock_owner
+from mloc.runtime.files.runfolder import Choice, RunFolder, lock_owner
 from tests.conftest import ROOT
 from tests.run.helpers import ENV, SMALL, records, step_of
 
@@ -241,7 +241,7 @@ def test_a_file_system_without_locks_is_an_io_error(tmp_path, monkeypatch, capsy
     """A file system that refuses `flock` (ENOLCK) is exit 2 naming the file, not a bug."""
     import errno
 
-    import mloc.runtime.runfolder as runfolder
+    import mloc.runtime.files.runfolder as runfolder
 
     def refuse(fd, op):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
@@ -256,7 +256,7 @@ def test_a_file_system_without_locks_is_an_io_error(tmp_path, monkeypatch, capsy
 def test_a_forked_child_does_not_keep_a_dead_owners_lock(tmp_path):
     """A DataLoader worker is a fork of the run: it must not hold the run's lock after the
     run died (the lock code closes its descriptors in forked children)."""
-    script = ("import os, sys, time\nfrom pathlib import Path\nfrom mloc.runtime.runfolder import Choice, RunFolder\n"
+    script = ("import os, sys, time\nfrom pathlib import Path\nfrom mloc.runtime.files.runfolder import Choice, RunFolder\n"
               "folder = RunFolder(Choice(Path(sys.argv[1])))\nchild = os.fork()\n"
               "if child == 0:\n    os.close(1)\n    os.close(2)\n    time.sleep(120)\n    os._exit(0)\n"
               "print(child, flush=True)\nos._exit(0)      # dies holding the lock; its child lives on\n")

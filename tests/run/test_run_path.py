@@ -1,6 +1,6 @@
 """One run path (issue 24): from `mloc run FILE` down to the first training step, the run
 passes through each of mloc's modules once. At the first step the stack holds each module
-once; and once the run has started (`mloc.runtime.launch`), no call climbs back into a
+once; and once the run has started (`mloc.runtime.processes.launch`), no call climbs back into a
 module waiting above it, the CLI or the compiler (the run used to go cli/train.py ->
 launch -> cli/train.py again, 13 times in all)."""
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 import sys
 
 from mloc.cli import main
-from mloc.runtime import engine
+from mloc.runtime.program import engine
 from tests.run.helpers import SMALL
 
-START = "mloc.runtime.launch"      # where both doors start a run (`launch.start`)
+START = "mloc.runtime.processes.launch"      # where both doors start a run (`launch.start`)
 
 
 def _module(frame) -> str:
@@ -32,7 +32,7 @@ def _stack(frame) -> list[str]:
 
 def _walk(monkeypatch, argv) -> tuple[list[str], list[str]]:
     """(the stack at the first outer step, every call on the way there, made below
-    `mloc.runtime.launch`, into a module waiting above it)."""
+    `mloc.runtime.processes.launch`, into a module waiting above it)."""
     climbs, at_first_step = [], []
     outer_step = engine.Program.outer_step
 
@@ -61,6 +61,6 @@ def _walk(monkeypatch, argv) -> tuple[list[str], list[str]]:
 def test_mloc_run_reaches_the_first_step_visiting_each_module_once(monkeypatch, tmp_path):
     stack, climbs = _walk(monkeypatch, ["run", SMALL, "--steps", 1, "--out", tmp_path / "r", "--quiet",
                                         "--threads", 1])
-    assert stack[0] == "mloc.cli" and stack[-1] == "mloc.runtime.loop", stack
+    assert stack[0] == "mloc.cli" and stack[-1] == "mloc.runtime.run.loop", stack
     assert len(stack) == len(set(stack)), f"a module entered twice on the way down: {stack}"
     assert climbs == [], "calls back up the stack:\n" + "\n".join(dict.fromkeys(climbs))

@@ -1,5 +1,5 @@
 """Scratch folders name their owner (pid and start time), and a start removes the ones
-whose owner is dead, never a live one's (:mod:`mloc.runtime.scratch`; issue 23, point 7:
+whose owner is dead, never a live one's (:mod:`mloc.runtime.files.scratch`; issue 23, point 7:
 the ``--nproc``/``--pipeline`` launchers' log folders and Shampoo's ``/dev/shm`` roots)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 
-from mloc.runtime import scratch
-from mloc.runtime.runfolder import _start_time
+from mloc.runtime.files import scratch
+from mloc.runtime.files.runfolder import _start_time
 
 
 def test_a_start_removes_the_folders_of_dead_owners_and_only_those(tmp_path):

@@ -1,4 +1,4 @@
-"""A runtime :class:`~mloc.runtime.compose.Hierarchy` built by hand, as the runtime tests
+"""A runtime :class:`~mloc.runtime.grad.compose.Hierarchy` built by hand, as the runtime tests
 build them: with the compositions the planner's own function computes for it."""
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ down to each problem its loss reads; exponential in dense DAGs)."""
 
 from __future__ import annotations
 
-from mloc.runtime import tree
-from mloc.runtime.adjoints import grad_of
-from mloc.runtime.compose import Hierarchy
+from mloc.runtime.base import tree
+from mloc.runtime.grad.adjoints import grad_of
+from mloc.runtime.grad.compose import Hierarchy
 
 
 def hypergrad_paths(hier: Hierarchy, name: str) -> tuple:

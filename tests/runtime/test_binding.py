@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from mloc.runtime.binding import BoundLoss, select_parameters
+from mloc.runtime.program.binding import BoundLoss, select_parameters
 
 F64 = torch.float64
 

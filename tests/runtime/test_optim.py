@@ -7,7 +7,7 @@ runtime factories in tests/test_builtins_registry.py, from the descriptor regist
 import pytest
 import torch
 
-from mloc.runtime import tree
+from mloc.runtime.base import tree
 from mloc.runtime.optim import Optimizer, adam, adamw, apply_updates, sgd
 
 OPTIMIZERS = {"sgd": sgd, "adam": adam, "adamw": adamw}

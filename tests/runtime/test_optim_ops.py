@@ -152,5 +152,5 @@ def test_update_and_commit_run_one_step_definition(name, monkeypatch):
 
 
 def _tensors(state):
-    from mloc.runtime import tree
+    from mloc.runtime.base import tree
     return [t for t in tree.tensors(state) if t.is_floating_point()]

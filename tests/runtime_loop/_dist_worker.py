@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from mloc.runtime.data import DataStream, distributed_loader
-from mloc.runtime.distributed import DistContext
+from mloc.runtime.program.data import DataStream, distributed_loader
+from mloc.runtime.base.distributed import DistContext
 
 
 def loader(batch_size):

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from mloc.runtime import checkpoint as ckpt
-from mloc.runtime.checkpoint import (CheckpointError, capture_rng, load_checkpoint, restore_rng,
+from mloc.runtime.program import checkpoint as ckpt
+from mloc.runtime.program.checkpoint import (CheckpointError, capture_rng, load_checkpoint, restore_rng,
                                      save_checkpoint, state_to_tree, tree_to_state)
 from mloc.runtime.optim import adam, sgd
 

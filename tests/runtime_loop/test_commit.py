@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import mloc
-from mloc.runtime.sources import plain_gradient
+from mloc.runtime.grad.sources import plain_gradient
 from tests.test_run import SMALL
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from mloc.runtime.data import DataStream, distributed_loader, to_device
+from mloc.runtime.program.data import DataStream, distributed_loader, to_device
 
 
 class Counting(Dataset):

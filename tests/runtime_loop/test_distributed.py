@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from mloc.runtime.build import resolve_device
-from mloc.runtime.distributed import DistContext, backend_for
-from mloc.runtime.precision import DeviceError
-from mloc.runtime.workers import free_port
+from mloc.runtime.program.build import resolve_device
+from mloc.runtime.base.distributed import DistContext, backend_for
+from mloc.runtime.base.precision import DeviceError
+from mloc.runtime.processes.workers import free_port
 from tests.conftest import ROOT
 
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from mloc.runtime.finite import FiniteGuard, NonFiniteError
-from mloc.runtime.metrics import MetricsWriter
+from mloc.runtime.grad.finite import FiniteGuard, NonFiniteError
+from mloc.runtime.run.metrics import MetricsWriter
 
 
 def test_writes_one_flushed_json_object_per_line(tmp_path):

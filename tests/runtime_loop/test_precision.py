@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mloc.runtime.optim import sgd
-from mloc.runtime.precision import ScaledStep, autocast_for, grad_scaler_for
+from mloc.runtime.base.precision import ScaledStep, autocast_for, grad_scaler_for
 
 
 def test_fp32_is_plain():
@@ -23,7 +23,7 @@ def test_bf16_autocasts_on_the_cpu():
 
 
 def test_fp16_on_the_cpu_points_to_bf16():
-    from mloc.runtime.precision import DeviceError
+    from mloc.runtime.base.precision import DeviceError
     with pytest.raises(DeviceError, match="fp16 needs a CUDA device, not cpu") as err:
         autocast_for("fp16", "cpu")
     assert "bf16 (the mixed precision for the cpu)" in err.value.help

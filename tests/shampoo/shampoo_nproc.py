@@ -9,5 +9,5 @@ from tests.run.small import data as _data
 
 def data(seed: int = 0, n: int = 128, batch_size: int = 16):
     """In order (no shuffling): ``--nproc 2`` with ``batch_size=8`` reads, step by step, the
-    same 16 examples as one process with ``batch_size=16`` (mloc/runtime/data.py)."""
+    same 16 examples as one process with ``batch_size=16`` (mloc/runtime/program/data.py)."""
     return _data(seed, n, batch_size, shuffle=False)

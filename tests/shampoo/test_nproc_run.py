@@ -8,7 +8,7 @@ give 18 statistics of size 4 (and 6 of size 3): a refresh computes the size-4 ro
 two chunks (16, and 2 padded with identities), so with synchronous roots rank 0 computes
 one and rank 1 the other, and they are all-gathered (mloc/runtime/optim/rootbatch.py).
 The data are read in order, so two ranks with batches of 8 see, step by step, the same 16
-examples as one process with batches of 16 (mloc/runtime/data.py).
+examples as one process with batches of 16 (mloc/runtime/program/data.py).
 
 **2 ranks against 1 process** (synchronous, sharded roots; the default ``root_method``,
 ``auto``: eigh on the CPU): not bit-identical, and not expected to be: the gradients are
@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mloc.runtime.checkpoint import load_checkpoint
+from mloc.runtime.program.checkpoint import load_checkpoint
 from mloc.runtime.optim import blocks
 from mloc.runtime.optim.rootbatch import ROOT_CHUNK
 from tests.conftest import ROOT

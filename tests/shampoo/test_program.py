@@ -80,7 +80,7 @@ def test_train_records_and_loggers_carry_the_rejected_roots(tmp_path):
     (no root rejected in this healthy run), written as curves by the loggers too; the Adam
     problem's records hold no such field."""
     from mloc.cli import main
-    from mloc.runtime.records import read_metrics
+    from mloc.runtime.run.records import read_metrics
     assert main(["run", str(PROGRAM), "--steps", "12", "--out", str(tmp_path), "--threads", "1",
                  "--logger", "csv"]) == 0
     train = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "train"]

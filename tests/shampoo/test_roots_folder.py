@@ -1,6 +1,6 @@
 """Shampoo's asynchronous roots leave nothing in ``/dev/shm`` that a later start does not
 remove (issue 23, point 7). The shared folder is named by the training process
-(``mloc-roots-PID-START-*``, :mod:`mloc.runtime.scratch`); a SIGKILL of the whole process
+(``mloc-roots-PID-START-*``, :mod:`mloc.runtime.files.scratch`); a SIGKILL of the whole process
 group (the training process and its root worker) leaves it, as nothing can remove it
 then, and the next start of a root worker removes every such folder whose owner is dead.
 

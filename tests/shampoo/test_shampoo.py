@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from mloc.runtime import tree
+from mloc.runtime.base import tree
 from mloc.runtime.optim import adam as make_adam, sgd as make_sgd, shampoo
 from mloc.runtime.optim.blocks import from_blocks, kron_diagonal, layout, precondition, to_blocks
 from tests.shampoo.helpers import F64, blockwise_direction, eig_root

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from mloc.runtime.workers import free_port
+from mloc.runtime.processes.workers import free_port
 from tests.conftest import ROOT
 from tests.shampoo._sharded_worker import initial, train
 

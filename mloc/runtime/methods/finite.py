@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mloc.runtime import tree
+from mloc.runtime.base import tree
 
 
 def _not_differentiable(name):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mloc.runtime import tree
+from mloc.runtime.base import tree
 from mloc.runtime.optim import apply_updates, keep_absent
 
 _MODES = ("reverse", "forward", "recompute")

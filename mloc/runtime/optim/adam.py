@@ -18,7 +18,7 @@ import torch
 from mloc.shared.hyper import AdamHyper, AdamWHyper
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
 from mloc.runtime.optim.ops import FUNCTIONAL, INPLACE
-from mloc.runtime.tree import Params
+from mloc.runtime.base.tree import Params
 
 
 class AdamState(NamedTuple):

@@ -10,7 +10,7 @@ Which optimizers are differentiable this way is declared by their descriptor
 
 The state is any pytree of tensors and plain values (NamedTuples, tuples, lists, dicts;
 nested as deep as the optimizer likes: per-block statistics, a step count): cloning it,
-moving it to a device, checkpointing and restoring it go through :mod:`mloc.runtime.tree`,
+moving it to a device, checkpointing and restoring it go through :mod:`mloc.runtime.base.tree`,
 which walks every shape alike.
 
 Training commits one step in place: :meth:`Optimizer.commit` (called without autograd).
@@ -50,8 +50,8 @@ from torch import Tensor
 
 from mloc.shared.hyper import Hyper
 
-from mloc.runtime import tree
-from mloc.runtime.tree import Params
+from mloc.runtime.base import tree
+from mloc.runtime.base.tree import Params
 
 
 class Optimizer(ABC):
@@ -105,7 +105,7 @@ class Optimizer(ABC):
     def committed(self, state: Any) -> tuple[Tensor, ...]:
         """The floating-point tensors of ``state`` that a :meth:`commit` wrote: with the
         parameters, what the commit pipeline checks for NaN/Inf after every step (one fused
-        kernel, :mod:`mloc.runtime.commit`). By default every floating tensor of the state
+        kernel, :mod:`mloc.runtime.grad.commit`). By default every floating tensor of the state
         (found by walking it); an optimizer overrides this to skip the walk, and leaves out
         tensors that background work may still be filling (Shampoo's pending roots: checked
         when installed, and with the whole state before every checkpoint, after

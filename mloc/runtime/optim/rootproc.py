@@ -12,7 +12,7 @@ Data: per staleness slot, two files mapped by both processes (``torch.from_file`
 ``shared=True``, in ``/dev/shm`` where there is one; their blocks allocated when they are
 made), the statistics in and the roots and statuses out; the worker unlinks each file once
 it has mapped it, and the folder when training closes it or goes away. The folder names
-the training process (:mod:`mloc.runtime.scratch`): when a SIGKILL of the whole process
+the training process (:mod:`mloc.runtime.files.scratch`): when a SIGKILL of the whole process
 group leaves it, the next start of a root worker on the machine removes it. Messages on the
 worker's stdin/stdout are small pickled tuples, so neither side ever blocks on a full pipe:
 a job says which slot, a result which slot is done. Results come in submission order
@@ -39,11 +39,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mloc.runtime import scratch
+from mloc.runtime.files import scratch
 from mloc.runtime.optim.rootbatch import RootBatch
 
 _LEN = struct.Struct("<Q")
-FOLDER_PREFIX = "mloc-roots"     # the shared folder: mloc-roots-PID-START-RANDOM (mloc.runtime.scratch)
+FOLDER_PREFIX = "mloc-roots"     # the shared folder: mloc-roots-PID-START-RANDOM (mloc.runtime.files.scratch)
 READY = "ready"
 
 

@@ -13,7 +13,7 @@ state (count 0) clears ``torch.optim``'s, which the next step re-initialises laz
 ``torch.optim`` always does; its per-parameter dicts are a template with the structure the
 first step creates (found once by a step on zero copies of the parameters), so a
 checkpoint written after any number of steps restores into a freshly built program's
-state (:func:`mloc.runtime.tree.from_plain` checks the structure). When the state handed
+state (:func:`mloc.runtime.base.tree.from_plain` checks the structure). When the state handed
 to ``commit`` is not the one it returned last (a restore, a restart), it is loaded into
 the optimizer first.
 
@@ -38,7 +38,7 @@ from torch import Tensor
 
 from mloc.shared.hyper import TorchHyper
 from mloc.runtime.optim.base import Optimizer, takes
-from mloc.runtime.tree import Params
+from mloc.runtime.base.tree import Params
 
 
 def load_ref(path: str | Callable) -> Callable:

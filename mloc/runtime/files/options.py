@@ -1,0 +1,138 @@
+"""The options of a run, defined once: :class:`RunOptions`, the flags that set them, and
+the :class:`RunConfig` they give. No torch here: `mloc`'s parser shows these flags.
+
+`python train.py` parses exactly these flags (:func:`add_flags`); `mloc run` adds them to
+its own parser, beside its compile-side flags (`--set`) and the ways to launch a run that
+need the compiled files in the run folder (`--nproc`, `--pipeline`), which it passes on in
+the same value. Either way the run starts from one :class:`RunOptions`
+(:func:`mloc.runtime.processes.launch.start`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from mloc.runtime.files.loggers import check_available, parse
+from mloc.shared.limits import flag_error
+from mloc.shared.precision import PRECISIONS
+
+
+
+@dataclass
+class RunConfig:
+    """What one run trains with: the program's defaults (its train block, whose own defaults
+    live in ``mloc.ir.payloads.TrainSpec``; generated code writes them all out), as the
+    options change them. `dtype` None: the modules' own."""
+
+    steps: int
+    seed: int
+    device: str
+    precision: str
+    dtype: str | None = None          # e.g. "float64" for exact checks
+
+
+class OptionError(Exception):
+    """An option that cannot be used (exit 2), with what to do instead."""
+
+    def __init__(self, message: str, help: str | None = None):
+        super().__init__(message)
+        self.help = help
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the command line may set; None keeps the program's default (its declaration's
+    `defaults`). `dtype` None trains in the modules' own dtype; `out` None is a fresh
+    `runs/NAME/N`; `launched_by` is the pid of the `--nproc` launcher; `nproc` None is one
+    process not launched by `mloc run`."""
+
+    steps: int | None = None
+    seed: int | None = None
+    device: str | None = None
+    precision: str | None = None
+    dtype: str | None = None
+    out: Path | None = None
+    resume: Path | None = None
+    overwrite: bool = False
+    quiet: bool = False
+    launched_by: int | None = None
+    threads: int | None = None          # torch's intra-op threads; None: mloc.runtime.processes.threads decides
+    logger: tuple[str, ...] | None = None   # loggers beside metrics.jsonl (mloc.runtime.files.loggers)
+    nproc: int | None = None            # mloc run --nproc: data-parallel workers
+    pipeline: bool = False              # mloc run --pipeline: one process per chain stage
+    pipeline_delay: float = 0.0
+
+    @classmethod
+    def parsed(cls, args: argparse.Namespace) -> RunOptions:
+        """The options of a parsed command line (:func:`add_flags`' flags; the others of
+        `args` are ignored), checked: an :class:`OptionError` for one that cannot be used."""
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        for key in ("out", "resume"):
+            given[key] = Path(given[key]) if given.get(key) is not None else None
+        options = cls(**given)
+        for flag in ("steps", "threads", "nproc"):
+            value = getattr(options, flag)
+            if value is not None and value < 1:
+                raise OptionError(f"--{flag} must be at least 1, got {value}")
+        bad = flag_error("--steps", options.steps) or flag_error("--seed", options.seed)
+        if bad:                             # mloc.shared.limits: the bounds the checker applies to the file
+            raise OptionError(bad)
+        if options.pipeline and (options.nproc or 1) > 1:
+            raise OptionError("--pipeline runs one process per stage: it does not take --nproc")
+        return replace(options, logger=usable_loggers(options.logger) or None)
+
+    def config(self, defaults: RunConfig) -> RunConfig:
+        given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
+                                    ("precision", self.precision)) if v is not None}
+        return replace(defaults, dtype=self.dtype, **given)
+
+    def argv(self) -> list[str]:
+        """The same options as `train.py` arguments (what a `--nproc` launch passes on)."""
+        out = []
+        for flag in ("steps", "seed", "device", "precision", "dtype", "out", "resume", "launched_by", "threads"):
+            if getattr(self, flag) is not None:
+                out += [f"--{flag.replace('_', '-')}", str(getattr(self, flag))]
+        out += ["--logger", ",".join(self.logger)] if self.logger else []
+        return out + (["--overwrite"] if self.overwrite else []) + (["--quiet"] if self.quiet else [])
+
+
+def usable_loggers(values) -> tuple[str, ...]:
+    """`--logger` values as names, each one's package installed (a :class:`LoggerError`,
+    exit 2, says what to install)."""
+    names = parse(values)
+    check_available(names)
+    return names
+
+
+def add_flags(p: argparse.ArgumentParser, defaults: RunConfig | None = None) -> None:
+    """The run's flags on parser `p`; `defaults` (train.py's) are shown in the help, else
+    "the train block's"."""
+    said = (lambda key: f"default {getattr(defaults, key)}") if defaults else (lambda key: "default: the train block's")
+    p.add_argument("--steps", type=int, help=f"outer (top-level) steps; {said('steps')}")
+    p.add_argument("--seed", type=int, help=f"random seed; {said('seed')}")
+    p.add_argument("--device", help=f"cpu, cuda, cuda:N or auto; {said('device')}")
+    p.add_argument("--precision", choices=PRECISIONS, help=f"autocast precision; {said('precision')}")
+    p.add_argument("--dtype", choices=("float32", "float64"),
+                   help="cast the modules, every floating batch and the evaluations' data arguments to this "
+                        "dtype (float64 for exact comparisons); default: as the program builds them")
+    p.add_argument("--out", metavar="DIR",
+                   help="where config.json, metrics.jsonl and checkpoint.pt go (and, under mloc run, train.py); "
+                        "it must not hold another run (default: a fresh runs/PROGRAM/N, linked from "
+                        "runs/PROGRAM/latest)")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue the run in DIR (from DIR/checkpoint.pt), in DIR itself unless --out names "
+                        "another folder, which must hold no run and receives a copy; the run's --steps, "
+                        "--device and --precision (under mloc run its --set and --nproc too) apply unless "
+                        "given (a change is shown), and its --seed and --dtype cannot change")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in an --out folder that already holds a run (its checkpoint, metrics and "
+                        "config are deleted)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="torch's CPU threads for this run (per process under --nproc); default: 1 for a small "
+                        "program or on a busy machine, else the idle cores (the first line says which and why)")
+    p.add_argument("--logger", action="append", metavar="NAME",
+                   help="also log to csv (metrics.csv), tensorboard (tb/, needs mloc[tensorboard]) or wandb "
+                        "(needs mloc[wandb]; WANDB_MODE=offline works without a network); a comma list or repeated")

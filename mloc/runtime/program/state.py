@@ -1,0 +1,68 @@
+"""A program's training state: snapshot, restore, and a problem's restart.
+
+:func:`snapshot` covers parameters, optimizer states, module buffers, data positions,
+RNGs and the step counters, so a run resumed by :func:`restore` is bitwise identical to an
+uninterrupted one on CPU. Optimizer states are pytrees: cloned (a commit overwrites the
+live tensors in place) and turned into checkpointable plain trees here, and nowhere else
+in the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from mloc.runtime.base import tree
+from mloc.runtime.program.checkpoint import capture_rng, restore_rng, state_to_tree, tree_to_state
+from mloc.runtime.program.data import DataStream
+
+
+def snapshot(name: str, step: int, live: Mapping[str, Any], streams: Mapping[str, DataStream]) -> dict:
+    """The state of program ``name`` after ``step`` outer steps (``live``: each problem's
+    :class:`mloc.runtime.program.build.Live`)."""
+    problems = {}
+    for n, lv in live.items():
+        problems[n] = {"params": [p.detach().clone() for p in lv.problem.params],
+                       "optimizer": state_to_tree(tree.clone(lv.problem.state)),
+                       "module": {k: v.detach().clone() for k, v in lv.module.state_dict().items()},
+                       "steps": lv.steps}
+    return {"program": name, "step": step, "problems": problems,
+            "data": {n: s.state() for n, s in streams.items()}, "rng": capture_rng()}
+
+
+def restore(state: dict, live: Mapping[str, Any], streams: Mapping[str, DataStream]) -> int:
+    """Load :func:`snapshot`'s ``state`` into the problems and streams; returns its step.
+    Every problem's current batch is dropped (the next step draws)."""
+    step = int(state["step"])
+    for n, lv in live.items():
+        saved = state["problems"][n]
+        lv.module.load_state_dict(saved["module"])
+        with torch.no_grad():
+            for p, v in zip(lv.problem.params, saved["params"]):
+                p.copy_(v)
+        # copies: commits overwrite the state's tensors in place (Optimizer.commit)
+        lv.problem.state = tree.clone(tree_to_state(saved["optimizer"], lv.problem.state))
+        lv.steps = int(saved["steps"])
+    for n, s in streams.items():
+        s.restore(state["data"][n])
+    for lv in live.values():
+        lv.batch = None
+    restore_rng(state["rng"])
+    return step
+
+
+def restart(problem, start=None) -> None:
+    """Start ``problem`` again with a fresh optimizer state, from ``start``: a tuple of
+    tensors to copy, a callable that sets the parameters (called under no_grad), or None
+    for zero parameters (the ``δ`` of an ``init`` problem)."""
+    with torch.no_grad():
+        if start is None:
+            for p in problem.params:
+                p.zero_()
+        elif callable(start):
+            start()
+        else:
+            for p, s in zip(problem.params, start):
+                p.copy_(s)
+    problem.state = problem.optimizer.init(problem.params)
