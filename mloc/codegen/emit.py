@@ -57,7 +57,7 @@ class Emitter:
         line = f"from mloc.runtime.run.declaration import {names}"
         self.emit(line if len(line) <= layout.WIDTH else f"from mloc.runtime.run.declaration import ({names})")
         self.emit("from mloc.runtime.processes.launch import main, program_dir")
-        for module, names in sorted(_runtime_imports(self.used(), bool(self.plan.chains)).items()):
+        for module, names in sorted(_runtime_imports(self.used()).items()):
             self.emit(f"from {module} import " + ", ".join(sorted(names)))
         self.emit("")
         self.emit(f"# the directory of {self.name}, first on sys.path",
@@ -222,11 +222,10 @@ class Emitter:
 MAX_TRACE_LINES = 40
 
 
-def _runtime_imports(used: list[Descriptor], chains: bool = False) -> dict[str, set[str]]:
+def _runtime_imports(used: list[Descriptor]) -> dict[str, set[str]]:
     """{module: factory names} for the runtime factories of `used` (each has a runtime: the
-    checker reports E704 for a built-in without one, and the planner resolves `auto`), and
-    what interlocking chains need when the program has ``chains``."""
-    out: dict[str, set[str]] = {"mloc.runtime.grad.interlock": {"chain_step"}} if chains else {}
+    checker reports E704 for a built-in without one, and the planner resolves `auto`)."""
+    out: dict[str, set[str]] = {}
     for d in used:
         if d.runtime is None:
             raise ValueError(f"`{d.name}` has no runtime; it cannot appear in generated code")
@@ -288,7 +287,7 @@ def _warmup(actions) -> list[str]:
 def _action(a: Action) -> str:
     note = f"  # {a.note}" if a.note else ""
     if a.kind == "chain_step":
-        return f"chain_step(p, {a.problem!r}){note}"
+        return f"p.chain_step({a.problem!r}){note}"
     if a.kind == "meta_batch":
         return f"p.meta_batch({a.problem!r}, tasks={a.count}, steps={a.steps}){note}"
     return f"p.{a.kind}({a.problem!r}){note}"

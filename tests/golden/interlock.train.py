@@ -8,7 +8,6 @@ cheaper).
 
 from mloc.runtime.run.declaration import Declaration, Interlock, Intervals, ProblemSpec, RunConfig
 from mloc.runtime.processes.launch import main, program_dir
-from mloc.runtime.grad.interlock import chain_step
 from mloc.runtime.optim import sgd
 
 # the directory of interlock.mlo, first on sys.path
@@ -39,7 +38,7 @@ def stage3_loss(stage1, stage2, stage3, batch):
 
 def outer_step(p):
     """One step of the top problem: the planner's schedule."""
-    chain_step(p, 'stage1')  # pairwise interlocking over stage1, stage2, stage3
+    p.chain_step('stage1')  # pairwise interlocking over stage1, stage2, stage3
 
 
 PROGRAM = Declaration(

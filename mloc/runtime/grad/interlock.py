@@ -288,9 +288,3 @@ def chain_stepper(chain: Interlock, live: dict, draw_first: Callable[[], None],
         for pipeline, (grads, loss) in zip(pipelines, step.gradients()):
             pipeline.run(grads, loss)
     return run
-
-
-def chain_step(program, first: str) -> None:
-    """``program.chain_step(first)`` (an :class:`mloc.runtime.program.engine.Program`), as the
-    generated schedule spells it."""
-    program.chain_step(first)
