@@ -246,28 +246,10 @@ def test_the_runtime_is_its_subpackages():
 
 def _runtime_graph() -> dict[str, set[str]]:
     """Each module of mloc/runtime and the runtime modules it imports, anywhere in it
-    (``from pkg import mod`` imports ``pkg.mod`` where that is a module)."""
-    runtime = ROOT / "mloc" / "runtime"
-    paths = {".".join(("mloc", *p.relative_to(ROOT / "mloc").with_suffix("").parts)).removesuffix(".__init__"): p
-             for p in sorted(runtime.rglob("*.py"))}
-    graph = {}
-    for name, path in paths.items():
-        out = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                out.update(a.name for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(up + ([node.module] if node.module else []))
-                subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in paths]
-                out.update(subs)
-                if len(subs) < len(node.names):
-                    out.add(base)
-        graph[name] = {m for m in out if m in paths and m != name}
-    return graph
+    (tests/test_import_cycles.py's graph of mloc, cut to the runtime)."""
+    from tests.test_import_cycles import import_graph
+    inside = lambda m: m == "mloc.runtime" or m.startswith("mloc.runtime.")    # noqa: E731
+    return {m: {t for t in out if inside(t)} for m, out in import_graph().items() if inside(m)}
 
 
 def test_runtime_subpackages_import_one_way():
