@@ -59,7 +59,7 @@ class Program:
                  evaluations: Sequence = (), compositions: dict | None = None,
                  chains: Sequence[Interlock] = ()):
         self.name, self.config, self._schedule = name, config, schedule
-        self.chains = {c.stages[0]: c for c in chains}     # by first stage (`interlock.chain_step`)
+        self.chains = {c.stages[0]: c for c in chains}     # by first stage (`chain_step`)
         self.device = resolve_device(config.device, *launched_slot())   # then its backend
         self.dist = DistContext.from_env(device=self.device)
         self.step_count = 0
