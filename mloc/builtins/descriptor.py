@@ -152,6 +152,13 @@ class MethodCaps:
     task_vmap: bool = False
     auto: AutoRank | None = None
 
+    @property
+    def reads_lower_state(self) -> bool:
+        """Whether its hypergradient reads the lower optimizer's state (an unroll steps the
+        optimizer; a capability in `needs`, SAMA's diagonal, reads its moments and step
+        count): a compiled upper step then depends on the state's numbers."""
+        return self.unrolls or bool(self.needs)
+
 
 @dataclass(frozen=True)
 class ScheduleCaps:

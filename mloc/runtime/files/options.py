@@ -31,6 +31,7 @@ class RunConfig:
     device: str
     precision: str
     dtype: str | None = None          # e.g. "float64" for exact checks
+    compile: str = "off"              # "on": training steps compiled (mloc.runtime.compiled)
 
 
 class OptionError(Exception):

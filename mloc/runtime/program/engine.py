@@ -46,6 +46,7 @@ from mloc.runtime.grad.metabatch import MetaBatch
 from mloc.runtime.files.options import RunConfig
 from mloc.runtime.grad.finite import FiniteGuard, verify_state
 from mloc.runtime.grad.sources import Source, hypergradient, plain_gradient
+from mloc.runtime.compiled.step import CompiledSource, StepReport
 
 __all__ = ["Program", "ProblemSpec", "RunConfig", "resolve_device"]
 
@@ -70,6 +71,8 @@ class Program:
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
         self.hierarchy, self._cast = built.hierarchy, built.cast
         self._steps: dict[tuple[str, str], Any] = {}    # the step kinds' objects (:meth:`_step`)
+        self.compile = config.compile                   # "on" or "off" (`auto` is decided before)
+        self.compiled: dict[tuple[str, str], StepReport] = {}   # what each compiled step did
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
             lv.problem.optimizer.start()
@@ -132,11 +135,53 @@ class Program:
             loss = lv.problem.loss.step_loss(reads.index(name) if name in reads else None)
             others = buffers_of((self.live[r].module for r in reads if r != name),
                                 exclude=tuple(lv.module.buffers()))
-            return guard_step(plain_gradient(lv.problem.params, loss, lv.autocast), others)
+            return self._compiled("lower", name, guard_step(plain_gradient(lv.problem.params, loss, lv.autocast),
+                                                            others))
         source = hypergradient(self.hierarchy.hypergrad, name, lv.problem.params, lv.autocast,
                                into_grad=self.pipeline(name).on_grad)
         own = buffers_of((lv.module,))
-        return guard_step(source, buffers_of(self.modules.values(), exclude=own), own, lv.problem.loss)
+        return self._compiled("upper", name, guard_step(source, buffers_of(self.modules.values(), exclude=own),
+                                                        own, lv.problem.loss))
+
+    def _compiled(self, kind: str, name: str, source: Source) -> Source:
+        """``source``, compiled where the run compiles (:mod:`mloc.runtime.compiled`): an
+        upper step's signature includes the optimizer states' numbers (an unrolled or
+        preconditioned hypergradient reads the lower's step count)."""
+        if self.compile != "on":
+            return source
+        report = self.compiled[kind, name] = StepReport(kind, name)
+        below = _below(self.hierarchy, name)
+        batches = (name, *below) if kind == "upper" else (name,)
+        states = _state_readers(self.hierarchy, below) if kind == "upper" else ()
+        return CompiledSource(source, lambda: self._tensors(batches, states), lambda: self._numbers(batches, states),
+                              report)
+
+    def _tensors(self, batches: Sequence[str], states: Sequence[str]) -> list[torch.Tensor]:
+        """Every tensor a step may read, in a fixed order: parameters, the current batches of
+        ``batches``, the optimizer states (and tensor hyperparameters) of ``states``, module
+        buffers (each once)."""
+        out, seen = [], set()
+        for name, lv in self.live.items():
+            state = (tree.tensors(lv.problem.state) + tuple(v for v in lv.problem.optimizer.hyper.items().values()
+                                                           if isinstance(v, torch.Tensor))) if name in states else ()
+            batch = tree.tensors(lv.batch) if name in batches else ()
+            for t in (*lv.problem.params, *batch, *state):
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+        for m in self.modules.values():
+            for t in m.buffers():
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+        return out
+
+    def _numbers(self, batches: Sequence[str], states: Sequence[str]) -> tuple:
+        """The plain values a step may read: the modules' modes, the numbers of the batches
+        of ``batches`` and of the optimizer states of ``states`` (a step count)."""
+        modes = tuple(m.training for module in self.modules.values() for m in module.modules())
+        return (modes, tuple(_plain_leaves(self.live[n].batch) for n in batches),
+                tuple(_plain_leaves(self.live[n].problem.state) for n in states))
 
     def reset(self, name: str) -> None:
         """Start `name` again, with a fresh optimizer state: from its `init` problem's
@@ -271,6 +316,37 @@ def _hypergradient(program: Program, name: str) -> dict[str, torch.Tensor]:
         p.grad = g
     return out
 
+
+
+def _below(hierarchy, name: str) -> tuple[str, ...]:
+    """The problems below ``name`` (its lowers, theirs, ...), each once."""
+    out, todo = [], [name]
+    while todo:
+        for lower in sorted(hierarchy.lowers.get(todo.pop(), ())):
+            if lower not in out:
+                out.append(lower)
+                todo.append(lower)
+    return tuple(out)
+
+
+def _state_readers(hierarchy, below: Sequence[str]) -> tuple[str, ...]:
+    """The problems of ``below`` whose optimizer state a hypergradient through them reads:
+    the lower of an edge whose method reads it (its descriptor's ``reads_lower_state``)."""
+    from mloc.builtins.methods import METHODS
+
+    return tuple(e.lower for e in hierarchy.edges
+                 if e.lower in below and METHODS[type(e.method).__name__].caps.reads_lower_state)
+
+
+def _plain_leaves(value) -> tuple:
+    """The leaves of a pytree that are not tensors (numbers, strings), in order."""
+    if isinstance(value, torch.Tensor):
+        return ()
+    if isinstance(value, (tuple, list)):
+        return tuple(x for v in value for x in _plain_leaves(v))
+    if isinstance(value, dict):
+        return tuple(x for k, v in value.items() for x in (k, *_plain_leaves(v)))
+    return (value,)
 
 
 def _as_batches(value, dtype: torch.dtype | None, device: torch.device):
