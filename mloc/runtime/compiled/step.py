@@ -10,6 +10,16 @@ graph (:mod:`~mloc.runtime.compiled.backend`); later calls with that signature r
 compiled graph on the current tensors. A last, smaller batch is a second signature: one
 more compile, then both are replayed.
 
+An upper step whose hypergradient reads a lower's optimizer state (an unroll, SAMA's
+diagonal) reads its step count, a Python number that changes every step: during the
+capture the state's numbers are *lifted* into 0-dim float64 tensors (:func:`_lifted`),
+so the graph takes them as inputs and one graph serves every step (``β₁ᵗ`` is then
+computed by ``torch.pow`` in float64, as Python computes it). A comparison of such a
+number (``if count == 0:``, SGD's first momentum step) is answered from its value and
+kept as a *guard* (:class:`_Number`), as TorchDynamo guards: the graph is replayed only
+while every guard gives the same answer, and a step where one does not is captured
+again (SGD's second step: one more graph, then none).
+
 It falls back to the eager source, for good and with a reason a user can act on, when
 the step cannot be captured (a value read back to Python), when the compiler fails, when
 loss scaling seeds the loss (the scale is the scaler's business, step by step), or when
@@ -21,9 +31,11 @@ reads changes every step); never silently: the reason is in the run's banner and
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+import torch
 from torch import Tensor
 
 from mloc.runtime.base import tree
@@ -82,53 +94,171 @@ class CompiledSource:
     happened."""
 
     def __init__(self, source: Callable, inputs: Callable[[], list[Tensor]],
-                 numbers: Callable[[], tuple], report: StepReport):
+                 numbers: Callable[[], tuple], report: StepReport, lifted: Sequence[Any] = ()):
         self.source, self.inputs, self.numbers, self.report = source, inputs, numbers, report
+        self.lifted = tuple(lifted)     # the problems whose optimizer state's numbers are inputs
         self.cache: dict[tuple, tuple[Callable, Callable]] = {}
+
+    def _all_inputs(self) -> tuple[list[Tensor], list]:
+        inputs, numbers = self.inputs(), []
+        for problem in self.lifted:
+            numbers.extend(_numbers_of(problem.state))
+        inputs.extend(torch.tensor(float(v), dtype=torch.float64) for v in numbers)
+        return inputs, numbers
+
+    def _find(self, key: tuple, numbers: list):
+        for guards, entry in self.cache.get(key, ()):
+            if all(_compare(numbers[i], op, other) == answer for i, op, other, answer in guards):
+                return entry
+        return None
 
     def __call__(self, seed=None):
         if self.report.reason is not None:
             return self.source(seed)
         if seed is not None:
             return self._eager("loss scaling seeds the loss with the scaler's current scale", seed)
-        inputs = self.inputs()
+        inputs, numbers = self._all_inputs()
         key = (tuple((t.shape, t.dtype, t.device, t.requires_grad) for t in inputs), self.numbers())
-        entry = self.cache.get(key)
+        entry = self._find(key, numbers)
         if entry is None:
-            if len(self.cache) >= MAX_SIGNATURES:
+            if sum(map(len, self.cache.values())) >= MAX_SIGNATURES:
                 return self._eager(f"its inputs changed {MAX_SIGNATURES + 1} times (shapes, modes or a "
                                    "number it reads, such as an optimizer's step count)", seed)
-            entry = self._build(inputs)
-            if entry is None:
+            built = self._build(inputs, numbers)
+            if built is None:
                 return self.source(seed)
-            self.cache[key] = entry
+            guards, entry = built
+            self.cache.setdefault(key, []).append((guards, entry))
             run, rebuild = entry
             counts = self.report.counts
             start = time.perf_counter()
             try:
                 out = run(*inputs)
             except Exception as e:      # noqa: BLE001: the compiler's failure is a fallback
-                self.cache.pop(key)
                 return self._eager(f"the compiler failed: {_first_line(e)}", seed)
             counts.seconds += time.perf_counter() - start
             return rebuild(out)
         run, rebuild = entry
         return rebuild(run(*inputs))
 
-    def _build(self, inputs: list[Tensor]):
+    def _build(self, inputs: list[Tensor], numbers: list):
+        tensors = inputs[len(inputs) - len(numbers):]
+        guards: list = []
+        lifted = [_Number(t, v, i, guards) for i, (t, v) in enumerate(zip(tensors, numbers))]
         try:
-            captured = capture(lambda: self.source(None), inputs, _flatten, _rebuild_like)
+            with _lifted(self.lifted, lifted):
+                captured = capture(lambda: self.source(None), inputs, _flatten, _rebuild_like)
         except CaptureRefused as e:
             self.report.reason = str(e)
             return None
         self.report.counts.graphs += 1
         self.report.counts.operations = captured.operations
-        return compile_graph(captured.graph, self.report.counts), captured.rebuild
+        return tuple(guards), (compile_graph(captured.graph, self.report.counts), captured.rebuild)
 
     def _eager(self, reason: str, seed):
         self.report.reason = reason
         self.cache.clear()
         return self.source(seed)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _numbers_of(state) -> list:
+    """The numbers (not booleans) among the leaves of an optimizer state, in order."""
+    if _is_number(state):
+        return [state]
+    if isinstance(state, (tuple, list)):
+        return [x for v in state for x in _numbers_of(v)]
+    if isinstance(state, dict):
+        return [x for v in state.values() for x in _numbers_of(v)]
+    return []
+
+
+def _replace_numbers(state, values):
+    if _is_number(state):
+        return next(values)
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)(*(_replace_numbers(v, values) for v in state))
+    if isinstance(state, (tuple, list)):
+        return type(state)(_replace_numbers(v, values) for v in state)
+    if isinstance(state, dict):
+        return {k: _replace_numbers(v, values) for k, v in state.items()}
+    return state
+
+
+_COMPARISONS = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+                "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b}
+
+
+def _compare(value, op: str, other) -> bool:
+    return bool(_COMPARISONS[op](value, other))
+
+
+class _Number:
+    """A number of an optimizer state during a capture: arithmetic goes to ``tensor`` (an
+    input of the graph, so the graph follows the number), a comparison is answered from
+    ``value`` and recorded in ``guards`` as ``(index, op, other, answer)``; converting it to
+    a Python number (``int()``, an index) specializes the graph on its value (a guard
+    ``== value``)."""
+
+    __slots__ = ("tensor", "value", "index", "guards")
+
+    def __init__(self, tensor: Tensor, value, index: int, guards: list):
+        self.tensor, self.value, self.index, self.guards = tensor, value, index, guards
+
+    def _guard(self, op: str, other) -> bool:
+        other = other.value if isinstance(other, _Number) else other
+        answer = _compare(self.value, op, other)
+        self.guards.append((self.index, op, other, answer))
+        return answer
+
+    def _plain(self):
+        self._guard("==", self.value)
+        return self.value
+
+    def __eq__(self, o): return self._guard("==", o)          # noqa: E704
+    def __ne__(self, o): return self._guard("!=", o)          # noqa: E704
+    def __lt__(self, o): return self._guard("<", o)           # noqa: E704
+    def __le__(self, o): return self._guard("<=", o)          # noqa: E704
+    def __gt__(self, o): return self._guard(">", o)           # noqa: E704
+    def __ge__(self, o): return self._guard(">=", o)          # noqa: E704
+    def __bool__(self): return self._guard("!=", 0)           # noqa: E704
+    def __int__(self): return int(self._plain())              # noqa: E704
+    def __index__(self): return int(self._plain())            # noqa: E704
+    def __float__(self): return float(self._plain())          # noqa: E704
+    def __hash__(self): return hash(self._plain())            # noqa: E704
+
+    def _t(self, o):
+        return o.tensor if isinstance(o, _Number) else o
+
+    def __add__(self, o): return self.tensor + self._t(o)     # noqa: E704
+    def __radd__(self, o): return self._t(o) + self.tensor    # noqa: E704
+    def __sub__(self, o): return self.tensor - self._t(o)     # noqa: E704
+    def __rsub__(self, o): return self._t(o) - self.tensor    # noqa: E704
+    def __mul__(self, o): return self.tensor * self._t(o)     # noqa: E704
+    def __rmul__(self, o): return self._t(o) * self.tensor    # noqa: E704
+    def __truediv__(self, o): return self.tensor / self._t(o)     # noqa: E704
+    def __rtruediv__(self, o): return self._t(o) / self.tensor    # noqa: E704
+    def __pow__(self, o): return self.tensor ** self._t(o)    # noqa: E704
+    def __rpow__(self, o): return self._t(o) ** self.tensor   # noqa: E704
+    def __neg__(self): return -self.tensor                    # noqa: E704
+
+
+@contextmanager
+def _lifted(problems: Sequence[Any], tensors: Sequence[Any]) -> Iterator[None]:
+    """The problems' optimizer states with their numbers replaced by ``tensors`` (in
+    order: :class:`_Number`), for the duration of a capture."""
+    saved = [p.state for p in problems]
+    it = iter(tensors)
+    try:
+        for p in problems:
+            p.state = _replace_numbers(p.state, it)
+        yield
+    finally:
+        for p, state in zip(problems, saved):
+            p.state = state
 
 
 def _first_line(e: BaseException) -> str:

@@ -31,7 +31,7 @@ class RunConfig:
     device: str
     precision: str
     dtype: str | None = None          # e.g. "float64" for exact checks
-    compile: str = "off"              # "on": training steps compiled (mloc.runtime.compiled)
+    compile: str = "auto"             # on, off, auto (mloc.runtime.compiled.decision)
 
 
 class OptionError(Exception):
@@ -64,6 +64,7 @@ class RunOptions:
     nproc: int | None = None            # mloc run --nproc: data-parallel workers
     pipeline: bool = False              # mloc run --pipeline: one process per chain stage
     pipeline_delay: float = 0.0
+    compile: str | None = None          # on, off, auto (mloc.runtime.compiled.decision)
 
     @classmethod
     def parsed(cls, args: argparse.Namespace) -> RunOptions:
@@ -86,13 +87,14 @@ class RunOptions:
 
     def config(self, defaults: RunConfig) -> RunConfig:
         given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
-                                    ("precision", self.precision)) if v is not None}
+                                    ("precision", self.precision), ("compile", self.compile)) if v is not None}
         return replace(defaults, dtype=self.dtype, **given)
 
     def argv(self) -> list[str]:
         """The same options as `train.py` arguments (what a `--nproc` launch passes on)."""
         out = []
-        for flag in ("steps", "seed", "device", "precision", "dtype", "out", "resume", "launched_by", "threads"):
+        for flag in ("steps", "seed", "device", "precision", "dtype", "out", "resume", "launched_by", "threads",
+                     "compile"):
             if getattr(self, flag) is not None:
                 out += [f"--{flag.replace('_', '-')}", str(getattr(self, flag))]
         out += ["--logger", ",".join(self.logger)] if self.logger else []
@@ -118,6 +120,10 @@ def add_flags(p: argparse.ArgumentParser, defaults: RunConfig | None = None) -> 
     p.add_argument("--dtype", choices=("float32", "float64"),
                    help="cast the modules, every floating batch and the evaluations' data arguments to this "
                         "dtype (float64 for exact comparisons); default: as the program builds them")
+    p.add_argument("--compile", choices=("auto", "on", "off"),
+                   help="compile the training steps with torch.compile (TorchInductor): on, off, or auto (the "
+                        "default: after 5 eager steps, compile when the steps left are expected to save more time "
+                        "than compiling costs; the run says which and why)")
     p.add_argument("--out", metavar="DIR",
                    help="where config.json, metrics.jsonl and checkpoint.pt go (and, under mloc run, train.py); "
                         "it must not hold another run (default: a fresh runs/PROGRAM/N, linked from "

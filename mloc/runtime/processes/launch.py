@@ -298,8 +298,8 @@ def banner(program: Program, config: RunConfig, out: Path, chosen: Threads | Non
     threads = torch.get_num_threads()
     why = f" ({chosen.reason})" if chosen is not None and chosen.reason else ""
     return (f"training {program.name} on {program.device}, precision {config.precision}, dtype "
-            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}{why}, nproc {program.dist.world} "
-            f"-> {out}")
+            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}{why}, nproc {program.dist.world}, "
+            f"compile {config.compile} -> {out}")
 
 
 def _train(program: Program, declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path | None,

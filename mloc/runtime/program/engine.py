@@ -71,7 +71,7 @@ class Program:
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
         self.hierarchy, self._cast = built.hierarchy, built.cast
         self._steps: dict[tuple[str, str], Any] = {}    # the step kinds' objects (:meth:`_step`)
-        self.compile = config.compile                   # "on" or "off" (`auto` is decided before)
+        self.compile = config.compile                   # on, off, auto (eager until decided: `compile_steps`)
         self.compiled: dict[tuple[str, str], StepReport] = {}   # what each compiled step did
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
@@ -143,18 +143,36 @@ class Program:
         return self._compiled("upper", name, guard_step(source, buffers_of(self.modules.values(), exclude=own),
                                                         own, lv.problem.loss))
 
+    def compile_steps(self, on: bool) -> None:
+        """From the next step on, run the steps compiled (``on``) or eagerly: the step kinds'
+        objects are built again at their next use (`--compile auto`'s decision)."""
+        self.compile = "on" if on else "off"
+        self._steps.clear()
+
+    @property
+    def step_kinds(self) -> int:
+        """How many step kinds (of a problem each) the schedule has run so far."""
+        return len(self._steps)
+
+    def compile_report(self) -> list[dict]:
+        """What each compiled step did (for ``config.json``): compiled or why not, its
+        graphs, compiles beyond the first (recompiles) and seconds spent compiling."""
+        return [{"step": f"{r.kind} {r.name}", "compiled": r.compiled, "reason": r.reason,
+                 "graphs": r.counts.graphs, "operations": r.counts.operations, "recompiles": r.recompiles,
+                 "compile_seconds": round(r.counts.seconds, 3)} for r in self.compiled.values()]
+
     def _compiled(self, kind: str, name: str, source: Source) -> Source:
         """``source``, compiled where the run compiles (:mod:`mloc.runtime.compiled`): an
-        upper step's signature includes the optimizer states' numbers (an unrolled or
-        preconditioned hypergradient reads the lower's step count)."""
+        upper step whose hypergradient reads a lower's optimizer state (an unroll, SAMA's
+        diagonal) takes that state's tensors and numbers as inputs."""
         if self.compile != "on":
             return source
         report = self.compiled[kind, name] = StepReport(kind, name)
         below = _below(self.hierarchy, name)
         batches = (name, *below) if kind == "upper" else (name,)
         states = _state_readers(self.hierarchy, below) if kind == "upper" else ()
-        return CompiledSource(source, lambda: self._tensors(batches, states), lambda: self._numbers(batches, states),
-                              report)
+        return CompiledSource(source, lambda: self._tensors(batches, states), lambda: self._numbers(batches),
+                              report, lifted=[self.live[n].problem for n in states])
 
     def _tensors(self, batches: Sequence[str], states: Sequence[str]) -> list[torch.Tensor]:
         """Every tensor a step may read, in a fixed order: parameters, the current batches of
@@ -176,12 +194,12 @@ class Program:
                     out.append(t)
         return out
 
-    def _numbers(self, batches: Sequence[str], states: Sequence[str]) -> tuple:
-        """The plain values a step may read: the modules' modes, the numbers of the batches
-        of ``batches`` and of the optimizer states of ``states`` (a step count)."""
+    def _numbers(self, batches: Sequence[str]) -> tuple:
+        """The plain values a step may read: the modules' modes and the numbers of the
+        batches of ``batches`` (an optimizer state's numbers are lifted into inputs:
+        :class:`~mloc.runtime.compiled.step.CompiledSource`)."""
         modes = tuple(m.training for module in self.modules.values() for m in module.modules())
-        return (modes, tuple(_plain_leaves(self.live[n].batch) for n in batches),
-                tuple(_plain_leaves(self.live[n].problem.state) for n in states))
+        return modes, tuple(_plain_leaves(self.live[n].batch) for n in batches)
 
     def reset(self, name: str) -> None:
         """Start `name` again, with a fresh optimizer state: from its `init` problem's

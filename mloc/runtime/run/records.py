@@ -42,6 +42,9 @@ def log_train(metrics: MetricsWriter, program: Any, step: int, rate: float) -> d
             if (name, what) in norms:
                 values[what] = norms[(name, what)]
         values.update(optimizer_report(lv))
+        reports = [r for (_, n), r in program.compiled.items() if n == name]
+        if reports:                       # a compiled step: its recompiles so far (0 in steady state)
+            values["recompiles"] = sum(r.recompiles for r in reports)
         metrics.write(step, name, "train", **values)
     metrics.write(step, "*", "speed", steps_per_s=rate)
     return losses
