@@ -100,8 +100,12 @@ class Session:
 
 
 def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int | None = None,
-         device: str = "cpu", precision: str | None = None, dtype: str | None = None) -> Session:
-    """Compile and instantiate the program at `path` (raises ProgramError on errors)."""
+         device: str = "cpu", precision: str | None = None, dtype: str | None = None,
+         compile: str = "off") -> Session:
+    """Compile and instantiate the program at `path` (raises ProgramError on errors).
+    `compile="on"` runs the training steps compiled with torch.compile
+    (:mod:`mloc.runtime.compiled`; `session.program.compiled` says how each step ran);
+    "auto" is decided by `mloc run`'s loop, so here it is "off"."""
     compiled = compile_program(str(path), tuple(set))
     if not compiled.ok:
         raise ProgramError(compiled.diagnostics)
@@ -109,5 +113,6 @@ def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int |
     declaration = load_generated(compiled.source, str(Path(path).resolve().with_suffix(".generated.py")))
     defaults = declaration.defaults
     config = replace(defaults, seed=defaults.seed if seed is None else seed, device=device,
-                     precision=precision or defaults.precision, dtype=dtype)
+                     precision=precision or defaults.precision, dtype=dtype,
+                     compile="off" if compile == "auto" else compile)
     return Session(compiled, build(declaration, config), declaration)

@@ -1,0 +1,121 @@
+"""Compiled training steps (`--compile on`) against the same steps run eagerly.
+
+Tolerances: the compiled graph runs the operations the eager step runs (it is captured
+from it), but TorchInductor fuses them into loops whose roundings differ (a fused sum, a
+vectorized `exp`); those differences grow along training. In float64 a step's relative
+difference is ~1e-16 and 100 steps stay under 1e-12 (the bound asserted); in float32 the
+same steps give ~1e-7 per step, and a finite-difference hypergradient divides a
+difference of two gradients by 2ε = 0.02, so its rounding grows ~1/ε faster: float32 runs
+are compared over 20 steps against 1e-5 relative (the worst measured: see the test).
+
+Registry-parametrised: one case per hypergradient method with a runtime (and per `itd`
+mode), so a new method is covered without editing this file. Compiling costs 2–15 s per
+step on one thread, so the full matrix is in the slow tier; the default tier compiles
+one program.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import mloc
+from mloc.builtins import METHODS
+from mloc.runtime.compiled.decision import decide
+from mloc.runtime.compiled.step import _compare, _Number
+from tests.conftest import ROOT
+
+SMALL = ROOT / "tests" / "run" / "small.mlo"
+EDGE = "weights->net"
+CASES = sorted(m for m, d in METHODS.items() if d.runtime is not None and m != "itd") + [
+    "itd(steps=3, mode=reverse)", "itd(steps=3, mode=forward)", "itd(steps=3, mode=recompute)"]
+
+
+def _pair(method: str, optimizer: str, dtype: str):
+    sets = [f"{EDGE}.hypergrad={method}", f"net.optimizer={optimizer}"]
+    return (mloc.load(SMALL, set=sets, dtype=dtype, compile="off"),
+            mloc.load(SMALL, set=sets, dtype=dtype, compile="on"))
+
+
+def _worst(eager, compiled) -> float:
+    worst = 0.0
+    for name, lv in eager.program.live.items():
+        for a, b in zip(lv.problem.params, compiled.program.live[name].problem.params):
+            worst = max(worst, ((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item())
+    return worst
+
+
+def _agree(method: str, optimizer: str, dtype: str, steps: int, bound: float):
+    eager, compiled = _pair(method, optimizer, dtype)
+    for _ in range(steps):
+        eager.step()
+        compiled.step()
+    reports = list(compiled.program.compiled.values())
+    assert reports and all(r.compiled for r in reports), [r.line() for r in reports]
+    assert all(r.recompiles == 0 for r in reports), [r.line() for r in reports]
+    worst = _worst(eager, compiled)
+    assert worst <= bound, f"{method}: compiled and eager differ by {worst:.3g} (relative) after {steps} steps"
+    assert all(math.isfinite(v) for v in compiled.losses().values())
+    return worst
+
+
+def test_a_compiled_program_equals_its_eager_run_in_float64():
+    """The default tier's case: the program's own neumann hypergradient, SGD with momentum
+    below, Adam above (whose step count the compiled upper step does not read)."""
+    _agree("neumann(iters=3, alpha=0.1)", "sgd(lr=0.1, momentum=0.9)", "float64", 30, 1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", CASES)
+@pytest.mark.parametrize("optimizer", ["sgd(lr=0.1, momentum=0.9)", "adam(lr=0.01)"])
+def test_every_method_compiled_equals_eager_over_100_steps_in_float64(method, optimizer):
+    _agree(method, optimizer, "float64", 100, 1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", CASES)
+def test_every_method_compiled_equals_eager_in_float32(method):
+    _agree(method, "sgd(lr=0.1, momentum=0.9)", "float32", 20, 1e-5)
+
+
+def test_a_value_read_back_to_python_runs_the_step_eagerly_and_says_where(tmp_path):
+    """A loss with ``.item()`` in it cannot be one graph: the step runs eagerly, the report
+    names the reason and the user's line, and the run's numbers are the eager ones."""
+    lib = tmp_path / "itemlib.py"
+    lib.write_text((ROOT / "tests" / "run" / "small.py").read_text() + "\n\ndef ce_item(net, batch):\n"
+                   "    x, y = batch\n    loss = F.cross_entropy(net(x), y)\n"
+                   "    return loss * (2.0 if loss.item() > 100 else 1.0)\n")
+    program = tmp_path / "item.mlo"
+    program.write_text(SMALL.read_text().replace("import small as lib", "import itemlib as lib")
+                       .replace("loss      = lib.ce(net, batch)", "loss      = lib.ce_item(net, batch)"))
+    eager = mloc.load(program, dtype="float64", compile="off")
+    compiled = mloc.load(program, dtype="float64", compile="on")
+    for _ in range(3):
+        eager.step()
+        compiled.step()
+    upper = compiled.program.compiled["upper", "weights"]
+    assert not upper.compiled
+    assert "read back to Python" in upper.reason and "itemlib.py:" in upper.reason
+    assert compiled.program.compiled["lower", "net"].compiled
+    assert _worst(eager, compiled) <= 1e-12
+
+
+def test_a_guarded_number_answers_comparisons_from_its_value_and_records_them():
+    guards: list = []
+    n = _Number(torch.tensor(3.0, dtype=torch.float64), 3, 0, guards)
+    assert (n == 0) is False and n > 2 and bool(n)
+    assert guards == [(0, "==", 0, False), (0, ">", 2, True), (0, "!=", 0, True)]
+    assert all(_compare(5, op, other) == answer for _, op, other, answer in guards)   # 5 replays the graph
+    assert not all(_compare(0, op, other) == answer for _, op, other, answer in guards)  # 0 does not
+    assert torch.equal(0.9 ** n, torch.tensor(0.9, dtype=torch.float64) ** 3)     # arithmetic: a tensor
+    assert int(n) == 3 and guards[-1] == (0, "==", 3, True)                          # specialized
+
+
+def test_auto_compiles_only_when_the_saving_exceeds_the_compile_time():
+    long = decide(steps_left=100_000, eager_step_seconds=2e-3, kinds=2)
+    short = decide(steps_left=100, eager_step_seconds=2e-3, kinds=2)
+    assert long.compile and not short.compile
+    assert "100000 steps left × 2.00 ms" in long.reason and "> 20 s" in long.reason
+    assert "≤ 20 s" in short.reason
