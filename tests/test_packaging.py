@@ -213,7 +213,7 @@ def test_the_runtime_loads_nothing_of_the_compiler(name, tmp_path):
 
 # --- the runtime's subpackages ------------------------------------------------------------
 
-RUNTIME_LAYERS = ["files", "base", "optim", "methods", "grad", "program", "run", "processes"]
+RUNTIME_LAYERS = ["files", "base", "optim", "methods", "grad", "compiled", "program", "run", "processes"]
 """mloc/runtime/'s subpackages, bottom to top (docs/architecture.md says what each holds): a
 module imports only from its own subpackage and those before it, at module level or inside a
 function; none imports the package `mloc.runtime` itself (its names come from their

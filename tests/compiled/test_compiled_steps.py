@@ -2,11 +2,13 @@
 
 Tolerances: the compiled graph runs the operations the eager step runs (it is captured
 from it), but TorchInductor fuses them into loops whose roundings differ (a fused sum, a
-vectorized `exp`); those differences grow along training. In float64 a step's relative
-difference is ~1e-16 and 100 steps stay under 1e-12 (the bound asserted); in float32 the
-same steps give ~1e-7 per step, and a finite-difference hypergradient divides a
-difference of two gradients by 2ε = 0.02, so its rounding grows ~1/ε faster: float32 runs
-are compared over 20 steps against 1e-5 relative (the worst measured: see the test).
+vectorized `exp`). Each of the 100 steps is compared from the same state (the compiled
+program is given the eager one's state before every step), so what is measured is the
+compiled step's own error, not training's growth of a rounding difference (two eager runs
+one ulp apart drift apart too: CG's convergence mask, `rr > tol²·rr₀`, flips on a
+rounding difference). Bounds: float64 1e-12 relative (a step's rounding is ~1e-16, times
+the conditioning of a hypergradient: a few thousand for a central difference over
+2ε = 0.02); float32 1e-5 relative (the same steps at float32's ~6e-8).
 
 Registry-parametrised: one case per hypergradient method with a runtime (and per `itd`
 mode), so a new method is covered without editing this file. Compiling costs 2–15 s per
@@ -47,16 +49,22 @@ def _worst(eager, compiled) -> float:
     return worst
 
 
-def _agree(method: str, optimizer: str, dtype: str, steps: int, bound: float):
+def _agree(method: str, optimizer: str, dtype: str, steps: int, bound: float, warmup: int = 5):
+    """Every step of ``steps`` compiled and eager from the eager state; no compile at all
+    after the first ``warmup`` steps."""
     eager, compiled = _pair(method, optimizer, dtype)
-    for _ in range(steps):
+    worst, compiles = 0.0, None
+    for i in range(steps):
+        compiled.program.load_state_dict(eager.program.state_dict())
         eager.step()
         compiled.step()
+        worst = max(worst, _worst(eager, compiled))
+        if i + 1 == warmup:
+            compiles = [r.counts.compiles for r in compiled.program.compiled.values()]
     reports = list(compiled.program.compiled.values())
     assert reports and all(r.compiled for r in reports), [r.line() for r in reports]
-    assert all(r.recompiles == 0 for r in reports), [r.line() for r in reports]
-    worst = _worst(eager, compiled)
-    assert worst <= bound, f"{method}: compiled and eager differ by {worst:.3g} (relative) after {steps} steps"
+    assert [r.counts.compiles for r in reports] == compiles, [r.line() for r in reports]   # steady state
+    assert worst <= bound, f"{method}: a compiled step differs from the eager one by {worst:.3g} (relative)"
     assert all(math.isfinite(v) for v in compiled.losses().values())
     return worst
 
@@ -77,7 +85,7 @@ def test_every_method_compiled_equals_eager_over_100_steps_in_float64(method, op
 @pytest.mark.slow
 @pytest.mark.parametrize("method", CASES)
 def test_every_method_compiled_equals_eager_in_float32(method):
-    _agree(method, "sgd(lr=0.1, momentum=0.9)", "float32", 20, 1e-5)
+    _agree(method, "sgd(lr=0.1, momentum=0.9)", "float32", 100, 1e-5)
 
 
 def test_a_value_read_back_to_python_runs_the_step_eagerly_and_says_where(tmp_path):
@@ -93,6 +101,7 @@ def test_a_value_read_back_to_python_runs_the_step_eagerly_and_says_where(tmp_pa
     eager = mloc.load(program, dtype="float64", compile="off")
     compiled = mloc.load(program, dtype="float64", compile="on")
     for _ in range(3):
+        compiled.program.load_state_dict(eager.program.state_dict())
         eager.step()
         compiled.step()
     upper = compiled.program.compiled["upper", "weights"]

@@ -163,14 +163,15 @@ class Program:
 
     def _compiled(self, kind: str, name: str, source: Source) -> Source:
         """``source``, compiled where the run compiles (:mod:`mloc.runtime.compiled`): an
-        upper step whose hypergradient reads a lower's optimizer state (an unroll, SAMA's
-        diagonal) takes that state's tensors and numbers as inputs."""
+        upper step takes the optimizer states of the problems below it as inputs, tensors
+        and numbers (an unroll steps the lower's optimizer, SAMA reads its moments and step
+        count); a method that reads none leaves them unused."""
         if self.compile != "on":
             return source
         report = self.compiled[kind, name] = StepReport(kind, name)
         below = _below(self.hierarchy, name)
         batches = (name, *below) if kind == "upper" else (name,)
-        states = _state_readers(self.hierarchy, below) if kind == "upper" else ()
+        states = below if kind == "upper" else ()
         return CompiledSource(source, lambda: self._tensors(batches, states), lambda: self._numbers(batches),
                               report, lifted=[self.live[n].problem for n in states])
 
@@ -345,15 +346,6 @@ def _below(hierarchy, name: str) -> tuple[str, ...]:
                 out.append(lower)
                 todo.append(lower)
     return tuple(out)
-
-
-def _state_readers(hierarchy, below: Sequence[str]) -> tuple[str, ...]:
-    """The problems of ``below`` whose optimizer state a hypergradient through them reads:
-    the lower of an edge whose method reads it (its descriptor's ``reads_lower_state``)."""
-    from mloc.builtins.methods import METHODS
-
-    return tuple(e.lower for e in hierarchy.edges
-                 if e.lower in below and METHODS[type(e.method).__name__].caps.reads_lower_state)
 
 
 def _plain_leaves(value) -> tuple:
