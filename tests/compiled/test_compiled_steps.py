@@ -4,11 +4,13 @@ Tolerances: the compiled graph runs the operations the eager step runs (it is ca
 from it), but TorchInductor fuses them into loops whose roundings differ (a fused sum, a
 vectorized `exp`). Each of the 100 steps is compared from the same state (the compiled
 program is given the eager one's state before every step), so what is measured is the
-compiled step's own error, not training's growth of a rounding difference (two eager runs
-one ulp apart drift apart too: CG's convergence mask, `rr > tol²·rr₀`, flips on a
-rounding difference). Bounds: float64 1e-12 relative (a step's rounding is ~1e-16, times
-the conditioning of a hypergradient: a few thousand for a central difference over
-2ε = 0.02); float32 1e-5 relative (the same steps at float32's ~6e-8).
+compiled step's own error, not training's growth of a rounding difference. A step's
+rounding is amplified by the conditioning of what it computes: ten CG iterations on the
+small program's nearly singular Hessian turn 1e-16 into 1e-11, in eager mode too. So each
+step's difference is held to the larger of a fixed bound (float64 1e-12 relative,
+float32 1e-5) and ten times what one ulp of relative noise on the parameters changes in
+the eager step itself (measured every step, on a third copy): the compiled step is as
+exact as the eager one can be told apart from its own rounding.
 
 Registry-parametrised: one case per hypergradient method with a runtime (and per `itd`
 mode), so a new method is covered without editing this file. Compiling costs 2–15 s per
@@ -32,7 +34,7 @@ from tests.conftest import ROOT
 SMALL = ROOT / "tests" / "run" / "small.mlo"
 EDGE = "weights->net"
 CASES = sorted(m for m, d in METHODS.items() if d.runtime is not None and m != "itd") + [
-    "itd(steps=3, mode=reverse)", "itd(steps=3, mode=forward)", "itd(steps=3, mode=recompute)"]
+    "itd(steps=2, mode=reverse)", "itd(steps=2, mode=forward)", "itd(steps=2, mode=recompute)"]
 
 
 def _pair(method: str, optimizer: str, dtype: str):
@@ -49,22 +51,39 @@ def _worst(eager, compiled) -> float:
     return worst
 
 
+def _ulp_noise(session, generator) -> None:
+    """Every parameter times ``1 ± ulp`` (a random sign per entry)."""
+    with torch.no_grad():
+        for lv in session.program.live.values():
+            for p in lv.problem.params:
+                ulp = torch.finfo(p.dtype).eps
+                sign = torch.randint(0, 2, p.shape, generator=generator).to(p.dtype) * 2 - 1
+                p.mul_(1 + ulp * sign)
+
+
 def _agree(method: str, optimizer: str, dtype: str, steps: int, bound: float, warmup: int = 5):
-    """Every step of ``steps`` compiled and eager from the eager state; no compile at all
-    after the first ``warmup`` steps."""
+    """Every step of ``steps`` compiled and eager from the eager state, within the module
+    docstring's bound; no compile at all after the first ``warmup`` steps."""
     eager, compiled = _pair(method, optimizer, dtype)
+    noisy = _pair(method, optimizer, dtype)[0]
+    generator = torch.Generator().manual_seed(0)
     worst, compiles = 0.0, None
     for i in range(steps):
-        compiled.program.load_state_dict(eager.program.state_dict())
+        state = eager.program.state_dict()
+        compiled.program.load_state_dict(state)
+        noisy.program.load_state_dict(state)
+        _ulp_noise(noisy, generator)
         eager.step()
         compiled.step()
-        worst = max(worst, _worst(eager, compiled))
+        noisy.step()
+        allowed = max(bound, 10 * _worst(eager, noisy))
+        worst = max(worst, _worst(eager, compiled) / allowed * bound)
         if i + 1 == warmup:
             compiles = [r.counts.compiles for r in compiled.program.compiled.values()]
     reports = list(compiled.program.compiled.values())
     assert reports and all(r.compiled for r in reports), [r.line() for r in reports]
     assert [r.counts.compiles for r in reports] == compiles, [r.line() for r in reports]   # steady state
-    assert worst <= bound, f"{method}: a compiled step differs from the eager one by {worst:.3g} (relative)"
+    assert worst <= bound, f"{method}: a compiled step differs from the eager one by {worst / bound:.3g} × its bound"
     assert all(math.isfinite(v) for v in compiled.losses().values())
     return worst
 
