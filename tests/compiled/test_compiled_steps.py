@@ -69,13 +69,12 @@ def _agree(method: str, optimizer: str, dtype: str, steps: int, bound: float, wa
     generator = torch.Generator().manual_seed(0)
     worst, compiles = 0.0, None
     for i in range(steps):
-        state = eager.program.state_dict()
-        compiled.program.load_state_dict(state)
-        noisy.program.load_state_dict(state)
-        _ulp_noise(noisy, generator)
-        eager.step()
-        compiled.step()
-        noisy.step()
+        state = eager.program.state_dict()     # the random generators' states too: one per process
+        for session in (eager, compiled, noisy):
+            session.program.load_state_dict(state)
+            if session is noisy:
+                _ulp_noise(noisy, generator)
+            session.step()
         allowed = max(bound, 10 * _worst(eager, noisy))
         worst = max(worst, _worst(eager, compiled) / allowed * bound)
         if i + 1 == warmup:
@@ -120,9 +119,10 @@ def test_a_value_read_back_to_python_runs_the_step_eagerly_and_says_where(tmp_pa
     eager = mloc.load(program, dtype="float64", compile="off")
     compiled = mloc.load(program, dtype="float64", compile="on")
     for _ in range(3):
-        compiled.program.load_state_dict(eager.program.state_dict())
-        eager.step()
-        compiled.step()
+        state = eager.program.state_dict()
+        for session in (eager, compiled):
+            session.program.load_state_dict(state)
+            session.step()
     upper = compiled.program.compiled["upper", "weights"]
     assert not upper.compiled
     assert "read back to Python" in upper.reason and "itemlib.py:" in upper.reason

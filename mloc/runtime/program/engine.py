@@ -103,14 +103,16 @@ class Program:
         """One step of `name` on the mean hypergradient of `tasks` solves of its lower
         problem (`steps` steps each, from its reset), vectorized with ``torch.func.vmap``
         (`vmap = true`; :mod:`mloc.runtime.grad.metabatch`)."""
-        self._step("meta_batch", name, lambda n: MetaBatch(self, n, tasks, steps))()
+        why = "not captured: its tasks' solves, vectorized with vmap, commit inside the step"
+        self._step("meta_batch", name, lambda n: self._eager("meta_batch", n, MetaBatch(self, n, tasks, steps), why))()
 
     def chain_step(self, first: str) -> None:
         """One interlocking step of the chain that starts at stage `first`
         (:func:`mloc.runtime.grad.interlock.chain_stepper`: every stage, each committed through
         its own pipeline)."""
-        self._step("chain", first, lambda n: chain_stepper(self.chains[n], self.live, self.drawer(n),
-                                                           self.pipeline))()
+        why = "not captured: its stages commit one after another inside the step"
+        self._step("chain", first, lambda n: self._eager(
+            "chain", n, chain_stepper(self.chains[n], self.live, self.drawer(n), self.pipeline), why))()
 
     def _step(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
         """The step of kind `kind` of problem `name`, ``make(name)`` at its first use and
@@ -161,6 +163,13 @@ class Program:
                  "graphs": r.counts.graphs, "operations": r.counts.operations, "recompiles": r.recompiles,
                  "compile_seconds": round(r.counts.seconds, 3)} for r in self.compiled.values()]
 
+    def _eager(self, kind: str, name: str, step: Any, reason: str) -> Any:
+        """A step kind the capture does not take (yet): ``step`` as it is, and, where the
+        run compiles, a report that says so (never silently eager)."""
+        if self.compile == "on":
+            self.compiled[kind, name] = StepReport(kind, name, reason=reason)
+        return step
+
     def _compiled(self, kind: str, name: str, source: Source) -> Source:
         """``source``, compiled where the run compiles (:mod:`mloc.runtime.compiled`): an
         upper step takes the optimizer states of the problems below it as inputs, tensors
@@ -169,6 +178,10 @@ class Program:
         if self.compile != "on":
             return source
         report = self.compiled[kind, name] = StepReport(kind, name)
+        if kind == "upper" and self.dist.world > 1:
+            report.reason = ("under data parallelism the hypergradient averages its Hessian-vector products "
+                             "across processes inside the step, which the capture does not record")
+            return source
         below = _below(self.hierarchy, name)
         batches = (name, *below) if kind == "upper" else (name,)
         states = below if kind == "upper" else ()
