@@ -37,10 +37,10 @@ CASES = sorted(m for m, d in METHODS.items() if d.runtime is not None and m != "
     "itd(steps=2, mode=reverse)", "itd(steps=2, mode=forward)", "itd(steps=2, mode=recompute)"]
 
 
-def _pair(method: str, optimizer: str, dtype: str):
-    sets = [f"{EDGE}.hypergrad={method}", f"net.optimizer={optimizer}"]
-    return (mloc.load(SMALL, set=sets, dtype=dtype, compile="off"),
-            mloc.load(SMALL, set=sets, dtype=dtype, compile="on"))
+def _pair(method: str | None, optimizer: str | None, dtype: str, program=SMALL):
+    sets = [f"{EDGE}.hypergrad={method}", f"net.optimizer={optimizer}"] if method else []
+    return (mloc.load(program, set=sets, dtype=dtype, compile="off"),
+            mloc.load(program, set=sets, dtype=dtype, compile="on"))
 
 
 def _worst(eager, compiled) -> float:
@@ -61,11 +61,12 @@ def _ulp_noise(session, generator) -> None:
                 p.mul_(1 + ulp * sign)
 
 
-def _agree(method: str, optimizer: str, dtype: str, steps: int, bound: float, warmup: int = 5):
+def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bound: float, warmup: int = 5,
+           program=SMALL):
     """Every step of ``steps`` compiled and eager from the eager state, within the module
     docstring's bound; no compile at all after the first ``warmup`` steps."""
-    eager, compiled = _pair(method, optimizer, dtype)
-    noisy = _pair(method, optimizer, dtype)[0]
+    eager, compiled = _pair(method, optimizer, dtype, program)
+    noisy = _pair(method, optimizer, dtype, program)[0]
     generator = torch.Generator().manual_seed(0)
     worst, compiles = 0.0, None
     for i in range(steps):
@@ -104,6 +105,23 @@ def test_every_method_compiled_equals_eager_over_100_steps_in_float64(method, op
 @pytest.mark.parametrize("method", CASES)
 def test_every_method_compiled_equals_eager_in_float32(method):
     _agree(method, "sgd(lr=0.1, momentum=0.9)", "float32", 100, 1e-5)
+
+
+FEATURES = {
+    "buffers": "tests/buffers/bn.mlo",            # BatchNorm statistics, dropout, evaluation mode
+    "project": "tests/features/project.mlo",      # the upper's `project` after its commit
+    "reinit and accumulate": "programs/imaml.mlo",  # reinit per outer step, accumulate = 4, CG
+    "three levels": "programs/trilevel.mlo",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+def test_program_features_behave_compiled_as_eager(feature):
+    """Each program's steps, compiled, within the same bounds as the methods: buffers
+    (BatchNorm's statistics under the buffer rule; dropout draws eager's masks), project,
+    reinit, accumulation; the evaluations (evaluation mode) read the same state."""
+    _agree(None, None, "float64", 20, 1e-12, program=ROOT / FEATURES[feature])
 
 
 def test_a_value_read_back_to_python_runs_the_step_eagerly_and_says_where(tmp_path):
