@@ -111,7 +111,6 @@ FEATURES = {
     "buffers": "tests/buffers/bn.mlo",            # BatchNorm statistics, dropout, evaluation mode
     "project": "tests/features/project.mlo",      # the upper's `project` after its commit
     "reinit and accumulate": "programs/imaml.mlo",  # reinit per outer step, accumulate = 4, CG
-    "three levels": "programs/trilevel.mlo",
 }
 
 
