@@ -1,0 +1,66 @@
+"""`mloc run --compile on|off`: resumed runs are bitwise the uninterrupted run within one
+mode, in separate processes (different `PYTHONHASHSEED`s); the run says how each step ran
+and records it; `recompiles` in the metrics is 0 in steady state; `auto` says what it
+decided and why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.run.helpers import same_state
+
+SMALL = ROOT / "tests" / "run" / "small.mlo"
+
+
+def _mloc(*argv, hashseed: str):
+    env = {**os.environ, "PYTHONHASHSEED": hashseed}
+    return subprocess.run([sys.executable, "-m", "mloc", *map(str, argv)], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=900)
+
+
+@pytest.mark.slow
+def test_a_compiled_run_resumed_is_bitwise_the_uninterrupted_one(tmp_path):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    done = _mloc("run", SMALL, "--compile", "on", "--steps", 12, "--out", whole, hashseed="1")
+    assert done.returncode == 0, done.stderr
+    assert "compile: upper step of weights: compiled" in done.stdout + done.stderr
+    first = _mloc("run", SMALL, "--compile", "on", "--steps", 6, "--out", part, hashseed="2")
+    assert first.returncode == 0, first.stderr
+    again = _mloc("run", SMALL, "--compile", "on", "--resume", part, "--steps", 12, hashseed="3")
+    assert again.returncode == 0, again.stderr
+    assert same_state(whole, part)
+    config = json.loads((whole / "config.json").read_text())["run"]
+    assert config["compile"] == "on"
+    assert {c["step"]: c["compiled"] for c in config["compiled"]} == {"lower net": True, "upper weights": True}
+    assert all(c["compile_seconds"] > 0 for c in config["compiled"])
+    trains = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
+    trains = [r for r in trains if r["kind"] == "train"]
+    assert trains and all(r["recompiles"] == 0 for r in trains)
+
+
+@pytest.mark.slow
+def test_an_eager_run_resumed_is_bitwise_and_differs_from_nothing_it_should_not(tmp_path):
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert _mloc("run", SMALL, "--compile", "off", "--steps", 12, "--out", whole, hashseed="1").returncode == 0
+    assert _mloc("run", SMALL, "--compile", "off", "--steps", 6, "--out", part, hashseed="2").returncode == 0
+    assert _mloc("run", SMALL, "--compile", "off", "--resume", part, "--steps", 12, hashseed="3").returncode == 0
+    assert same_state(whole, part)
+    config = json.loads((whole / "config.json").read_text())["run"]
+    assert config["compile"] == "off" and "compiled" not in config
+
+
+def test_auto_on_a_short_run_stays_eager_and_says_why(mloc_here, tmp_path):
+    out = tmp_path / "run"
+    ran = mloc_here("run", SMALL, "--steps", 10, "--out", out)
+    assert ran.returncode == 0, ran.stderr
+    said = ran.stdout + ran.stderr
+    assert "compile: off (4 steps left × " in said and "expected to compile 2 step kinds" in said
+    config = json.loads((out / "config.json").read_text())["run"]
+    assert config["compile"] == "auto"
+    assert config["compile_decision"]["compile"] is False and config["compile_decision"]["at_step"] == 6
