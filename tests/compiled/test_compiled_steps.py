@@ -8,9 +8,12 @@ compiled step's own error, not training's growth of a rounding difference. A ste
 rounding is amplified by the conditioning of what it computes: ten CG iterations on the
 small program's nearly singular Hessian turn 1e-16 into 1e-11, in eager mode too. So each
 step's difference is held to the larger of a fixed bound (float64 1e-12 relative,
-float32 1e-5) and ten times what one ulp of relative noise on the parameters changes in
-the eager step itself (measured every step, on a third copy): the compiled step is as
-exact as the eager one can be told apart from its own rounding.
+float32 1e-5) and 100 times what one ulp of relative noise on the parameters changes in
+the eager step itself (measured every step, on a third copy). The factor: rounding inside
+CG's iterations is amplified more than rounding of its inputs (measured: 29 times the
+parameter-noise effect, 2.9e-12, on `cg` with SGD below); every other case is within the
+fixed bound. A miscompiled graph (the pattern-matcher bug of `backend.CONFIG`) is off by
+a relative ~1, far outside either.
 
 Registry-parametrised: one case per hypergradient method with a runtime (and per `itd`
 mode), so a new method is covered without editing this file. Compiling costs 2–15 s per
@@ -76,7 +79,7 @@ def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bo
             if session is noisy:
                 _ulp_noise(noisy, generator)
             session.step()
-        allowed = max(bound, 10 * _worst(eager, noisy))
+        allowed = max(bound, 100 * _worst(eager, noisy))
         worst = max(worst, _worst(eager, compiled) / allowed * bound)
         if i + 1 == warmup:
             compiles = [r.counts.compiles for r in compiled.program.compiled.values()]
