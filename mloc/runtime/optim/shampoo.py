@@ -63,6 +63,7 @@ import torch
 from torch import Tensor
 
 from mloc.shared.hyper import GRAFTS, ShampooHyper
+from mloc.shared.roots import shampoo_roots_due
 from mloc.runtime.optim import blocks, graft as grafting
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
 from mloc.runtime.optim.ops import FOREACH, FUNCTIONAL
@@ -95,6 +96,7 @@ class Shampoo(Optimizer):
         self.slots = self.work.slots
         self._layouts: dict[tuple, blocks.Layout] = {}
         self._layout_lists: dict[tuple, tuple] = {}
+        self._flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
     # --- layout and state ---------------------------------------------------------------
     def layout(self, p: Tensor) -> blocks.Layout:
@@ -150,16 +152,82 @@ class Shampoo(Optimizer):
         :func:`.blocks.accumulate`) and, where ``g`` carries no graph, the preconditioner."""
         h, t = self.hyper, state.count + 1
         lays = self.layouts(params)
-        g = self._decayed(grads, params)
-        x = [blocks.to_blocks(gi.detach(), lay) if s else None for gi, s, lay in zip(g, state.stats, lays)]
-        stats = tuple(blocks.accumulate(s, xi, h.beta2, inplace=ops.inplace) if s else ()
-                      for xi, s in zip(x, state.stats))
+        g, x, stats = self._accumulate(ops, grads, state.stats, params, lays)
         roots, failures, pending = self._roots(t, stats, state, lays)
-        graft, d = grafting.directions(ops, h.graft, h.graft_beta2, t, g, state.graft)
-        if t > h.start_preconditioning_step:
-            d = _preconditioned(ops, d, g, x, roots, lays, h.graft)
-        momentum, updates = _momentum(ops, h, d, state.momentum, params)
+        graft, momentum, updates = self._descend(ops, t, t > h.start_preconditioning_step, g, x, roots,
+                                                 state.graft, state.momentum, params, lays)
         return updates, ShampooState(t, stats, roots, failures, graft, momentum, pending)
+
+    def _accumulate(self, ops, grads, stats, params, lays):
+        """``(g, x, stats)``: the gradients with coupled weight decay, their blocks
+        (detached; None for a diagonal-policy tensor) and the statistics after them, the
+        first part of :meth:`_step`."""
+        h = self.hyper
+        g = self._decayed(grads, params)
+        x = [blocks.to_blocks(gi.detach(), lay) if s else None for gi, s, lay in zip(g, stats, lays)]
+        stats = tuple(blocks.accumulate(s, xi, h.beta2, inplace=ops.inplace) if s else ()
+                      for xi, s in zip(x, stats))
+        return g, x, stats
+
+    def _descend(self, ops, t, precondition, g, x, roots, accs, buffers, params, lays):
+        """``(graft accumulators, momentum buffers, updates)``, the part of :meth:`_step`
+        after the roots: the grafted directions, preconditioned where ``precondition`` (a
+        bool, or a 0-dim bool tensor that selects per element: the compiled step's one
+        graph before and after ``start_preconditioning_step``), momentum, the update."""
+        h = self.hyper
+        graft, d = grafting.directions(ops, h.graft, h.graft_beta2, t, g, accs)
+        if isinstance(precondition, Tensor) or precondition:
+            d = _preconditioned(ops, d, g, x, roots, lays, h.graft, precondition)
+        momentum, updates = _momentum(ops, h, d, buffers, params)
+        return graft, momentum, updates
+
+    # --- the compiled step -------------------------------------------------------------
+    def compiled_commit(self):
+        """:meth:`commit` with the step's tensor work compiled in one region, the root work
+        around it eager (:mod:`.compiled`): the slots due installed, then in the region the
+        statistics, the grafted and preconditioned directions, momentum and the update
+        (:meth:`_between`, one graph for every step: the roots, the step count and a
+        schedule's rate are inputs, the start of preconditioning a 0-dim flag), then this
+        step's refresh started or computed from the statistics it wrote. With staleness 0 a
+        refresh step uses its own roots between the statistics and the direction: that step
+        is :meth:`commit`'s, eager (with ``update_every = 1`` every step; its root work is
+        most of it)."""
+        from mloc.runtime.optim.compiled import CompiledCommit, Region
+        body = Region(self._between, "Shampoo_step")
+        h = self.hyper
+
+        def commit(grads, state, params):
+            t, params = state.count + 1, list(params)
+            if not self.slots and shampoo_roots_due(t, h.update_every, 0) is not None and any(state.stats):
+                return self.commit(grads, state, params)
+            lays = self.layouts(params)
+            roots, failures, pending = self.work.install(t, state.roots, state.failures, state.pending)
+            stats, graft, momentum = body(tuple(grads), params, state.stats, roots, state.graft, state.momentum,
+                                          t, self._started(t, params), lays)
+            pending = self.work.refresh(t, stats, _orders(lays), pending, background=h.async_roots)
+            return ShampooState(t, stats, roots, failures, graft, momentum, pending)
+        return CompiledCommit(commit, (body,))
+
+    def _between(self, grads, params, stats, roots, accs, buffers, t, precondition, lays):
+        """The compiled region of :meth:`compiled_commit`: :meth:`_step` without the root
+        work, as :meth:`commit` runs it (:data:`~.ops.FOREACH` with number hyperparameters,
+        :data:`~.ops.FUNCTIONAL` then ``params += updates`` with a tensor one); returns
+        ``(stats, graft accumulators, momentum buffers)``."""
+        ops = FOREACH if self.inplace else FUNCTIONAL
+        g, x, stats = self._accumulate(ops, grads, stats, params, lays)
+        graft, momentum, updates = self._descend(ops, t, precondition, g, x, roots, accs, buffers, params, lays)
+        if updates is not None:
+            for p, u in zip(params, updates):
+                p.add_(u)
+        return stats, graft, momentum
+
+    def _started(self, t, params) -> Tensor:
+        """A 0-dim bool tensor on the parameters' device: ``t > start_preconditioning_step``
+        (one of two kept per device, so the flag is an input, never a constant)."""
+        device = params[0].device if params else torch.device("cpu")
+        if device not in self._flags:
+            self._flags[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
+        return self._flags[device][t > self.hyper.start_preconditioning_step]
 
     def _decayed(self, grads, params):
         h = self.hyper
@@ -257,12 +325,13 @@ def _orders(lays) -> tuple:
     return tuple(lay.p for lay in lays)
 
 
-def _preconditioned(ops, d, g, x, roots, lays, graft) -> list:
+def _preconditioned(ops, d, g, x, roots, lays, graft, when=True) -> list:
     """The directions ``d`` with every preconditioned tensor's replaced by its gradient
     ``g`` preconditioned, ``P = G ×₁ Q₁ ⋯ ×ₖ Qₖ``, and (unless ``graft`` is ``none``)
     rescaled to the grafted norm, ``P·‖D‖/(‖P‖+10⁻¹⁶)``. ``x``: ``g``'s blocks, detached
     (the statistics'), used as they are unless ``g`` carries a graph (then laid out
-    again, here: the derivative runs through ``P``)."""
+    again, here: the derivative runs through ``P``). ``when``: True, or a 0-dim bool
+    tensor choosing between ``P`` and ``d`` (``torch.where``: either exactly)."""
     idx = [i for i, r in enumerate(roots) if r]
     x = [blocks.to_blocks(g[i], lays[i]) if g[i].requires_grad else x[i] for i in idx]
     pre = [blocks.from_blocks(blocks.precondition(xi, roots[i]), lays[i]) for xi, i in zip(x, idx)]
@@ -270,7 +339,7 @@ def _preconditioned(ops, d, g, x, roots, lays, graft) -> list:
         pre = ops.rescale_(pre, [d[i] for i in idx], 1e-16)
     d = list(d)
     for i, p in zip(idx, pre):
-        d[i] = p
+        d[i] = p if when is True else torch.where(when, p, d[i])
     return d
 
 
