@@ -138,6 +138,17 @@ class CompiledCommit:
         return sum(r.seconds for r in self.regions)
 
 
+def host_numbers(values, params) -> torch.Tensor:
+    """``values`` (numbers computed on the host each step, or 0-dim tensors where a
+    schedule made them so) as one float64 tensor on the parameters' device: how numbers that
+    change every step enter a region (a Python float given to a kernel as its scalar is a
+    constant to the compiler, recompiled when it changes)."""
+    device = params[0].device if len(params) else None
+    if any(isinstance(v, torch.Tensor) for v in values):
+        return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).detach() for v in values])
+    return torch.tensor(values, dtype=torch.float64, device=device)
+
+
 def compile_commit(optimizer) -> CompiledCommit:
     """The default hook: ``optimizer.commit`` itself in one region (the step's whole
     tensor work, its interpreter as eager: :data:`~.ops.INPLACE` with number

@@ -63,7 +63,6 @@ import torch
 from torch import Tensor
 
 from mloc.shared.hyper import GRAFTS, ShampooHyper
-from mloc.shared.roots import shampoo_roots_due
 from mloc.runtime.optim import blocks, graft as grafting
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
 from mloc.runtime.optim.ops import FOREACH, FUNCTIONAL
@@ -144,18 +143,21 @@ class Shampoo(Optimizer):
             return super().commit(grads, state, params)
         return self._step(FOREACH, grads, state, list(params))[1]
 
-    def _step(self, ops, grads, state, params):
+    def _step(self, ops, grads, state, params, direction=None):
         """One step (the module docstring) in the algebra of :mod:`.ops`: ``(updates,
         state)`` under :data:`~.ops.FUNCTIONAL`; under :data:`~.ops.FOREACH` the state and
         the parameters are written. The blocks of ``g`` are laid out once, detached (the
         roots are constants to autograd), for the statistics (one kernel in either form,
-        :func:`.blocks.accumulate`) and, where ``g`` carries no graph, the preconditioner."""
+        :func:`.blocks.accumulate`) and, where ``g`` carries no graph, the preconditioner.
+        ``direction``: what computes the step after the roots (default :meth:`_direction`;
+        :meth:`compiled_commit`'s compiled region)."""
         h, t = self.hyper, state.count + 1
         lays = self.layouts(params)
         g, x, stats = self._accumulate(ops, grads, state.stats, params, lays)
         roots, failures, pending = self._roots(t, stats, state, lays)
-        graft, momentum, updates = self._descend(ops, t, t > h.start_preconditioning_step, g, x, roots,
-                                                 state.graft, state.momentum, params, lays)
+        graft, momentum, updates = (direction or self._direction)(
+            ops, self._bias(t), t > h.start_preconditioning_step, g, x, roots, state.graft, state.momentum,
+            params, lays)
         return updates, ShampooState(t, stats, roots, failures, graft, momentum, pending)
 
     def _accumulate(self, ops, grads, stats, params, lays):
@@ -169,65 +171,71 @@ class Shampoo(Optimizer):
                       for xi, s in zip(x, stats))
         return g, x, stats
 
-    def _descend(self, ops, t, precondition, g, x, roots, accs, buffers, params, lays):
+    def _direction(self, ops, bias, precondition, g, x, roots, accs, buffers, params, lays):
         """``(graft accumulators, momentum buffers, updates)``, the part of :meth:`_step`
-        after the roots: the grafted directions, preconditioned where ``precondition`` (a
-        bool, or a 0-dim bool tensor that selects per element: the compiled step's one
-        graph before and after ``start_preconditioning_step``), momentum, the update."""
+        after the roots: the grafted directions (``bias``: the step's numbers,
+        :meth:`_bias`), preconditioned where ``precondition`` (a bool, or a 0-dim bool
+        tensor that selects per element: the compiled step's one graph before and after
+        ``start_preconditioning_step``), momentum, the update."""
         h = self.hyper
-        graft, d = grafting.directions(ops, h.graft, h.graft_beta2, t, g, accs)
+        graft, d = grafting.directions(ops, h.graft, h.graft_beta2, None, g, accs, bias)
         if isinstance(precondition, Tensor) or precondition:
             d = _preconditioned(ops, d, g, x, roots, lays, h.graft, precondition)
         momentum, updates = _momentum(ops, h, d, buffers, params)
         return graft, momentum, updates
 
+    def _bias(self, t):
+        """All that the step reads of the step count ``t`` besides the root schedule and the
+        start of preconditioning: the grafting's bias corrections
+        (:func:`.graft.corrections`; None but for ``adam``), host numbers."""
+        return grafting.corrections(self.hyper.graft, self.hyper.graft_beta2, t)
+
     # --- the compiled step -------------------------------------------------------------
     def compiled_commit(self):
-        """:meth:`commit` with the step's tensor work compiled in one region, the root work
-        around it eager (:mod:`.compiled`): the slots due installed, then in the region the
-        statistics, the grafted and preconditioned directions, momentum and the update
-        (:meth:`_between`, one graph for every step: the roots, the step count and a
-        schedule's rate are inputs, the start of preconditioning a 0-dim flag), then this
-        step's refresh started or computed from the statistics it wrote. With staleness 0 a
-        refresh step uses its own roots between the statistics and the direction: that step
-        is :meth:`commit`'s, eager (with ``update_every = 1`` every step; its root work is
-        most of it)."""
-        from mloc.runtime.optim.compiled import CompiledCommit, Region
-        body = Region(self._between, "Shampoo_step")
-        h = self.hyper
+        """:meth:`commit` with the part of the step after the roots compiled
+        (:mod:`.compiled`): :meth:`_step` as ever, the statistics (one matrix product per
+        mode, in place) and the root work (refreshes, installs, background jobs) eager, and
+        :meth:`_direction` (the grafting, the preconditioning ``Q₁ G Q₂``, the rescaling,
+        momentum, the update: the elementwise work, fused) in one region, one graph for
+        every step: the roots, the gradients' blocks and a schedule's rate are inputs; of
+        the step count only ``adam`` grafting's bias corrections enter, as host numbers in a
+        tensor, and the start of preconditioning, as a 0-dim flag (before it both
+        directions are computed, and the grafted one taken)."""
+        from mloc.runtime.optim.compiled import CompiledCommit, Region, host_numbers
+        region = Region(self._compiled_direction, "Shampoo_direction")
+
+        def direction(ops, bias, started, g, x, roots, accs, buffers, params, lays):
+            numbers = None if bias is None else host_numbers(bias, params)
+            graft, momentum = region(tuple(g), x, roots, accs, buffers, params, numbers,
+                                     self._flag(started, params), lays)
+            return graft, momentum, None
 
         def commit(grads, state, params):
-            t, params = state.count + 1, list(params)
-            if not self.slots and shampoo_roots_due(t, h.update_every, 0) is not None and any(state.stats):
-                return self.commit(grads, state, params)
-            lays = self.layouts(params)
-            roots, failures, pending = self.work.install(t, state.roots, state.failures, state.pending)
-            stats, graft, momentum = body(tuple(grads), params, state.stats, roots, state.graft, state.momentum,
-                                          t, self._started(t, params), lays)
-            pending = self.work.refresh(t, stats, _orders(lays), pending, background=h.async_roots)
-            return ShampooState(t, stats, roots, failures, graft, momentum, pending)
-        return CompiledCommit(commit, (body,))
+            ops = FOREACH if self.inplace else FUNCTIONAL
+            return self._step(ops, grads, state, list(params), direction)[1]
+        return CompiledCommit(commit, (region,))
 
-    def _between(self, grads, params, stats, roots, accs, buffers, t, precondition, lays):
-        """The compiled region of :meth:`compiled_commit`: :meth:`_step` without the root
-        work, as :meth:`commit` runs it (:data:`~.ops.FOREACH` with number hyperparameters,
-        :data:`~.ops.FUNCTIONAL` then ``params += updates`` with a tensor one); returns
-        ``(stats, graft accumulators, momentum buffers)``."""
+    def _compiled_direction(self, g, x, roots, accs, buffers, params, bias, precondition, lays):
+        """The compiled region: :meth:`_direction` as :meth:`commit` runs it
+        (:data:`~.ops.FOREACH` with number hyperparameters; :data:`~.ops.FUNCTIONAL`, then
+        ``params += updates``, with a tensor one), ``bias`` the step's :meth:`_bias` in a
+        float64 tensor or None, ``precondition`` a 0-dim bool tensor; returns ``(graft
+        accumulators, momentum buffers)``."""
         ops = FOREACH if self.inplace else FUNCTIONAL
-        g, x, stats = self._accumulate(ops, grads, stats, params, lays)
-        graft, momentum, updates = self._descend(ops, t, precondition, g, x, roots, accs, buffers, params, lays)
+        bias = None if bias is None else tuple(bias.unbind())
+        graft, momentum, updates = self._direction(ops, bias, precondition, g, x, roots, accs, buffers, params, lays)
         if updates is not None:
             for p, u in zip(params, updates):
                 p.add_(u)
-        return stats, graft, momentum
+        return graft, momentum
 
-    def _started(self, t, params) -> Tensor:
-        """A 0-dim bool tensor on the parameters' device: ``t > start_preconditioning_step``
-        (one of two kept per device, so the flag is an input, never a constant)."""
+    def _flag(self, value: bool, params) -> Tensor:
+        """``value`` as a 0-dim bool tensor on the parameters' device (one of two kept per
+        device: an input of the compiled region, never a constant)."""
         device = params[0].device if params else torch.device("cpu")
         if device not in self._flags:
             self._flags[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
-        return self._flags[device][t > self.hyper.start_preconditioning_step]
+        return self._flags[device][bool(value)]
 
     def _decayed(self, grads, params):
         h = self.hyper
