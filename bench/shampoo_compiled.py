@@ -8,15 +8,16 @@ clock). Shampoo: AdaGrad grafting, Nesterov momentum 0.9, roots every 10 steps
 (synchronous, staleness 0, eigh on the CPU), preconditioning from step 11, block size 128
 (the 2048×256 weight is 16×2 blocks); Adam: lr 1e-3.
 
-Per thread setting (``--threads``: 1, and 0 for torch's default), ``--runs`` runs; in each
-run the four optimizers train ``--steps`` steps each, in a fresh random order, every one
-from a fresh optimizer, so each run compiles anew (the first run of a process pays the
-cold compile; later runs find Inductor's graph cache). A step's time is the median over
-runs and over the phases of the 10-step root cycle without a refresh (steps 21 … on, the
-refresh phase left out): the step **between root refreshes**, which the compiled commit
-compiles (a refresh step with staleness 0 is eager in both). Printed: ms per step, the
-ratio to eager Adam, and per compiled optimizer the compile time of the first run (and the
-median of the later runs), graphs compiled per run and recompiles after step 2.
+Per thread setting (``--threads``: 1, and 0 for torch's default, all cores), ``--runs``
+runs; in each run the four optimizers train side by side, ``--steps`` steps, taking turns
+in a fresh random order at every step (a busy machine slows them alike), each from a fresh
+optimizer, so every run compiles anew (the first run of a process pays the cold compile,
+later runs find Inductor's graph cache). A step's time is the median over runs and over
+the steps outside the refresh phase of the 10-step root cycle, from step 21 on: the step
+**between root refreshes** (the refresh itself, eigendecompositions, is eager in both).
+Printed: ms per step, the ratio to eager Adam, and per compiled optimizer the compile
+time of the first run (and the median of the later runs), graphs compiled per run and
+graphs compiled after step 2 (recompiles in steady state: 0).
 
     python bench/shampoo_compiled.py [--runs 5] [--steps 60] [--threads 1,0] [--cold]
 
@@ -59,29 +60,49 @@ def make(variant):
     return shampoo(1e-3, update_every=EVERY, start_preconditioning_step=EVERY, graft="adagrad")
 
 
-def train(sizes, variant, steps):
-    """``(step times, compiled commit or None)`` of one run of ``variant``."""
-    import torch
-    init, loss = problem(sizes)
-    params = tuple(p.clone().requires_grad_(True) for p in init)
-    opt = make(variant)
-    state = opt.init(params)
-    compiled = variant.endswith("compiled")
-    commit = opt.compiled_commit() if compiled else opt.commit
-    times, graphs_at_2 = [], None
-    for step in range(steps):
-        grads = torch.autograd.grad(loss(params), params)
+class Trainer:
+    """One optimizer training its own copy of the model: ``step()`` computes the
+    gradients at its parameters (untimed) and returns the seconds of the commit alone."""
+
+    def __init__(self, sizes, variant):
+        import torch
+        init, self.loss = problem(sizes)
+        self.params = tuple(p.clone().requires_grad_(True) for p in init)
+        self.opt = make(variant)
+        self.state = self.opt.init(self.params)
+        self.compiled = variant.endswith("compiled")
+        self.commit = self.opt.compiled_commit() if self.compiled else self.opt.commit
+        self.torch = torch
+
+    def step(self) -> float:
+        grads = self.torch.autograd.grad(self.loss(self.params), self.params)
         t0 = time.perf_counter()
-        with torch.no_grad():
-            state = commit(grads, state, params)
-        times.append(time.perf_counter() - t0)
-        if step == 1 and compiled:
-            graphs_at_2 = commit.compiles
-    if compiled:
-        if commit.reason is not None:
-            raise SystemExit(f"{variant}: not compiled: {commit.reason}")
-        return times, (commit.compile_seconds, commit.compiles, commit.compiles - graphs_at_2)
-    return times, None
+        with self.torch.no_grad():
+            self.state = self.commit(grads, self.state, self.params)
+        return time.perf_counter() - t0
+
+
+def one_run(sizes, steps, rng):
+    """Per variant, the step times of one run: the four trainers step in turn, in a fresh
+    random order at every step (so a busy machine slows them alike); and per compiled
+    variant ``(compile s, graphs, graphs after step 2)``."""
+    trainers = {v: Trainer(sizes, v) for v in VARIANTS}
+    times = {v: [] for v in VARIANTS}
+    at_2 = {}
+    for step in range(steps):
+        order = list(VARIANTS)
+        rng.shuffle(order)
+        for v in order:
+            times[v].append(trainers[v].step())
+        if step == 1:
+            at_2 = {v: t.commit.compiles for v, t in trainers.items() if t.compiled}
+    compiles = {}
+    for v, t in trainers.items():
+        if t.compiled:
+            if t.commit.reason is not None:
+                raise SystemExit(f"{v}: not compiled: {t.commit.reason}")
+            compiles[v] = (t.commit.compile_seconds, t.commit.compiles, t.commit.compiles - at_2[v])
+    return times, compiles
 
 
 def between_refreshes(runs, every=EVERY, skip=2 * EVERY):
@@ -100,13 +121,11 @@ def measure(threads, runs, steps):
         times = {v: [] for v in VARIANTS}
         compiles = {v: [] for v in VARIANTS if v.endswith("compiled")}
         for _ in range(runs):
-            order = list(VARIANTS)
-            rng.shuffle(order)
-            for v in order:
-                t, c = train(sizes, v, steps)
-                times[v].append(t)
-                if c is not None:
-                    compiles[v].append(c)
+            t, c = one_run(sizes, steps, rng)
+            for v in VARIANTS:
+                times[v].append(t[v])
+            for v in compiles:
+                compiles[v].append(c[v])
         out[model] = ({v: between_refreshes(r) for v, r in times.items()}, compiles)
     return torch.get_num_threads(), out
 
@@ -142,7 +161,8 @@ def main():
     if args.cold:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
     import torch
-    print(f"torch {torch.__version__}, CPU, {os.cpu_count()} cores, {args.runs} runs of {args.steps} "
+    print(f"torch {torch.__version__}, CPU, {os.cpu_count()} cores (load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}), {args.runs} runs of {args.steps} "
           f"steps{', cold Inductor cache' if args.cold else ''}\n")
     for threads in (int(t) for t in args.threads.split(",")):
         report(*measure(threads, args.runs, args.steps))

@@ -26,8 +26,12 @@ SHAPES = [(6, 5), (5,), (3, 4, 2), (40, 7)]
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5}
 """Largest relative difference (per tensor, ``max|a−b| / max|a|``) between the eager and the
 compiled commit after 100 steps: a few units in the last place per step, accumulated (the
-compiler fuses, reassociates and contracts the elementwise formulas; measured ≤ 2e-15 and
-≤ 1e-6)."""
+compiler fuses, reassociates and contracts the elementwise formulas, and Adam's region runs
+the functional formulas where the eager commit runs ``torch.optim``'s fused in-place
+kernels). Measured over every configuration here: ≤ 2.4e-15 in float64 and ≤ 2.4e-7 in
+float32, except AdamW's parameters, 6.3e-15 and 3.0e-6 (its decoupled decay,
+``θ·(1−ηλ)`` then the step in place, is one update ``−ηλθ − η·m/d`` in the functional
+form)."""
 
 _SHAMPOO = dict(block_size=16, update_every=4, start_preconditioning_step=3, root_method="eigh")
 

@@ -178,3 +178,34 @@ def test_every_builtin_optimizers_compiled_commit_agrees_with_its_eager_commit(c
     assert relative(p_e, p_c) <= TOLERANCE[dtype]
     assert relative(floating(s_e), floating(s_c)) <= TOLERANCE[dtype]
     assert 1 <= commit.compiles == compiles_at[1] <= 2
+
+
+class Decaying(Optimizer):
+    """SGD whose rate, a Python float in its state, decays by 0.9 per step and is given to
+    a kernel as its scalar (``addcmul_``'s ``value``): a constant to the compiler, so every
+    step compiles another graph (what ``host_numbers`` avoids)."""
+
+    def init(self, params):
+        return 0.1
+
+    def update(self, grads, state, params):
+        return tuple(-state * g for g in grads), state * 0.9
+
+    def commit(self, grads, state, params):
+        for p, g in zip(params, grads):
+            p.addcmul_(g, torch.ones_like(g), value=-state)
+        return state * 0.9
+
+
+@pytest.mark.slow
+def test_a_commit_that_recompiles_every_step_turns_eager_at_the_recompile_limit():
+    """Past Dynamo's recompile limit a function runs uncompiled, silently; the region
+    stops there itself and says so."""
+    from torch._dynamo.config import recompile_limit
+    opt = Decaying()
+    commit = opt.compiled_commit()
+    p_e, _ = run(Decaying(), Decaying().commit, F64, steps=recompile_limit + 4)
+    p_c, state = run(opt, commit, F64, steps=recompile_limit + 4)
+    assert commit.compiles == recompile_limit and state == pytest.approx(0.1 * 0.9 ** (recompile_limit + 4))
+    assert "recompile_limit" in commit.reason
+    assert relative(p_e, p_c) <= TOLERANCE[F64]

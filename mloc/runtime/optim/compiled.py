@@ -18,11 +18,16 @@ What the engine reads from it:
   the eager commit, which gives the same results.
 - ``compiles``: graphs compiled so far (Dynamo's ``unique_graphs`` counter, read around each
   call of a region: a restarted analysis is one graph); ``recompiles``: those beyond each
-  region's first. In steady state neither grows: a Python int that changes every step (a
-  step count) is specialised once (0 is a constant on the first step) and dynamic from the
-  second compile on, a scheduled hyperparameter is a 0-dim tensor (an input, rewritten in
-  place), and every tensor of the state is an input, never a constant (Shampoo's roots,
-  replaced at every install).
+  region's first. In steady state neither grows: a scheduled hyperparameter is a 0-dim
+  tensor (an input, rewritten in place), every tensor of the state is an input, never a
+  constant (Shampoo's roots, replaced at every install), and a step count that reaches a
+  region (the default, the whole ``commit``) is a Python int, a constant on the first step
+  and symbolic from the second compile on (SGD: two graphs, the first step's and the
+  others'). Numbers derived from the count every step (Adam's bias corrections) are
+  computed on the host and given to the region as a float64 tensor (:func:`host_numbers`):
+  as symbols, a power of the count would be evaluated in every vector of the fused loop
+  (Inductor does not hoist it; Adam's compiled step was 2 × its eager one), and a Python
+  float given to a kernel as its scalar is a constant, recompiled when it changes.
 - ``compile_seconds``: wall time of the calls that compiled (the compile and that step).
 
 Each region compiles a fresh copy of its function's code object, named after the
@@ -69,10 +74,11 @@ def _explain(e: BaseException) -> str:
 class Region:
     """One function run under ``torch.compile(fullgraph=True)`` (Inductor), counting the
     graphs it compiles. The first call that the compiler cannot take (a graph break, a
-    backend failure: any ``torch._dynamo`` exception) or that would exceed Dynamo's
-    recompile limit turns the region eager for good, with ``reason`` saying why; the
-    function is then called as it is, from that call on (Dynamo traces on fake tensors, so
-    a failed compile has changed nothing)."""
+    backend failure: any ``torch._dynamo`` exception), or any call once Dynamo's recompile
+    limit of graphs is reached (past it Dynamo would run the function uncompiled, silently),
+    turns the region eager for good, with ``reason`` saying why; the function is then
+    called as it is, from that call on (Dynamo traces on fake tensors, so a failed compile
+    has changed nothing)."""
 
     def __init__(self, fn: Callable, name: str):
         self.fn, self.name = fn, f"{name}_{next(_serial)}"
@@ -85,8 +91,9 @@ class Region:
             return self.fn(*args)
         from torch._dynamo.config import recompile_limit
         from torch._dynamo.exc import TorchDynamoException
-        if self.compiles >= recompile_limit:
-            self.reason = f"{self.name} recompiled {self.compiles - 1} times (Dynamo's recompile_limit)"
+        if self.compiles >= recompile_limit:        # a guard that fails every few steps
+            self.reason = (f"{self.compiles} graphs compiled, Dynamo's recompile_limit: a guard fails "
+                           "again and again (TORCH_LOGS=recompiles says which)")
             return self.fn(*args)
         before, start = _graphs(), time.perf_counter()
         try:

@@ -42,6 +42,9 @@ with respect to the gradients, the parameters and a tensor learning rate, with t
 (and the statistics they come from) treated as constants between refreshes: the graph
 runs through ``Q₁ G Q₂``, the grafting norms and accumulators, and momentum.
 
+**Compiled** (:meth:`Shampoo.compiled_commit`): the part of the step after the roots under
+``torch.compile``, the statistics and every root job eager around it; the same state.
+
 **SAMA** (:meth:`Shampoo.diag`): per block ``η·c·σ·(diag Q₁ ⊗ … ⊗ diag Q_k)``, ``c`` the
 momentum factor (``1``, or ``1+μ`` for Nesterov), ``σ = ‖D‖/‖P‖`` the grafting scale (1 for
 ``none``). With the roots held constant this is the exact diagonal of ``−∂Δθ/∂g`` for
