@@ -98,7 +98,6 @@ class Shampoo(Optimizer):
         self.slots = self.work.slots
         self._layouts: dict[tuple, blocks.Layout] = {}
         self._layout_lists: dict[tuple, tuple] = {}
-        self._flags: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
     # --- layout and state ---------------------------------------------------------------
     def layout(self, p: Tensor) -> blocks.Layout:
@@ -193,52 +192,10 @@ class Shampoo(Optimizer):
         (:func:`.graft.corrections`; None but for ``adam``), host numbers."""
         return grafting.corrections(self.hyper.graft, self.hyper.graft_beta2, t)
 
-    # --- the compiled step -------------------------------------------------------------
     def compiled_commit(self):
         """:meth:`commit` with the part of the step after the roots compiled
-        (:mod:`.compiled`): :meth:`_step` as ever, the statistics (one matrix product per
-        mode, in place) and the root work (refreshes, installs, background jobs) eager, and
-        :meth:`_direction` (the grafting, the preconditioning ``Q₁ G Q₂``, the rescaling,
-        momentum, the update: the elementwise work, fused) in one region, one graph for
-        every step: the roots, the gradients' blocks and a schedule's rate are inputs; of
-        the step count only ``adam`` grafting's bias corrections enter, as host numbers in a
-        tensor, and the start of preconditioning, as a 0-dim flag (before it both
-        directions are computed, and the grafted one taken)."""
-        from mloc.runtime.optim.compiled import CompiledCommit, Region, host_numbers
-        region = Region(self._compiled_direction, "Shampoo_direction")
-
-        def direction(ops, bias, started, g, x, roots, accs, buffers, params, lays):
-            numbers = None if bias is None else host_numbers(bias, params)
-            graft, momentum = region(tuple(g), x, roots, accs, buffers, params, numbers,
-                                     self._flag(started, params), lays)
-            return graft, momentum, None
-
-        def commit(grads, state, params):
-            ops = FOREACH if self.inplace else FUNCTIONAL
-            return self._step(ops, grads, state, list(params), direction)[1]
-        return CompiledCommit(commit, (region,))
-
-    def _compiled_direction(self, g, x, roots, accs, buffers, params, bias, precondition, lays):
-        """The compiled region: :meth:`_direction` as :meth:`commit` runs it
-        (:data:`~.ops.FOREACH` with number hyperparameters; :data:`~.ops.FUNCTIONAL`, then
-        ``params += updates``, with a tensor one), ``bias`` the step's :meth:`_bias` in a
-        float64 tensor or None, ``precondition`` a 0-dim bool tensor; returns ``(graft
-        accumulators, momentum buffers)``."""
-        ops = FOREACH if self.inplace else FUNCTIONAL
-        bias = None if bias is None else tuple(bias.unbind())
-        graft, momentum, updates = self._direction(ops, bias, precondition, g, x, roots, accs, buffers, params, lays)
-        if updates is not None:
-            for p, u in zip(params, updates):
-                p.add_(u)
-        return graft, momentum
-
-    def _flag(self, value: bool, params) -> Tensor:
-        """``value`` as a 0-dim bool tensor on the parameters' device (one of two kept per
-        device: an input of the compiled region, never a constant)."""
-        device = params[0].device if params else torch.device("cpu")
-        if device not in self._flags:
-            self._flags[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
-        return self._flags[device][bool(value)]
+        (:func:`_compiled_commit`)."""
+        return _compiled_commit(self)
 
     def _decayed(self, grads, params):
         h = self.hyper
@@ -329,6 +286,54 @@ def _sama_diagonal(opt: Shampoo, grads, state, params):
         else:
             out.append(h.lr * c * grafting.diagonal(h.graft, h.graft_beta2, t, acc))
     return tuple(out)
+
+
+def _compiled_commit(opt: Shampoo):
+    """:meth:`Shampoo.commit` with the part of the step after the roots compiled
+    (:mod:`.compiled`): :meth:`~Shampoo._step` as ever, the statistics (one matrix product
+    per mode, in place) and the root work (refreshes, installs, background jobs) eager, and
+    :meth:`~Shampoo._direction` (the grafting, the preconditioning ``Q₁ G Q₂``, the
+    rescaling, momentum, the update: the elementwise work, fused) in one region, one graph
+    for every step: the roots, the gradients' blocks and a schedule's rate are inputs; of
+    the step count only ``adam`` grafting's bias corrections enter, as host numbers in a
+    tensor, and the start of preconditioning, as a 0-dim flag (before it both directions
+    are computed, and the grafted one taken)."""
+    from mloc.runtime.optim.compiled import CompiledCommit, Region, host_numbers
+
+    def written(g, x, roots, accs, buffers, params, bias, precondition, lays):
+        # the region: _direction as commit runs it (FOREACH with number hyperparameters;
+        # FUNCTIONAL, then params += updates, with a tensor one)
+        ops = FOREACH if opt.inplace else FUNCTIONAL
+        bias = None if bias is None else tuple(bias.unbind())
+        graft, momentum, updates = opt._direction(ops, bias, precondition, g, x, roots, accs, buffers, params, lays)
+        if updates is not None:
+            for p, u in zip(params, updates):
+                p.add_(u)
+        return graft, momentum
+
+    region = Region(written, "Shampoo_direction")
+
+    def direction(ops, bias, started, g, x, roots, accs, buffers, params, lays):
+        numbers = None if bias is None else host_numbers(bias, params)
+        graft, momentum = region(tuple(g), x, roots, accs, buffers, params, numbers, _flag(started, params), lays)
+        return graft, momentum, None
+
+    def commit(grads, state, params):
+        ops = FOREACH if opt.inplace else FUNCTIONAL
+        return opt._step(ops, grads, state, list(params), direction)[1]
+    return CompiledCommit(commit, (region,))
+
+
+_FLAGS: dict = {}
+
+
+def _flag(value: bool, params) -> Tensor:
+    """``value`` as a 0-dim bool tensor on the parameters' device (one of two kept per
+    device, never written: an input of a compiled region, not a constant)."""
+    device = params[0].device if params else torch.device("cpu")
+    if device not in _FLAGS:
+        _FLAGS[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
+    return _FLAGS[device][bool(value)]
 
 
 def _orders(lays) -> tuple:
