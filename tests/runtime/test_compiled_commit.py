@@ -17,10 +17,11 @@ import pytest
 import torch
 
 from mloc.runtime.base import tree
-from mloc.runtime.optim import Optimizer
+from mloc.runtime.optim import Optimizer, commit_present
 from mloc.runtime.optim.compiled import CompiledCommit
 
-from tests.runtime.compiled_runs import TOLERANCE, build, configs, floating, layout, parameters, relative, run
+from tests.runtime.compiled_runs import (TOLERANCE, build, configs, floating, gradients, layout, parameters, rates,
+                                         relative, run)
 
 F32, F64 = torch.float32, torch.float64
 
@@ -111,6 +112,30 @@ def test_no_recompile_after_the_second_step(shampoo):
 
 def test_checkpoints_pass_between_eager_and_compiled_commits(shampoo):
     resumes_across(shampoo)
+
+
+def test_commit_present_takes_the_compiled_commit(shampoo):
+    """A parameter no gradient reached (its gradient zeros) ends as it was, with its state
+    entries, through the compiled commit as through the eager one; the rest agree. The
+    fixture's compiled commit serves a fresh run: no new graph."""
+    compiles, absent = shampoo.commit.compiles, (1,)
+    ends = []
+    for commit in (shampoo.opt.commit, shampoo.commit):
+        params = parameters(F32)
+        state = shampoo.opt.init(params)
+        before = (params[1].detach().clone(), tree.clone(state.graft[1]), tree.clone(state.momentum[1]))
+        for step in range(8):
+            shampoo.set_rate(rates(step))
+            grads = tuple(torch.zeros_like(g) if i in absent else g for i, g in enumerate(gradients(step, F32)))
+            with torch.no_grad():
+                state = commit_present(shampoo.opt, grads, state, params, absent, commit)
+        assert torch.equal(params[1], before[0])
+        assert all(torch.equal(a, b) for a, b in zip(tree.tensors((state.graft[1], state.momentum[1])),
+                                                     tree.tensors(before[1:])))
+        ends.append((params, state))
+    (p_e, s_e), (p_c, s_c) = ends
+    assert relative(p_e, p_c) <= TOLERANCE[F32] and relative(floating(s_e), floating(s_c)) <= TOLERANCE[F32]
+    assert shampoo.commit.compiles == compiles
 
 
 @pytest.mark.slow
@@ -209,3 +234,16 @@ def test_a_commit_that_recompiles_every_step_turns_eager_at_the_recompile_limit(
     assert commit.compiles == recompile_limit and state == pytest.approx(0.1 * 0.9 ** (recompile_limit + 4))
     assert "recompile_limit" in commit.reason
     assert relative(p_e, p_c) <= TOLERANCE[F64]
+
+
+@pytest.mark.slow
+def test_a_compiled_commit_called_in_a_callers_compiled_function_is_traced_into_it():
+    """Under a caller's ``torch.compile`` (the engine's compiled step) a region is inlined
+    into the caller's graph, compiling none of its own; the results are the eager ones."""
+    opt, ref = build("adam"), build("adam")
+    commit = opt.compiled_commit()
+    outer = torch.compile(lambda grads, state, params: commit(grads, state, params), fullgraph=True)
+    p_e, s_e = run(ref, ref.commit, F32, steps=10)
+    p_c, s_c = run(opt, outer, F32, steps=10)
+    assert relative(p_e, p_c) <= TOLERANCE[F32] and relative(floating(s_e), floating(s_c)) <= TOLERANCE[F32]
+    assert commit.compiles == 0 and commit.reason is None

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch._dynamo.exc import TorchDynamoException as _DYNAMO_ERRORS
 
 _serial = itertools.count()
 
@@ -60,9 +61,6 @@ def _fresh(fn: Callable, name: str) -> Callable:
     return types.MethodType(copy, bound) if bound is not None else copy
 
 
-def _graphs() -> int:
-    from torch._dynamo.utils import counters
-    return counters["stats"]["unique_graphs"]
 
 
 def _explain(e: BaseException) -> str:
@@ -73,7 +71,8 @@ def _explain(e: BaseException) -> str:
 
 class Region:
     """One function run under ``torch.compile(fullgraph=True)`` (Inductor), counting the
-    graphs it compiles. The first call that the compiler cannot take (a graph break, a
+    graphs it compiles; called while Dynamo traces a caller, the function itself (it is
+    inlined into the caller's graph). The first call that the compiler cannot take (a graph break, a
     backend failure: any ``torch._dynamo`` exception), or any call once Dynamo's recompile
     limit of graphs is reached (past it Dynamo would run the function uncompiled, silently),
     turns the region eager for good, with ``reason`` saying why; the function is then
@@ -81,27 +80,28 @@ class Region:
     has changed nothing)."""
 
     def __init__(self, fn: Callable, name: str):
+        from torch._dynamo.config import recompile_limit
+        from torch._dynamo.utils import counters
         self.fn, self.name = fn, f"{name}_{next(_serial)}"
         self.compiled = torch.compile(_fresh(fn, self.name), fullgraph=True, backend="inductor")
         self.reason: str | None = None
         self.compiles, self.seconds = 0, 0.0
+        self._stats, self._limit = counters["stats"], recompile_limit
 
     def __call__(self, *args):
-        if self.reason is not None:
+        if self.reason is not None or torch.compiler.is_compiling():    # eager, or traced into a caller's graph
             return self.fn(*args)
-        from torch._dynamo.config import recompile_limit
-        from torch._dynamo.exc import TorchDynamoException
-        if self.compiles >= recompile_limit:        # a guard that fails every few steps
+        if self.compiles >= self._limit:            # a guard that fails every few steps
             self.reason = (f"{self.compiles} graphs compiled, Dynamo's recompile_limit: a guard fails "
                            "again and again (TORCH_LOGS=recompiles says which)")
             return self.fn(*args)
-        before, start = _graphs(), time.perf_counter()
+        before, start = self._stats["unique_graphs"], time.perf_counter()
         try:
             out = self.compiled(*args)
-        except TorchDynamoException as e:
+        except _DYNAMO_ERRORS as e:
             self.reason = _explain(e)
             return self.fn(*args)
-        new = _graphs() - before
+        new = self._stats["unique_graphs"] - before
         if new:
             self.compiles += new
             self.seconds += time.perf_counter() - start
