@@ -74,18 +74,19 @@ class Trainer:
         self.commit = self.opt.compiled_commit() if self.compiled else self.opt.commit
         self.torch = torch
 
-    def step(self) -> float:
+    def step(self) -> tuple[float, float]:
+        """``(wall s, CPU s of this thread)`` of one commit."""
         grads = self.torch.autograd.grad(self.loss(self.params), self.params)
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         with self.torch.no_grad():
             self.state = self.commit(grads, self.state, self.params)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.thread_time() - c0
 
 
 def one_run(sizes, steps, rng):
-    """Per variant, the step times of one run: the four trainers step in turn, in a fresh
-    random order at every step (so a busy machine slows them alike); and per compiled
-    variant ``(compile s, graphs, graphs after step 2)``."""
+    """Per variant, the step times of one run (``(wall, CPU)`` pairs): the four trainers
+    step in turn, in a fresh random order at every step (so a busy machine slows them
+    alike); and per compiled variant ``(compile s, graphs, graphs after step 2)``."""
     trainers = {v: Trainer(sizes, v) for v in VARIANTS}
     times = {v: [] for v in VARIANTS}
     at_2 = {}
@@ -105,10 +106,11 @@ def one_run(sizes, steps, rng):
     return times, compiles
 
 
-def between_refreshes(runs, every=EVERY, skip=2 * EVERY):
-    """The median over runs and steps of the step times outside the refresh phase (steps
-    ``t`` with ``t % every != 0``), after the first ``skip`` steps."""
-    return statistics.median(t for times in runs for i, t in enumerate(times)
+def between_refreshes(runs, which=0, every=EVERY, skip=2 * EVERY):
+    """The median over runs and steps of the step times (``which``: 0 wall, 1 CPU) outside
+    the refresh phase (steps ``t`` with ``t % every != 0``), after the first ``skip``
+    steps."""
+    return statistics.median(t[which] for times in runs for i, t in enumerate(times)
                              if i >= skip and (i + 1) % every != 0)
 
 
@@ -126,26 +128,33 @@ def measure(threads, runs, steps):
                 times[v].append(t[v])
             for v in compiles:
                 compiles[v].append(c[v])
-        out[model] = ({v: between_refreshes(r) for v, r in times.items()}, compiles)
+        out[model] = ({v: between_refreshes(r) for v, r in times.items()},
+                      {v: between_refreshes(r, 1) for v, r in times.items()}, compiles)
     return torch.get_num_threads(), out
 
 
 def report(threads, out):
-    print(f"{threads} thread(s): optimizer step between root refreshes, ms (x eager Adam)\n")
-    print("| model | " + " | ".join(VARIANTS) + " | shampoo compiled / eager |")
-    print("|---|" + "---|" * (len(VARIANTS) + 1))
-    for model, (t, _) in out.items():
-        base = t["adam eager"]
-        cells = " | ".join(f"{t[v] * 1e3:.3f} ({t[v] / base:.2f})" for v in VARIANTS)
-        print(f"| {model} | {cells} | {t['shampoo compiled'] / t['shampoo eager']:.2f} |")
-    print("\ncompiles: first run's compile s (later runs' median s), graphs per run, recompiles after step 2\n")
+    tables = [("wall", 0)] + ([("CPU time of the thread (time it was descheduled left out)", 1)]
+                              if threads == 1 else [])
+    for what, k in tables:
+        print(f"{threads} thread(s): optimizer step between root refreshes, median ms, {what} "
+              "(x eager Adam)\n")
+        print("| model | " + " | ".join(VARIANTS) + " | shampoo compiled / eager |")
+        print("|---|" + "---|" * (len(VARIANTS) + 1))
+        for model, measured in out.items():
+            t = measured[k]
+            base = t["adam eager"]
+            cells = " | ".join(f"{t[v] * 1e3:.3f} ({t[v] / base:.2f})" for v in VARIANTS)
+            print(f"| {model} | {cells} | {t['shampoo compiled'] / t['shampoo eager']:.2f} |")
+        print()
+    print("compiles: first run's compile s (later runs' median s), graphs per run, graphs after step 2\n")
     print("| model | " + " | ".join(v for v in VARIANTS if v.endswith("compiled")) + " |")
     print("|---|---|---|")
-    for model, (_, compiles) in out.items():
+    for model, (_, _, compiles) in out.items():
         cells = []
         for v, cs in compiles.items():
             later = f" ({statistics.median(c[0] for c in cs[1:]):.1f})" if len(cs) > 1 else ""
-            cells.append(f"{cs[0][0]:.1f}{later} s, {max(c[1] for c in cs)} graphs, "
+            cells.append(f"{cs[0][0]:.1f}{later} s, {max(c[1] for c in cs)} graph(s), "
                          f"{max(c[2] for c in cs)} after step 2")
         print(f"| {model} | " + " | ".join(cells) + " |")
     print()
