@@ -53,7 +53,8 @@ class Adam(Optimizer):
         # Bias correction is kept: s is the exact derivative of the step actually taken.
         h = self.hyper
         b1, b2 = h.betas
-        g, mu, nu, c1, c2 = moments(FUNCTIONAL, h, self.decoupled, state, params, grads)
+        g, mu, nu = moments(FUNCTIONAL, h, self.decoupled, state, params, grads)
+        c1, c2, _ = corrections(h, state.count)
         out = []
         for gi, m, v in zip(g, mu, nu):
             root = torch.sqrt(v / c2)
@@ -73,27 +74,61 @@ class Adam(Optimizer):
             return super().commit(grads, state, params)
         return step(INPLACE, self.hyper, self.decoupled, state, params, grads)[1]
 
+    def compiled_commit(self):
+        """:func:`step` compiled (:meth:`_written`), its bias corrections computed on the host
+        before each call (:func:`corrections`) and given to it in one float64 tensor: a
+        power of a symbolic step count would be evaluated in every vector of the fused
+        kernel, and a Python float given to a kernel as its scalar is a constant (a
+        recompile per step). The moments are written in place, the count never enters."""
+        from mloc.runtime.optim.compiled import CompiledCommit, Region, host_numbers
+        region = Region(self._written, f"{type(self).__name__}_commit")
+
+        def commit(grads, state, params):
+            region(grads, state.mu, state.nu, params, host_numbers(corrections(self.hyper, state.count), params))
+            return AdamState(state.count + 1, tuple(state.mu), tuple(state.nu))
+        return CompiledCommit(commit, (region,))
+
+    def _written(self, grads, mu, nu, params, numbers):
+        """The compiled region: :func:`step` out of place (:data:`~.ops.FUNCTIONAL`, whose
+        operations take tensors for numbers), with ``numbers`` the step's
+        :func:`corrections` (so the state's count, 0 here, is not read); the parameters and
+        the moments ``mu``, ``nu`` are overwritten."""
+        state = AdamState(0, tuple(mu), tuple(nu))
+        updates, new = step(FUNCTIONAL, self.hyper, self.decoupled, state, params, grads, tuple(numbers.unbind()))
+        for p, u in zip(params, updates):
+            p.add_(u)
+        for old, value in zip(state.mu + state.nu, new.mu + new.nu):
+            old.copy_(value)
+
+
+def corrections(h: AdamHyper, count: int) -> tuple:
+    """``(1−β₁ᵗ, 1−β₂ᵗ, √(1−β₂ᵗ))`` at step ``t = count + 1``: all that a step reads of
+    the step count, host arithmetic (0-dim tensors where a schedule drives ``betas``)."""
+    (b1, b2), t = h.betas, count + 1
+    c2 = 1 - b2**t
+    return 1 - b1**t, c2, c2**0.5
+
 
 def moments(ops, h: AdamHyper, decoupled: bool, state: AdamState, params, grads):
-    """``(g', m_t, v_t, 1−β₁ᵗ, 1−β₂ᵗ)`` in the algebra of :mod:`.ops`, ``g' = g + wd·θ``
-    for Adam (``g`` for AdamW): the moments of :func:`step`, and what :meth:`Adam.diag`
-    differentiates."""
+    """``(g', m_t, v_t)`` in the algebra of :mod:`.ops`, ``g' = g + wd·θ`` for Adam (``g``
+    for AdamW): the moments of :func:`step`, and what :meth:`Adam.diag` differentiates."""
     (b1, b2), wd = h.betas, h.weight_decay
     if not decoupled and not is_zero(wd):
         grads = ops.add(grads, params, wd)
     mu = ops.ema_lerp_(state.mu, grads, b1)             # β₁m + (1-β₁)g'
     nu = ops.ema_sq_(state.nu, grads, b2)               # β₂v + (1-β₂)g'²
-    t = state.count + 1
-    return grads, mu, nu, 1 - b1**t, 1 - b2**t
+    return grads, mu, nu
 
 
-def step(ops, h: AdamHyper, decoupled: bool, state: AdamState, params, grads):
+def step(ops, h: AdamHyper, decoupled: bool, state: AdamState, params, grads, c=None):
     """One Adam (AdamW) step in the algebra of :mod:`.ops` (the module docstring's
     equations): ``(updates, state)`` under :data:`~.ops.FUNCTIONAL`; under
-    :data:`~.ops.INPLACE` the parameters and the moments are written."""
+    :data:`~.ops.INPLACE` the parameters and the moments are written. ``c``: the step's
+    :func:`corrections` (None: computed here)."""
     lr, wd = h.lr, h.weight_decay
-    _, mu, nu, c1, c2 = moments(ops, h, decoupled, state, params, grads)
-    denom = ops.add_(ops.div(ops.sqrt(nu), c2**0.5), h.eps)        # √v_t/√c₂ + ε
+    c1, _, root_c2 = corrections(h, state.count) if c is None else c
+    _, mu, nu = moments(ops, h, decoupled, state, params, grads)
+    denom = ops.add_(ops.div(ops.sqrt(nu), root_c2), h.eps)        # √v_t/√c₂ + ε
     decay = (lr, wd) if decoupled and not is_zero(wd) else None      # AdamW: - η·wd·θ
     updates = ops.step_div(params, mu, denom, lr / c1, decay)        # - η/c₁ · m_t / denom
     return updates, AdamState(state.count + 1, tuple(mu), tuple(nu))

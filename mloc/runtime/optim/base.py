@@ -44,7 +44,7 @@ import functools
 import inspect
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 from torch import Tensor
 
@@ -52,6 +52,9 @@ from mloc.shared.hyper import Hyper
 
 from mloc.runtime.base import tree
 from mloc.runtime.base.tree import Params
+
+if TYPE_CHECKING:
+    from mloc.runtime.optim.compiled import CompiledCommit
 
 
 class Optimizer(ABC):
@@ -101,6 +104,19 @@ class Optimizer(ABC):
         for p, u in zip(params, updates):
             p.add_(u)
         return state
+
+    def compiled_commit(self) -> "CompiledCommit":
+        """:meth:`commit` with its tensor work compiled by ``torch.compile`` (Inductor): a
+        :class:`~mloc.runtime.optim.compiled.CompiledCommit`, called as ``commit`` is (the
+        same signature, results and state layout), which also says how many graphs it
+        compiled (``compiles``, ``recompiles``, ``compile_seconds``) and, where it runs
+        eagerly, why (``reason``; None while compiled). By default ``commit`` itself is
+        compiled, whole; an optimizer overrides this to keep host work out of the compiled
+        region (Shampoo's root refreshes) or to refuse (``torch.optim``'s optimizers).
+        Build it after the hyperparameters are final (:meth:`scheduled_rate`,
+        :meth:`drive`): each call of this method compiles anew."""
+        from mloc.runtime.optim.compiled import compile_commit
+        return compile_commit(self)
 
     def committed(self, state: Any) -> tuple[Tensor, ...]:
         """The floating-point tensors of ``state`` that a :meth:`commit` wrote: with the
@@ -220,19 +236,21 @@ def keep_absent(new: Any, old: Any, absent: Sequence[int], n: int) -> Any:
 
 
 def commit_present(optimizer: "Optimizer", grads: Params, state: Any, params: Params,
-                   absent: Sequence[int]) -> Any:
-    """``optimizer.commit(grads, state, params)``, except that the parameters at ``absent``
+                   absent: Sequence[int], commit: Callable | None = None) -> Any:
+    """``optimizer.commit(grads, state, params)`` (or ``commit(...)``: the optimizer's
+    :meth:`~Optimizer.compiled_commit`), except that the parameters at ``absent``
     (no gradient reached them: their ``grads`` are zeros) end as they were, with their
     per-parameter state (:func:`per_parameter`): what ``torch.optim`` does for a parameter
     whose ``.grad`` is None (no weight decay, no momentum, no state update). Called under
     ``torch.no_grad``; what it costs is one copy of those parameters and entries."""
+    commit = optimizer.commit if commit is None else commit
     if not absent:
-        return optimizer.commit(grads, state, params)
+        return commit(grads, state, params)
     n = len(params)
     kept = [params[i].clone() for i in absent]
     fields = per_parameter(state, n)
     saved = {f: [tree.clone(getattr(state, f)[i]) for i in absent] for f in fields}
-    new = optimizer.commit(grads, state, params)
+    new = commit(grads, state, params)
     for i, t in zip(absent, kept):
         params[i].copy_(t)
     changes = {}

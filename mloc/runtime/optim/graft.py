@@ -28,12 +28,23 @@ EPS = 1e-10
 ADAM_BETA1 = 0.9
 
 
-def directions(ops, kind, b2, t, g, accs) -> tuple[tuple, list]:
+def corrections(kind, b2, t):
+    """``(1−β₁ᵗ, 1−β₂ᵗ, √(1−β₂ᵗ))``: all that ``adam`` grafting reads of the step ``t``,
+    host arithmetic (computed before a compiled step, not in it); None for the other kinds,
+    which read no step count."""
+    if kind != "adam":
+        return None
+    c2 = 1 - b2**t
+    return 1 - ADAM_BETA1**t, c2, c2**0.5
+
+
+def directions(ops, kind, b2, t, g, accs, c=None) -> tuple[tuple, list]:
     """``(accumulators, D)`` of every tensor of the column ``g`` at step ``t``, the
     accumulators ``accs`` (per tensor, as :data:`ACCUMULATORS` says) updated, in the algebra
     of :mod:`.ops`: the module docstring's formulas, once for :meth:`Shampoo.update`
     (:data:`~.ops.FUNCTIONAL`, ``√`` with derivative 0 at 0: :func:`.ops.safe_sqrt`) and
-    :meth:`Shampoo.commit` (:data:`~.ops.FOREACH`, the accumulators overwritten)."""
+    :meth:`Shampoo.commit` (:data:`~.ops.FOREACH`, the accumulators overwritten). ``c``:
+    step ``t``'s :func:`corrections`, given (then ``t`` is not read) or None."""
     if kind in ("none", "sgd"):
         return tuple(accs), list(g)
     if kind == "adagrad":
@@ -42,10 +53,10 @@ def directions(ops, kind, b2, t, g, accs) -> tuple[tuple, list]:
         v = ops.ema_sq_([acc[-1] for acc in accs], g, b2)            # β₂v + (1-β₂)g²
     if kind != "adam":
         return tuple((vi,) for vi in v), ops.div(g, ops.add_(ops.safe_sqrt(v), EPS))
-    b1 = ADAM_BETA1
-    m = ops.ema_([acc[0] for acc in accs], g, b1)                    # β₁m + (1-β₁)g
-    denom = ops.add_(ops.bias_root(v, 1 - b2**t), EPS)              # √v̂ + δ
-    return tuple(zip(m, v)), ops.div_bias(m, denom, 1 - b1**t)        # m̂ / (√v̂ + δ)
+    c1, c2, root_c2 = corrections(kind, b2, t) if c is None else c
+    m = ops.ema_([acc[0] for acc in accs], g, ADAM_BETA1)            # β₁m + (1-β₁)g
+    denom = ops.add_(ops.bias_root(v, c2, root_c2), EPS)             # √v̂ + δ
+    return tuple(zip(m, v)), ops.div_bias(m, denom, c1)               # m̂ / (√v̂ + δ)
 
 
 def direction(kind, b2, t, g, acc):

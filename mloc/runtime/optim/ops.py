@@ -90,9 +90,10 @@ class Functional:
         return list(x)
 
     @staticmethod
-    def bias_root(v: Column, c) -> list:
+    def bias_root(v: Column, c, root=None) -> list:
         """``√(v/c)`` (an Adam bias-corrected root), derivative 0 where ``v`` is 0.
-        Rounds: divided, then rooted (in place: rooted, then divided by ``√c``)."""
+        Rounds: divided, then rooted (in place: rooted, then divided by ``√c``, or by
+        ``root`` where the caller has it: a number computed on the host)."""
         return [safe_sqrt(vi / c) for vi in v]
 
     @staticmethod
@@ -185,8 +186,8 @@ class InPlace:
     def copy(x):
         return [xi.detach().clone() for xi in x]
 
-    def bias_root(self, v, c):
-        return self.k.div_(self.k.sqrt(v), c ** 0.5)
+    def bias_root(self, v, c, root=None):
+        return self.k.div_(self.k.sqrt(v), c ** 0.5 if root is None else root)
 
     def div_bias(self, m, d, c):
         return self.k.div_(self.k.div(m, d), c)

@@ -42,6 +42,9 @@ with respect to the gradients, the parameters and a tensor learning rate, with t
 (and the statistics they come from) treated as constants between refreshes: the graph
 runs through ``Q₁ G Q₂``, the grafting norms and accumulators, and momentum.
 
+**Compiled** (:meth:`Shampoo.compiled_commit`): the part of the step after the roots under
+``torch.compile``, the statistics and every root job eager around it; the same state.
+
 **SAMA** (:meth:`Shampoo.diag`): per block ``η·c·σ·(diag Q₁ ⊗ … ⊗ diag Q_k)``, ``c`` the
 momentum factor (``1``, or ``1+μ`` for Nesterov), ``σ = ‖D‖/‖P‖`` the grafting scale (1 for
 ``none``). With the roots held constant this is the exact diagonal of ``−∂Δθ/∂g`` for
@@ -142,24 +145,57 @@ class Shampoo(Optimizer):
             return super().commit(grads, state, params)
         return self._step(FOREACH, grads, state, list(params))[1]
 
-    def _step(self, ops, grads, state, params):
+    def _step(self, ops, grads, state, params, direction=None):
         """One step (the module docstring) in the algebra of :mod:`.ops`: ``(updates,
         state)`` under :data:`~.ops.FUNCTIONAL`; under :data:`~.ops.FOREACH` the state and
         the parameters are written. The blocks of ``g`` are laid out once, detached (the
         roots are constants to autograd), for the statistics (one kernel in either form,
-        :func:`.blocks.accumulate`) and, where ``g`` carries no graph, the preconditioner."""
+        :func:`.blocks.accumulate`) and, where ``g`` carries no graph, the preconditioner.
+        ``direction``: what computes the step after the roots (default :meth:`_direction`;
+        :meth:`compiled_commit`'s compiled region)."""
         h, t = self.hyper, state.count + 1
         lays = self.layouts(params)
-        g = self._decayed(grads, params)
-        x = [blocks.to_blocks(gi.detach(), lay) if s else None for gi, s, lay in zip(g, state.stats, lays)]
-        stats = tuple(blocks.accumulate(s, xi, h.beta2, inplace=ops.inplace) if s else ()
-                      for xi, s in zip(x, state.stats))
+        g, x, stats = self._accumulate(ops, grads, state.stats, params, lays)
         roots, failures, pending = self._roots(t, stats, state, lays)
-        graft, d = grafting.directions(ops, h.graft, h.graft_beta2, t, g, state.graft)
-        if t > h.start_preconditioning_step:
-            d = _preconditioned(ops, d, g, x, roots, lays, h.graft)
-        momentum, updates = _momentum(ops, h, d, state.momentum, params)
+        graft, momentum, updates = (direction or self._direction)(
+            ops, self._bias(t), t > h.start_preconditioning_step, g, x, roots, state.graft, state.momentum,
+            params, lays)
         return updates, ShampooState(t, stats, roots, failures, graft, momentum, pending)
+
+    def _accumulate(self, ops, grads, stats, params, lays):
+        """``(g, x, stats)``: the gradients with coupled weight decay, their blocks
+        (detached; None for a diagonal-policy tensor) and the statistics after them, the
+        first part of :meth:`_step`."""
+        h = self.hyper
+        g = self._decayed(grads, params)
+        x = [blocks.to_blocks(gi.detach(), lay) if s else None for gi, s, lay in zip(g, stats, lays)]
+        stats = tuple(blocks.accumulate(s, xi, h.beta2, inplace=ops.inplace) if s else ()
+                      for xi, s in zip(x, stats))
+        return g, x, stats
+
+    def _direction(self, ops, bias, precondition, g, x, roots, accs, buffers, params, lays):
+        """``(graft accumulators, momentum buffers, updates)``, the part of :meth:`_step`
+        after the roots: the grafted directions (``bias``: the step's numbers,
+        :meth:`_bias`), preconditioned where ``precondition`` (a bool, or a 0-dim bool
+        tensor that selects per element: the compiled step's one graph before and after
+        ``start_preconditioning_step``), momentum, the update."""
+        h = self.hyper
+        graft, d = grafting.directions(ops, h.graft, h.graft_beta2, None, g, accs, bias)
+        if isinstance(precondition, Tensor) or precondition:
+            d = _preconditioned(ops, d, g, x, roots, lays, h.graft, precondition)
+        momentum, updates = _momentum(ops, h, d, buffers, params)
+        return graft, momentum, updates
+
+    def _bias(self, t):
+        """All that the step reads of the step count ``t`` besides the root schedule and the
+        start of preconditioning: the grafting's bias corrections
+        (:func:`.graft.corrections`; None but for ``adam``), host numbers."""
+        return grafting.corrections(self.hyper.graft, self.hyper.graft_beta2, t)
+
+    def compiled_commit(self):
+        """:meth:`commit` with the part of the step after the roots compiled
+        (:func:`_compiled_commit`)."""
+        return _compiled_commit(self)
 
     def _decayed(self, grads, params):
         h = self.hyper
@@ -252,17 +288,66 @@ def _sama_diagonal(opt: Shampoo, grads, state, params):
     return tuple(out)
 
 
+def _compiled_commit(opt: Shampoo):
+    """:meth:`Shampoo.commit` with the part of the step after the roots compiled
+    (:mod:`.compiled`): :meth:`~Shampoo._step` as ever, the statistics (one matrix product
+    per mode, in place) and the root work (refreshes, installs, background jobs) eager, and
+    :meth:`~Shampoo._direction` (the grafting, the preconditioning ``Q₁ G Q₂``, the
+    rescaling, momentum, the update: the elementwise work, fused) in one region, one graph
+    for every step: the roots, the gradients' blocks and a schedule's rate are inputs; of
+    the step count only ``adam`` grafting's bias corrections enter, as host numbers in a
+    tensor, and the start of preconditioning, as a 0-dim flag (before it both directions
+    are computed, and the grafted one taken)."""
+    from mloc.runtime.optim.compiled import CompiledCommit, Region, host_numbers
+
+    def written(g, x, roots, accs, buffers, params, bias, precondition, lays):
+        # the region: _direction as commit runs it (FOREACH with number hyperparameters;
+        # FUNCTIONAL, then params += updates, with a tensor one)
+        ops = FOREACH if opt.inplace else FUNCTIONAL
+        bias = None if bias is None else tuple(bias.unbind())
+        graft, momentum, updates = opt._direction(ops, bias, precondition, g, x, roots, accs, buffers, params, lays)
+        if updates is not None:
+            for p, u in zip(params, updates):
+                p.add_(u)
+        return graft, momentum
+
+    region = Region(written, "Shampoo_direction")
+
+    def direction(ops, bias, started, g, x, roots, accs, buffers, params, lays):
+        numbers = None if bias is None else host_numbers(bias, params)
+        graft, momentum = region(tuple(g), x, roots, accs, buffers, params, numbers, _flag(started, params), lays)
+        return graft, momentum, None
+
+    def commit(grads, state, params):
+        ops = FOREACH if opt.inplace else FUNCTIONAL
+        return opt._step(ops, grads, state, list(params), direction)[1]
+    return CompiledCommit(commit, (region,))
+
+
+_FLAGS: dict = {}
+
+
+def _flag(value: bool, params) -> Tensor:
+    """``value`` as a 0-dim bool tensor on the parameters' device (one of two kept per
+    device, never written: an input of a compiled region, not a constant)."""
+    device = params[0].device if params else torch.device("cpu")
+    if device not in _FLAGS:
+        _FLAGS[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
+    return _FLAGS[device][bool(value)]
+
+
 def _orders(lays) -> tuple:
     """Each parameter's root order ``p`` (0 for the diagonal policy)."""
     return tuple(lay.p for lay in lays)
 
 
-def _preconditioned(ops, d, g, x, roots, lays, graft) -> list:
+def _preconditioned(ops, d, g, x, roots, lays, graft, when=True) -> list:
     """The directions ``d`` with every preconditioned tensor's replaced by its gradient
     ``g`` preconditioned, ``P = G ×₁ Q₁ ⋯ ×ₖ Qₖ``, and (unless ``graft`` is ``none``)
     rescaled to the grafted norm, ``P·‖D‖/(‖P‖+10⁻¹⁶)``. ``x``: ``g``'s blocks, detached
     (the statistics'), used as they are unless ``g`` carries a graph (then laid out
-    again, here: the derivative runs through ``P``)."""
+    again, here: the derivative runs through ``P``). ``when``: True, or a 0-dim bool
+    tensor choosing between ``P`` and ``d`` (``torch.where``: either exactly)."""
     idx = [i for i, r in enumerate(roots) if r]
     x = [blocks.to_blocks(g[i], lays[i]) if g[i].requires_grad else x[i] for i in idx]
     pre = [blocks.from_blocks(blocks.precondition(xi, roots[i]), lays[i]) for xi, i in zip(x, idx)]
@@ -270,7 +355,7 @@ def _preconditioned(ops, d, g, x, roots, lays, graft) -> list:
         pre = ops.rescale_(pre, [d[i] for i in idx], 1e-16)
     d = list(d)
     for i, p in zip(idx, pre):
-        d[i] = p
+        d[i] = p if when is True else torch.where(when, p, d[i])
     return d
 
 

@@ -151,6 +151,13 @@ class TorchOptimizer(Optimizer):
         self._live = TorchState(state.count + 1, tuple(dict(self._opt.state[p]) for p in params))
         return self._live
 
+    def compiled_commit(self):
+        """The eager :meth:`commit`, with the reason: the step is ``torch.optim``'s, whose
+        in-place ``step()`` on ``.grad`` mloc does not compile."""
+        from mloc.runtime.optim.compiled import eager_commit
+        return eager_commit(self, f"{self.name} is a torch.optim optimizer: mloc runs its step() "
+                                  "eagerly, as it is")
+
     def update(self, grads, state, params):
         """The same step on detached copies: ``(new - params, new_state)``; not
         differentiable, and ``params + updates`` may differ from the in-place step in the
