@@ -64,6 +64,18 @@ class StepReport:
         """Compiles beyond the first (a new signature, or the compiler's guards failing)."""
         return max(self.counts.compiles - 1, 0)
 
+    @property
+    def graphs(self) -> int:
+        return self.counts.graphs
+
+    @property
+    def operations(self) -> int:
+        return self.counts.operations
+
+    @property
+    def seconds(self) -> float:
+        return self.counts.seconds
+
     def line(self) -> str:
         what = f"{self.kind} step of {self.name}"
         if self.reason is not None:
@@ -72,6 +84,46 @@ class StepReport:
             return f"{what}: not yet run"
         return (f"{what}: compiled ({self.counts.operations} operations, {self.counts.graphs} "
                 f"graph{'s' if self.counts.graphs != 1 else ''}, {self.counts.seconds:.1f} s to compile)")
+
+
+class CommitReport:
+    """How one problem's optimizer commit ran (its
+    :class:`~mloc.runtime.optim.compiled.CompiledCommit`), read as a :class:`StepReport`."""
+
+    kind = "commit"
+
+    def __init__(self, name: str, commit: Any):
+        self.name, self.commit = name, commit
+
+    @property
+    def reason(self) -> str | None:
+        return self.commit.reason
+
+    @property
+    def compiled(self) -> bool:
+        return self.commit.reason is None and self.commit.compiles > 0
+
+    @property
+    def recompiles(self) -> int:
+        return self.commit.recompiles
+
+    @property
+    def graphs(self) -> int:
+        return self.commit.compiles
+
+    @property
+    def seconds(self) -> float:
+        return self.commit.compile_seconds
+
+    operations = None
+
+    def line(self) -> str:
+        what = f"optimizer commit of {self.name}"
+        if self.reason is not None:
+            return f"{what}: eager ({self.reason})"
+        if not self.graphs:
+            return f"{what}: not yet run"
+        return f"{what}: compiled ({self.graphs} graph{'s' if self.graphs != 1 else ''}, {self.seconds:.1f} s)"
 
 
 def _flatten(result) -> tuple[Tensor, ...]:

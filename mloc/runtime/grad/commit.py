@@ -127,14 +127,15 @@ def build_pipeline(lv: Any, dist: DistContext, guard: FiniteGuard, clock: Any, u
 
 def optimizer_commit(lv: Any) -> Callable[[Params], None]:
     """``commit(grads)``: the schedule, then the optimizer's step in place
-    (:meth:`Optimizer.commit`). The schedule (``lv.schedule``, bound to the optimizer)
+    (:meth:`Optimizer.commit`, or ``lv.compiled_step``, its compiled form, where the run
+    compiles: :meth:`Optimizer.compiled_commit`). The schedule (``lv.schedule``, bound to the optimizer)
     reads ``lv.steps``: ``lv.rate`` writes the rate, and ``lv.drive`` the other
     hyperparameters a torch scheduler drives (OneCycleLR's momentum). The optimizer state is read from and
     written to ``lv.problem`` at every call (a restore replaces it)."""
     problem, spec = lv.problem, lv.spec
     no_grad = torch.no_grad()      # one context object, entered once per commit
     schedule, rate, drive, base = lv.schedule, lv.rate, lv.drive, spec.lr
-    params, step, optimizer = problem.params, problem.optimizer.commit, problem.optimizer
+    params, eager, optimizer = problem.params, problem.optimizer.commit, problem.optimizer
 
     def commit(grads: Params) -> None:
         if schedule is not None:
@@ -142,9 +143,10 @@ def optimizer_commit(lv: Any) -> Callable[[Params], None]:
             if drive is not None:
                 drive(schedule.values(lv.steps))
         missing = absent(grads)
+        step = lv.compiled_step or eager
         with no_grad:
             if missing:     # parameters no gradient reached: left as torch.optim leaves them
-                problem.state = commit_present(optimizer, grads, problem.state, params, missing)
+                problem.state = commit_present(optimizer, grads, problem.state, params, missing, step)
             else:
                 problem.state = step(grads, problem.state, params)
     return commit

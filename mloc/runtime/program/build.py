@@ -124,6 +124,7 @@ class Live:
     scaler: Any = None                   # a GradScaler for fp16 on CUDA, else None
     problem: Problem | None = None       # set once every problem's parameters exist
     commit: Callable | None = None       # commit(grads): the optimizer step, bound once
+    compiled_step: Callable | None = None   # the optimizer's compiled commit, where the run compiles
     schedule: Callable | None = None     # the spec's schedule as bound to the optimizer (factor(step))
     rate: Callable | None = None         # set(value): the optimizer's scheduled rate
     drive: Callable | None = None        # set(values): the other hyperparameters a schedule drives

@@ -46,7 +46,7 @@ from mloc.runtime.grad.metabatch import MetaBatch
 from mloc.runtime.files.options import RunConfig
 from mloc.runtime.grad.finite import FiniteGuard, verify_state
 from mloc.runtime.grad.sources import Source, hypergradient, plain_gradient
-from mloc.runtime.compiled.step import CompiledSource, StepReport
+from mloc.runtime.compiled.step import CommitReport, CompiledSource, StepReport
 
 __all__ = ["Program", "ProblemSpec", "RunConfig", "resolve_device"]
 
@@ -76,6 +76,8 @@ class Program:
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
             lv.problem.optimizer.start()
+        if self.compile == "on":
+            self._compile_commits()
 
     # --- the schedule's vocabulary ------------------------------------------------------
     def draw(self, name: str) -> None:
@@ -150,6 +152,15 @@ class Program:
         objects are built again at their next use (`--compile auto`'s decision)."""
         self.compile = "on" if on else "off"
         self._steps.clear()
+        if on:
+            self._compile_commits()
+
+    def _compile_commits(self) -> None:
+        """Each problem's optimizer commit compiled (:meth:`Optimizer.compiled_commit`),
+        its report beside the steps'."""
+        for name, lv in self.live.items():
+            lv.compiled_step = lv.problem.optimizer.compiled_commit()
+            self.compiled["commit", name] = CommitReport(name, lv.compiled_step)
 
     @property
     def step_kinds(self) -> int:
@@ -160,8 +171,8 @@ class Program:
         """What each compiled step did (for ``config.json``): compiled or why not, its
         graphs, compiles beyond the first (recompiles) and seconds spent compiling."""
         return [{"step": f"{r.kind} {r.name}", "compiled": r.compiled, "reason": r.reason,
-                 "graphs": r.counts.graphs, "operations": r.counts.operations, "recompiles": r.recompiles,
-                 "compile_seconds": round(r.counts.seconds, 3)} for r in self.compiled.values()]
+                 "graphs": r.graphs, "operations": r.operations, "recompiles": r.recompiles,
+                 "compile_seconds": round(r.seconds, 3)} for r in self.compiled.values()]
 
     def _eager(self, kind: str, name: str, step: Any, reason: str) -> Any:
         """A step kind the capture does not take (yet): ``step`` as it is, and, where the
