@@ -4,20 +4,21 @@ Costs are in G, one forward+backward of the lower problem's loss, a Hessian-vect
 counting 2 G (Pearlmutter); memory in bytes (`Shape`: d lower parameters, m upper ones,
 act activation bytes, b bytes per element), None when the sizes were not measured.
 
-    method          time                 memory
-    first_order     G                    activations
-    finite_diff     3 G                  activations + d
-    sama            3 G                  activations + 2 d
-    neumann(K)      2 G + 2 K G          activations + 3 d (one graph kept)
-    cg(K)           2 G + 2 K G          activations + 4 d
-    itd reverse     4 K G                K (activations + d)      (truncate T: T instead of K)
-    itd recompute   8 K G                K d + activations + d
-    itd forward     6 K m G              d m + activations        (m: the upper's parameters)
+    method          time                         memory
+    first_order     G                            activations
+    finite_diff     3 G                          activations + d
+    sama            3 G                          activations + 2 d
+    neumann(K)      2 G + 2 K G                  activations + 3 d (one graph kept)
+    cg(K)           2 G + 2 K G                  activations + 4 d
+    itd reverse     4 T G                        T (activations + d)
+    itd recompute   4 T G + 2 (2T − ⌈T/c⌉) G     (⌈T/c⌉ + c) d + activations + d,  c = ⌈√T⌉
+    itd forward     T (10 + m) G                 d m + 2 (activations + d) + min(m, 32) activations
 
-The unrolled-mode constants are calibrated on `bench/plan_memory.py` (a 64-256-10 MLP,
-K = 50): one forward-mode direction per step costs about 3 reverse steps' worth of work
-(a JVP through a gradient), recompute about twice reverse. `auto` has no cost of its own:
-the planner prices the methods it may choose.
+For `itd`, T = truncate or K steps are differentiated; the K − T steps before them run
+without graph (2 G each, in every mode). The unrolled modes' formulas and constants live in
+one place, `itd_time` and `itd_memory` below, with what each term counts; the constants are
+calibrated with `bench/itd_modes.py` (hpo.mlo) and `bench/plan_memory.py` (a 64-256-10 MLP).
+`auto` has no cost of its own: the planner prices the methods it may choose.
 
 The names methods go by in papers (`darts`, `maml`, `imaml`, ...) are each descriptor's
 `aliases`: an unknown method that is one is answered with the method's call.
@@ -32,6 +33,7 @@ from mloc.builtins.descriptor import Alias, AutoRank, Descriptor, MethodCaps, Pa
 from mloc.builtins.registry import Registry
 from mloc.lang.types import Enum, Float
 from mloc.lang.vocabulary import ITD_MODES, REPEATS
+from mloc.shared.unroll import DIRECTIONS_PER_BATCH, checkpoints, segment_length
 
 POSITIVE = Float(0, open_lo=True)
 
@@ -60,16 +62,50 @@ def _implicit(kept_vectors: int):
     return cost
 
 
+# --- itd: each mode's cost, in one place (the constants are what a calibration changes) -----
+
+ITD_STEP_G = 4.0        # reverse: one step with its graph (forward, backward with graph, update) and its sweep step
+ITD_UNROLL_G = 2.0      # one step without graph (forward, backward, update): the truncated prefix, recompute's unrolls
+ITD_JVP_G = 10.0        # forward: Φ with its graph, Jᵀu with its graph, one batched backward
+ITD_DIRECTION_G = 1.0   # forward: the arithmetic one more tangent direction adds to the batched backward
+ITD_JVP_ACT = 1.0       # forward: the batched backward's intermediates per direction, in activations
+
+
+def itd_time(mode: str, k: int, kept: int, m: int) -> float:
+    """G per hypergradient: ``k`` steps, the last ``kept`` (T) differentiated, ``m`` upper
+    parameters. Recompute adds to reverse's work the graph-free unroll that stores the
+    checkpoints (T steps) and the segments' recomputation (T − ⌈T/c⌉ steps); forward pushes
+    the m tangents through every step (the runtime's docstring derives each term)."""
+    prefix = ITD_UNROLL_G * (k - kept)
+    if mode == "forward":
+        return prefix + kept * (ITD_JVP_G + ITD_DIRECTION_G * m)
+    reverse = prefix + ITD_STEP_G * kept
+    if mode == "recompute":
+        return reverse + ITD_UNROLL_G * (2 * kept - checkpoints(kept))
+    return reverse
+
+
+def itd_memory(mode: str, kept: int, m: int, d: int, act: int, b: int) -> int:
+    """Bytes held at the peak, beside the parameters: reverse keeps T step graphs; recompute
+    ⌈T/c⌉ checkpoints, one segment's c iterates and one step's graph; forward the d×m
+    tangents, one step's graph and its VJP's, and a batch of directions' intermediates.
+    The optimizer state's share (its iterates, its tangents) is not counted, as everywhere
+    in this table: the planner reports the state apart (`state_memory`)."""
+    if mode == "forward":
+        batch = min(m, DIRECTIONS_PER_BATCH)
+        return int(d * m * b + 2 * (act + d * b) + ITD_JVP_ACT * batch * act)
+    if mode == "recompute":
+        return int((checkpoints(kept) + segment_length(kept)) * d * b + act + d * b)
+    return int(kept * (act + d * b))
+
+
 def _itd(args: dict, s: Shape):
     k = args.get("steps") or 1
-    mode = args.get("mode")
-    if mode == "forward":
-        m = s.m if s.m is not None else 1
-        return 6.0 * k * m, _memory(s, lambda d, act, b: d * m * b + act)
-    if mode == "recompute":
-        return 8.0 * k, _memory(s, lambda d, act, b: k * d * b + act + d * b)
     kept = args.get("truncate") or k
-    return 4.0 * k, _memory(s, lambda d, act, b: kept * (act + d * b))
+    mode = args.get("mode") or "reverse"
+    m = s.m if s.m is not None else 1
+    memory = itd_memory(mode, kept, m, s.d, s.act, s.b) if s.known else None
+    return itd_time(mode, k, kept, m), memory
 
 
 ITD = Descriptor(

@@ -9,9 +9,10 @@ and activation sizes the dataflow pass measured (`Sizes`), when it ran. Each met
 cost is its descriptor's (`mloc.builtins.methods`, where the table of costs is); `auto`
 has none: it is resolved here into a method that has one.
 
-Without a memory budget the fastest `itd` mode wins (reverse); forward mode is chosen when
-a budget rules out keeping the K graphs or iterates and the upper problem has few
-parameters. The lower optimizer's state (`state_per_param` floats per parameter) is
+Without a memory budget the fastest `itd` mode wins (reverse). Under a budget that rules out
+reverse mode's T graphs, the fastest mode that fits: usually recompute (about 2√T iterates),
+forward mode (d×m tangents, flat in T) where those do not fit either and the upper problem
+has few parameters, or where it is the faster of the two. The lower optimizer's state (`state_per_param` floats per parameter) is
 reported per edge as `state_memory`, apart from `memory`, which the decisions read.
 """
 
@@ -28,6 +29,7 @@ from mloc.ir.payloads import HierarchyEdge
 from mloc.passes.schedule import Action, Loop, periods_of, schedule_json, schedule_lines, schedule_of
 from mloc.shared.composition import Composition
 from mloc.shared.interlock import Interlock
+from mloc.shared.unroll import checkpoints, segment_length
 
 
 @dataclass(frozen=True)
@@ -188,14 +190,23 @@ def _itd_mode(e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str) -> E
     if options[0][0]:                  # nothing fits: the smallest, however slow
         options.sort(key=lambda o: (o[2], o[1]))
     over, time, memory, mode, a = options[0]
-    m, k = _d(sizes, e.upper), a.get("steps") or e.unroll
-    reason = {"forward": f"{why}: {m} upper parameter(s), {k} steps: forward mode carries d×m numbers "
-                         f"instead of {k} graphs or iterates, the only way to fit the budget",
-              "reverse": f"{why}: reverse mode is fastest and fits the budget",
-              "recompute": f"{why}: reverse mode's {k} graphs exceed the budget; recompute keeps only the iterates"}[mode]
+    fitting = sum(not o[0] for o in options)
+    reason = _itd_reason(mode, _d(sizes, e.upper), a.get("steps") or e.unroll, a.get("truncate"), why,
+                         "the only mode that fits the budget" if fitting == 1 else "faster than recompute")
     if over:
         reason = f"{why}: nothing fits the budget; {mode} needs the least memory ({format_bytes(memory)} > {format_bytes(budget)})"
     return EdgePlan(e.upper, e.lower, ITD.name, tuple(a.items()), e.unroll, time, memory or None, reason)
+
+
+def _itd_reason(mode: str, m: int | None, k: int, truncate: int | None, why: str, forward_why: str) -> str:
+    """Why `mode`: what it keeps instead of reverse mode's graphs (`mloc.shared.unroll`)."""
+    t = truncate or k
+    kept = checkpoints(t) + segment_length(t)
+    return {"forward": f"{why}: {m} upper parameter(s), {k} steps: forward mode carries d×m numbers "
+                       f"instead of {t} graphs (reverse) or {kept} iterates (recompute), {forward_why}",
+            "reverse": f"{why}: reverse mode is fastest and fits the budget",
+            "recompute": f"{why}: reverse mode's {t} graphs exceed the budget; recompute keeps {kept} "
+                         f"checkpointed iterates (about 2√T) and recomputes the others"}[mode]
 
 
 def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) -> EdgePlan:

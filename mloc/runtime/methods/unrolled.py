@@ -53,7 +53,6 @@ lower's loss.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -61,12 +60,9 @@ import torch
 
 from mloc.runtime.base import tree
 from mloc.runtime.optim import apply_updates, keep_absent
+from mloc.shared.unroll import DIRECTIONS_PER_BATCH, segment_length
 
 _MODES = ("reverse", "forward", "recompute")
-
-DIRECTIONS_PER_BATCH = 32
-"""Forward mode: tangent directions pushed through one batched backward (bounds the batch's
-intermediates to this many copies of one JVP's; the planner reads it)."""
 
 
 def _step(op, theta, state, create_graph, others=None):
@@ -97,11 +93,6 @@ def _uppers(op):
     """Indices and values of the loss arguments other than the lower's own parameters."""
     idx = tuple(i for i in range(len(op.args)) if i != op.problem.index)
     return idx, tuple(op.args[i] for i in idx)
-
-
-def segment_length(steps: int) -> int:
-    """Recompute mode's checkpoint spacing ``c = ⌈√T⌉`` (the planner reads it)."""
-    return math.isqrt(steps - 1) + 1 if steps > 0 else 1
 
 
 @dataclass(frozen=True)
