@@ -49,20 +49,20 @@ SMALL_UPPER = Sizes(params={"low": 1_000_000, "high": 2}, activations={"low": 8 
 def test_forward_mode_for_few_hyperparameters_and_a_long_unroll():
     # d = 1e6 parameters (3.8 MiB), act 8 MiB, K = 100: reverse keeps 100 graphs (1.2 GiB);
     # recompute 10 checkpoints and a 10-step segment (20 d) and one step's graph (88 MiB);
-    # forward d·m = 2e6 numbers, two graphs and a batch of 2 directions (47 MiB). Under
-    # 100 MiB both fit and recompute is faster; under 60 MiB only forward fits; without a
+    # forward d·m = 2e6 numbers, two graphs and a batch of 2 directions (78 MiB). Under
+    # 100 MiB both fit and recompute is faster; under 80 MiB only forward fits; without a
     # budget, reverse is fastest.
     roomy = plan_for("itd(mode=auto)", unroll=100, budget='"100MiB"', sizes=SMALL_UPPER).edge("high", "low")
     assert roomy.mode == "recompute" and "recompute keeps 20 checkpointed iterates" in roomy.reason
     assert 85 * MiB < roomy.memory <= 100 * MiB
-    e = plan_for("itd(mode=auto)", unroll=100, budget='"60MiB"', sizes=SMALL_UPPER).edge("high", "low")
+    e = plan_for("itd(mode=auto)", unroll=100, budget='"80MiB"', sizes=SMALL_UPPER).edge("high", "low")
     assert e.mode == "forward"
     assert "forward mode carries d×m" in e.reason and "the only mode that fits" in e.reason
-    assert e.memory <= 60 * MiB
+    assert e.memory <= 80 * MiB
     assert plan_for("itd(mode=auto)", unroll=100, sizes=SMALL_UPPER).edge("high", "low").mode == "reverse"
     # forward keeps d·m numbers and one step's graphs; reverse would keep 100 graphs
     reverse = plan_for("itd(mode=reverse)", unroll=100, sizes=SMALL_UPPER).edge("high", "low")
-    assert e.memory < reverse.memory / 20
+    assert e.memory < reverse.memory / 15
 
 
 def test_itd_costs_per_mode():
@@ -73,7 +73,7 @@ def test_itd_costs_per_mode():
     rev, rec, fwd = (edge(f"itd(mode={m})") for m in ("reverse", "recompute", "forward"))
     assert (rev.time_g, rev.memory) == (400, 100 * (act + d * b))
     assert (rec.time_g, rec.memory) == (400 + 2 * (200 - 10), (10 + 10) * d * b + act + d * b)
-    assert (fwd.time_g, fwd.memory) == (100 * (10 + 2), d * 2 * b + 2 * (act + d * b) + 2 * act)
+    assert (fwd.time_g, fwd.memory) == (100 * (10 + 2), d * 2 * b + 2 * (act + d * b) + 2 * (6 * d * b + act // 20))
     cut = edge("itd(truncate=36, mode=recompute)")     # c = 6: 6 checkpoints, 6-step segments
     assert (cut.time_g, cut.memory) == (2 * 64 + 4 * 36 + 2 * (72 - 6), 12 * d * b + act + d * b)
 

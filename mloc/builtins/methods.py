@@ -12,7 +12,7 @@ act activation bytes, b bytes per element), None when the sizes were not measure
     cg(K)           2 G + 2 K G                  activations + 4 d
     itd reverse     4 T G                        T (activations + d)
     itd recompute   4 T G + 2 (2T − ⌈T/c⌉) G     (⌈T/c⌉ + c) d + activations + d,  c = ⌈√T⌉
-    itd forward     T (10 + m) G                 d m + 2 (activations + d) + min(m, 32) activations
+    itd forward     T (10 + m) G                 d m + 2 (activations + d) + min(m, 32) (6 d + activations/20)
 
 For `itd`, T = truncate or K steps are differentiated; the K − T steps before them run
 without graph (2 G each, in every mode). The unrolled modes' formulas and constants live in
@@ -68,7 +68,8 @@ ITD_STEP_G = 4.0        # reverse: one step with its graph (forward, backward wi
 ITD_UNROLL_G = 2.0      # one step without graph (forward, backward, update): the truncated prefix, recompute's unrolls
 ITD_JVP_G = 10.0        # forward: Φ with its graph, Jᵀu with its graph, one batched backward
 ITD_DIRECTION_G = 1.0   # forward: the arithmetic one more tangent direction adds to the batched backward
-ITD_JVP_ACT = 1.0       # forward: the batched backward's intermediates per direction, in activations
+ITD_JVP_PARAMS = 6.0    # forward: the batched backward's intermediates per direction, in parameter copies (d)...
+ITD_JVP_ACT = 0.05      # ...and in activations (fitted: hpo.mlo, m = 30; the bench MLP, m = 2, 16, 64)
 
 
 def itd_time(mode: str, k: int, kept: int, m: int) -> float:
@@ -93,7 +94,7 @@ def itd_memory(mode: str, kept: int, m: int, d: int, act: int, b: int) -> int:
     in this table: the planner reports the state apart (`state_memory`)."""
     if mode == "forward":
         batch = min(m, DIRECTIONS_PER_BATCH)
-        return int(d * m * b + 2 * (act + d * b) + ITD_JVP_ACT * batch * act)
+        return int(d * m * b + 2 * (act + d * b) + batch * (ITD_JVP_PARAMS * d * b + ITD_JVP_ACT * act))
     if mode == "recompute":
         return int((checkpoints(kept) + segment_length(kept)) * d * b + act + d * b)
     return int(kept * (act + d * b))

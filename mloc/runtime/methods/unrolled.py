@@ -9,8 +9,9 @@ Franceschi et al., "Forward and Reverse Gradient-Based Hyperparameter Optimizati
 ICML 2017). The unroll is a look-ahead: it does not commit the lower's parameters or
 state; the training loop steps the lower itself.
 
-The three modes give the same number (the same steps, in the same arithmetic) at different
-costs. ``T = truncate or K`` steps are differentiated; the first ``K − T`` run without graph
+The three modes give the same number at different costs: recompute does reverse mode's
+arithmetic (bitwise its result), forward mode the same products in another order (equal
+to rounding). ``T = truncate or K`` steps are differentiated; the first ``K − T`` run without graph
 (truncated back-propagation; Shaban et al., "Truncated Back-propagation for Bilevel
 Optimization", AISTATS 2019). ``d``: the lower's parameters (with its optimizer state),
 ``m``: the parameters of the uppers its loss reads, ``G``: one forward and backward of the
