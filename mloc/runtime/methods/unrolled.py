@@ -230,56 +230,61 @@ def _forward(op, theta, state, steps):
     idx, uppers = _uppers(op)
     uppers = tuple(tree.detach(u, True) for u in uppers)
     others, xs = dict(zip(idx, uppers)), tuple(t for u in uppers for t in u)
-    jvp = _BatchedJvp(_directions(xs))
+    jvp = _BatchedJvp(xs)
     theta, state = _detached(theta, state)
     z = (None,) * (len(theta) + len(tree.tensors(state)))   # (Z, S)_0 = 0
     for _ in range(steps):
-        theta, state, z = _tangent_step(op, theta, state, others, xs, z, jvp)
+        theta, state, z = _tangent_step(op, theta, state, others, z, jvp)
     return theta, tuple(torch.zeros((jvp.m,) + t.shape, dtype=t.dtype, device=t.device)
                         if zi is None else zi for zi, t in zip(z[:len(theta)], theta))
 
 
-def _tangent_step(op, theta, state, others, xs, z, jvp):
+def _tangent_step(op, theta, state, others, z, jvp):
     """``Φ`` at ``(θ_k, s_k)`` and the pushed-forward tangents ``(Z, S)_{k+1}``."""
     theta, state, st = _leaves(theta, state)
     new_theta, new_state = _step(op, theta, state, True, others)
-    new_st = tree.tensors(new_state)
-    z = jvp(new_theta + new_st, theta + st + xs, z + jvp.e)
+    z = jvp(new_theta + tree.tensors(new_state), theta + st, z)
     return _detached(new_theta, new_state) + (z,)
 
 
-def _directions(xs):
-    """``e_j`` for the ``m`` upper parameters: per upper tensor, ``(m, *shape)``."""
+def _unit_rows(xs, a, b):
+    """``e_j`` for ``a ≤ j < b``: rows of the ``m × m`` identity, split per upper tensor as
+    ``(b − a, *shape)`` (``(b − a)·m`` numbers, never the whole identity)."""
     sizes = [t.numel() for t in xs]
-    eye = torch.eye(sum(sizes), dtype=xs[0].dtype, device=xs[0].device)
-    return tuple(p.reshape((eye.shape[0],) + t.shape) for p, t in zip(eye.split(sizes, dim=1), xs))
+    rows = torch.zeros(b - a, sum(sizes), dtype=xs[0].dtype, device=xs[0].device)
+    rows.diagonal(a).fill_(1)
+    return tuple(p.reshape((b - a,) + t.shape) for p, t in zip(rows.split(sizes, dim=1), xs))
 
 
 class _BatchedJvp:
-    """``J t_j`` for a batch of directions, ``J = ∂outs/∂ins``, by the double-backward trick
-    (module docstring); None stands for a zero tangent, in and out."""
+    """``J t_j`` for the ``m`` directions ``t_j = (z_j, e_j)``, ``J = ∂outs/∂(ins, x)``, by the
+    double-backward trick (module docstring), :data:`DIRECTIONS_PER_BATCH` at a time.
+    None stands for a zero tangent, in and out."""
 
-    def __init__(self, e):
-        self.e, self.m, self.batched = e, e[0].shape[0], True
+    def __init__(self, xs):
+        self.xs, self.m, self.batched = xs, sum(t.numel() for t in xs), True
+        self.single = _unit_rows(xs, 0, self.m) if self.m <= DIRECTIONS_PER_BATCH else None
 
-    def __call__(self, outs, ins, tangents):
+    def __call__(self, outs, ins, z):
         live = [o for o in outs if o.requires_grad]
         u = [torch.zeros_like(o, requires_grad=True) for o in live]
-        w = torch.autograd.grad(live, ins, u, create_graph=True, allow_unused=True) if live else ()
-        pairs = [(wi, ti) for wi, ti in zip(w, tangents)
-                 if wi is not None and wi.requires_grad and ti is not None]
-        if not pairs:
+        w = torch.autograd.grad(live, ins + self.xs, u, create_graph=True, allow_unused=True) if live else ()
+        keep = [i for i, wi in enumerate(w) if wi is not None and wi.requires_grad
+                and (i >= len(ins) or z[i] is not None)]
+        if not keep:
             return (None,) * len(outs)
-        ws, ts = [p[0] for p in pairs], [p[1] for p in pairs]
-        if self.m <= DIRECTIONS_PER_BATCH:
-            jt = iter(self._chunk(ws, u, ts))
-        else:
-            chunks = [self._chunk(ws, u, [t[a:a + DIRECTIONS_PER_BATCH] for t in ts])
-                      for a in range(0, self.m, DIRECTIONS_PER_BATCH)]
-            jt = iter([None if c[0] is None else torch.cat(c) for c in zip(*chunks)])
+        ws = [w[i] for i in keep]
+        batches = [self._batch(ws, u, self._tangents(keep, z, a)) for a in range(0, self.m, DIRECTIONS_PER_BATCH)]
+        jt = iter([None if c[0] is None else c[0] if len(c) == 1 else torch.cat(c) for c in zip(*batches)])
         return tuple(next(jt) if o.requires_grad else None for o in outs)
 
-    def _chunk(self, ws, u, ts):
+    def _tangents(self, keep, z, a):
+        """The tangents of the inputs in ``keep`` for the directions ``a … a + batch``."""
+        b = min(a + DIRECTIONS_PER_BATCH, self.m)
+        t = tuple(None if zi is None else zi[a:b] for zi in z) + (self.single or _unit_rows(self.xs, a, b))
+        return [t[i] for i in keep]
+
+    def _batch(self, ws, u, ts):
         if self.batched:
             try:
                 return torch.autograd.grad(ws, u, ts, retain_graph=True, allow_unused=True,
@@ -288,7 +293,7 @@ class _BatchedJvp:
                 self.batched = False
                 warnings.warn(f"itd(mode='forward'): the tangent directions could not be batched "
                               f"({str(err).splitlines()[0]}); pushing them one at a time "
-                              f"({ts[0].shape[0]} backwards per step instead of one)", stacklevel=2)
+                              f"({self.m} backwards per step instead of one)", stacklevel=2)
         rows = [torch.autograd.grad(ws, u, [t[j] for t in ts], retain_graph=True, allow_unused=True)
                 for j in range(ts[0].shape[0])]
         return tuple(None if r[0] is None else torch.stack(r) for r in zip(*rows))
