@@ -308,3 +308,24 @@ def test_forward_mode_keeps_only_the_tangents():
         theta, z = unrolled._forward(op, lower.params, lower.state, steps)
         m = sum(t.numel() for t in uppers)
         assert [t.shape for t in z] == [(m,) + p.shape for p in lower.params]
+
+
+@pytest.mark.parametrize("opt", [sgd, adam])
+def test_modes_agree_on_a_learnable_learning_rate(opt):
+    """The upper trains the lower's step size (a tensor its optimizer holds; no loss reads
+    it): forward and recompute differentiate through the update as reverse mode does."""
+    g = gen(5)
+    A = randn(g, 4, 4)
+    A = A @ A.T / 4 + torch.eye(4, dtype=F64)
+    c, w0 = randn(g, 4), randn(g, 4)
+
+    def hypergrad(mode):
+        lr = torch.tensor(0.05, dtype=F64, requires_grad=True)
+        lower = Problem("w", (leaf(w0),), lambda th: 0.5 * th[0] @ A @ th[0] - c @ th[0], ("w",), opt(lr))
+        upper = Problem("lr", (lr,), lambda th: (th[0] * th[0]).sum(), ("w",))
+        hierarchy([lower, upper], [Edge("lr", "w", itd(6, mode=mode))]).hypergrad("lr")
+        return lr.grad
+    want = hypergrad("reverse")
+    assert want is not None and abs(float(want)) > 1e-6
+    for mode in ("forward", "recompute"):
+        assert rel(hypergrad(mode), want) < TOL, mode

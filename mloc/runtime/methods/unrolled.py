@@ -14,8 +14,9 @@ arithmetic (bitwise its result), forward mode the same products in another order
 to rounding). ``T = truncate or K`` steps are differentiated; the first ``K − T`` run without graph
 (truncated back-propagation; Shaban et al., "Truncated Back-propagation for Bilevel
 Optimization", AISTATS 2019). ``d``: the lower's parameters (with its optimizer state),
-``m``: the parameters of the uppers its loss reads, ``G``: one forward and backward of the
-lower's loss.
+``x``: the parameters of the uppers its loss reads and the optimizer's hyperparameters that
+are autograd leaves (an upper's learnable step size), ``m`` numbers; ``G``: one forward and
+backward of the lower's loss.
 
 - ``reverse``: keep the graphs of the ``T`` steps, one reverse sweep
   ``a_k = (∂Φ/∂(θ, s))ᵀ a_{k+1}``, ``g_x += (∂Φ/∂x)ᵀ a_{k+1}``. Memory ``T`` step graphs;
@@ -146,7 +147,9 @@ class itd:
             raise NotImplementedError(f"itd(mode={self.mode!r}) is not differentiable")
         if self.mode == "recompute":
             return _sweep(op, op.memo, v)
-        flat = _upper_tensors(op)
+        flat = tuple(t for u in _uppers(op)[1] for t in u) + _learnable(op)
+        if not flat:                    # nothing above reaches the steps: no indirect term
+            return None
         h = _contract(op.memo, v)
         return flat, tuple(p.view_as(t) for p, t in zip(h.split([t.numel() for t in flat]), flat))
 
@@ -218,8 +221,20 @@ def _sweep(op, checkpoints, v):
     return (flat, adjoint.acc) if adjoint.acc is not None else None
 
 
+def _learnable(op):
+    """The lower optimizer's hyperparameters that are autograd leaves (an upper's learnable
+    step size): the step depends on them through the update, not the loss."""
+    hyper = getattr(op.problem.optimizer, "hyper", None)
+    values = list(hyper.items().values()) if hyper is not None else []
+    return tuple(t for t in tree.tensors(values) if t.requires_grad)
+
+
 def _upper_tensors(op):
-    return tuple(t for u in _uppers(op)[1] for t in u)
+    """What the sweep differentiates: the uppers the loss reads, then the learnable
+    hyperparameters it does not (each tensor once: autograd sums its paths)."""
+    loss = tuple(t for u in _uppers(op)[1] for t in u)
+    seen = {id(t) for t in loss}
+    return loss + tuple(t for t in _learnable(op) if id(t) not in seen)
 
 
 # --- forward: batched tangents --------------------------------------------------------------
@@ -229,9 +244,13 @@ def _forward(op, theta, state, steps):
     parameter with the ``m`` directions first."""
     idx, uppers = _uppers(op)
     uppers = tuple(tree.detach(u, True) for u in uppers)
-    others, xs = dict(zip(idx, uppers)), tuple(t for u in uppers for t in u)
-    jvp = _BatchedJvp(xs)
+    others = dict(zip(idx, uppers))
+    jvp = _BatchedJvp(tuple(t for u in uppers for t in u) + _learnable(op))
     theta, state = _detached(theta, state)
+    if not jvp.m:
+        for _ in range(steps):
+            theta, state = _detached(*_step(op, theta, state, False))
+        return theta, ()
     z = (None,) * (len(theta) + len(tree.tensors(state)))   # (Z, S)_0 = 0
     for _ in range(steps):
         theta, state, z = _tangent_step(op, theta, state, others, z, jvp)
@@ -263,7 +282,7 @@ class _BatchedJvp:
 
     def __init__(self, xs):
         self.xs, self.m, self.batched = xs, sum(t.numel() for t in xs), True
-        self.single = _unit_rows(xs, 0, self.m) if self.m <= DIRECTIONS_PER_BATCH else None
+        self.single = _unit_rows(xs, 0, self.m) if 0 < self.m <= DIRECTIONS_PER_BATCH else None
 
     def __call__(self, outs, ins, z):
         live = [o for o in outs if o.requires_grad]
