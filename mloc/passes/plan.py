@@ -32,12 +32,19 @@ from mloc.shared.interlock import Interlock
 
 @dataclass(frozen=True)
 class Sizes:
-    """Measured by the dataflow pass: trainable parameters and saved activations (bytes of
-    one forward of the problem's loss) per problem, and bytes per element."""
+    """Measured by the dataflow pass, per problem: trainable parameters; the bytes one
+    forward of its loss keeps for the backward (activations); the bytes the graph of its
+    own gradient keeps (``create_graph=True``, activations included: one Hessian-vector
+    product's or one unrolled step's graph); its batch's bytes. And bytes per element.
+    (`mloc.runtime.grad.introspect.probe_loss` measures them on the meta device.)"""
 
     params: dict[str, int] = field(default_factory=dict)
     activations: dict[str, int] = field(default_factory=dict)
     element_bytes: int = 4
+    graphs: dict[str, int] = field(default_factory=dict)
+    hvps: dict[str, int] = field(default_factory=dict)
+    backwards: dict[str, int] = field(default_factory=dict)
+    batches: dict[str, int] = field(default_factory=dict)
     fx_ops: dict[str, int] = field(default_factory=dict)     # aten operations in each loss
     fx_code: dict[str, str] = field(default_factory=dict)    # each loss as torch.fx traced it
 
@@ -87,8 +94,14 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
     sizes = sizes or Sizes()
     budget = g.info.train.memory_budget
     semantics, reason = _semantics(g)
-    edges = tuple(_with_state(g, _plan_edge(g, e, sizes, budget, semantics), sizes)
-                  for e in g.hierarchy_edges())
+    # bottom-up, so that a middle's edges are priced with the differentiable passes below it
+    middles = feedback(*structure(g)) if semantics == "exact" else {}
+    rank = {n: i for i, n in enumerate(reversed(g.topological_order()))}
+    planned: dict[tuple[str, str], EdgePlan] = {}
+    for e in sorted(g.hierarchy_edges(), key=lambda e: rank[e.lower]):
+        nested = _nested(g, e.lower, planned, sizes) if e.lower in middles else 0
+        planned[e.upper, e.lower] = _with_state(g, _plan_edge(g, e, sizes, budget, semantics, nested), sizes)
+    edges = tuple(planned[e.upper, e.lower] for e in g.hierarchy_edges())
     periods = periods_of(g, edges)
     order = tuple(reversed(g.topological_order()))
     warmup = tuple(Action("lower_step", e.lower, e.warmup, f"warm-up: `{e.lower}` trains alone first")
@@ -142,13 +155,33 @@ def _d(sizes: Sizes, name: str) -> int | None:
     return sizes.params.get(name)
 
 
-def _cost(method: str, args: dict, sizes: Sizes, lower: str, upper: str) -> tuple[float, int | None]:
-    """(time in G, memory in bytes or None) of one BR-VJP: the method descriptor's cost."""
-    cost = METHODS[method].cost
-    if cost is None:
+def _cost(g: ProgramGraph, method: str, args: dict, sizes: Sizes, lower: str, upper: str,
+          nested: int = 0, differentiable: bool = False) -> tuple[float, int | None]:
+    """(time in G of one BR-VJP, memory in bytes of the upper's hypergradient step through it,
+    or None): the method descriptor's cost, given the sizes the dataflow pass measured."""
+    desc = METHODS[method]
+    if desc.cost is None:
         raise ValueError(f"`{method}` has no cost: the planner resolves it to a method first")
-    shape = Shape(_d(sizes, lower), sizes.activations.get(lower), _d(sizes, upper), sizes.element_bytes)
-    return cost(args, shape)
+    # the step evaluates the upper's loss unless nothing needs its partials: a first-order
+    # lower (no indirect term) and an upper whose loss does not read itself
+    evaluated = not desc.caps.no_indirect or upper in _runtime_reads(g, upper)
+    shape = Shape(_d(sizes, lower), sizes.activations.get(lower), _d(sizes, upper), sizes.element_bytes,
+                  graph=sizes.graphs.get(lower), hvp=sizes.hvps.get(lower),
+                  upper=sizes.backwards.get(upper, 0) if evaluated else 0, batch=sizes.batches.get(upper, 0),
+                  state=OPTIMIZERS[g.problem(lower).optimizer.name].caps.state_per_param,
+                  nested=nested, differentiable=differentiable)
+    return desc.cost(args, shape)
+
+
+def _nested(g: ProgramGraph, middle: str, planned: dict, sizes: Sizes) -> int:
+    """The bytes of the differentiable pass below `middle` (under `exact`, each of its
+    Hessian-vector products differentiates through the problems below it): its lower
+    edges' methods, priced with every graph kept (`Shape.differentiable`)."""
+    total = 0
+    for (upper, lower), e in planned.items():
+        if upper == middle:
+            total += _cost(g, e.method, dict(e.args), sizes, lower, upper, differentiable=True)[1] or 0
+    return total
 
 
 def _with_state(g: ProgramGraph, e: EdgePlan, sizes: Sizes) -> EdgePlan:
@@ -162,27 +195,28 @@ def _fits(memory: int | None, budget: int | None) -> bool:
     return budget is None or memory is None or memory <= budget
 
 
-def _plan_edge(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) -> EdgePlan:
+def _plan_edge(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics, nested: int = 0) -> EdgePlan:
     args = dict(e.method.args)
     lower = g.problem(e.lower)
     caps = METHODS[e.method.name].caps
     if caps.planned:
-        return _auto(g, e, sizes, budget, semantics)
+        return _auto(g, e, sizes, budget, semantics, nested)
     if caps.unrolls and args.get("mode") == "auto":
-        return _itd_mode(e, args, sizes, budget, "`mode = auto`")
-    time, memory = _cost(e.method.name, args, sizes, e.lower, e.upper)
+        return _itd_mode(g, e, args, sizes, budget, "`mode = auto`", nested)
+    time, memory = _cost(g, e.method.name, args, sizes, e.lower, e.upper, nested)
     reason = f"as written; lower optimizer {lower.optimizer.name}"
     if not _fits(memory, budget):
         reason += f"; over the memory budget ({format_bytes(memory)} > {format_bytes(budget)})"
     return EdgePlan(e.upper, e.lower, e.method.name, tuple(args.items()), e.unroll, time, memory, reason)
 
 
-def _itd_mode(e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str) -> EdgePlan:
+def _itd_mode(g: ProgramGraph, e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str,
+              nested: int = 0) -> EdgePlan:
     """Reverse, forward or recompute: the fastest mode that fits the budget (ties: less memory)."""
     options = []
     for mode in ("reverse", "forward", "recompute"):
         a = {**args, "mode": mode}
-        time, memory = _cost(ITD.name, a, sizes, e.lower, e.upper)
+        time, memory = _cost(g, ITD.name, a, sizes, e.lower, e.upper, nested)
         options.append((not _fits(memory, budget), time, memory or 0, mode, a))
     options.sort(key=lambda o: o[:3])
     if options[0][0]:                  # nothing fits: the smallest, however slow
@@ -198,7 +232,7 @@ def _itd_mode(e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str) -> E
     return EdgePlan(e.upper, e.lower, ITD.name, tuple(a.items()), e.unroll, time, memory or None, reason)
 
 
-def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) -> EdgePlan:
+def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics, nested: int = 0) -> EdgePlan:
     """`auto`'s choice among the methods whose descriptors declare an `AutoRank` and that
     apply (the lower optimizer provides what they need; `exact` semantics: differentiable):
     of those that fit the budget, the lowest tier, then the fastest; else the smallest."""
@@ -206,8 +240,8 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) ->
     init_only = lower.init is not None and lower.init[0] == e.upper and \
         e.upper not in lower.loss.read_names()
     if init_only:
-        return _itd_mode(e, {"steps": e.unroll, "truncate": None, "mode": "auto"}, sizes, budget,
-                         "auto: the lower starts from the upper's weights (init), only itd sees that")
+        return _itd_mode(g, e, {"steps": e.unroll, "truncate": None, "mode": "auto"}, sizes, budget,
+                         "auto: the lower starts from the upper's weights (init), only itd sees that", nested)
     provides = OPTIMIZERS[lower.optimizer.name].caps.provides
     options = []
     for name, d in METHODS.items():
@@ -216,7 +250,7 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) ->
         if caps.auto is None or not applies:
             continue
         args = {p.name: p.default for p in d.signature.params}     # `auto` gives the defaults
-        time, memory = _cost(name, args, sizes, e.lower, e.upper)
+        time, memory = _cost(g, name, args, sizes, e.lower, e.upper, nested)
         options.append((not _fits(memory, budget), caps.auto.tier, time, memory or 0, name, args, memory))
     fits = sorted(o for o in options if not o[0])
     if fits:

@@ -223,13 +223,14 @@ def _probe(g, p, mods, modules: dict, data, meta_batch):
 
     reads = p.loss.read_names()
     fn = _loss_function(p, mods)
+    own = reads.index(p.name) if p.name in reads else None
     try:
-        return intro.probe_loss(fn, [modules[r] for r in reads], meta_batch, reads), modules
+        return intro.probe_loss(fn, [modules[r] for r in reads], meta_batch, reads, own), modules
     except RuntimeError as err:
         if "meta" not in str(err):
             raise
     real = {r: evaluate(g.problem(r).module.call, mods) for r in reads}
-    return intro.probe_loss(fn, [real[r] for r in reads], next(iter(data)), reads), real
+    return intro.probe_loss(fn, [real[r] for r in reads], next(iter(data)), reads, own), real
 
 
 def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: dict) -> None:
@@ -260,6 +261,12 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: d
         diags.append(not_a_loss(p, probe))
         return
     sizes.activations[p.name] = probe.activation_bytes
+    sizes.batches[p.name] = probe.batch_bytes
+    if probe.backward_bytes is not None:
+        sizes.backwards[p.name] = probe.backward_bytes
+    if probe.graph_bytes is not None:
+        sizes.graphs[p.name] = probe.graph_bytes
+        sizes.hvps[p.name] = probe.hvp_bytes
     sizes.fx_ops[p.name] = probe.fx_ops
     if probe.fx_code:
         sizes.fx_code[p.name] = probe.fx_code
