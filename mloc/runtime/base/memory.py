@@ -13,7 +13,8 @@ thread, under the same mode), factories included, inside ``torch.func`` transfor
 (the mode sits below the transforms and sees the plain tensors they unwrap to). Each
 output tensor's untyped storage is counted once, when first seen: not when the output
 is an alias of an input (the schema says so: views, in-place and ``out=`` ops) or shares
-an input's storage, nor again for a storage already counted (a view of a fresh tensor).
+an input's storage, nor again for a storage already counted (a view of a fresh tensor);
+a tensor an in-place or ``out=`` operation resizes counts its growth.
 Its release is a ``weakref.finalize`` on the storage object, which torch keeps unique per
 storage and alive exactly as long as the storage (views and autograd's saved tensors
 hold it), so the bytes leave the count when the last reference goes. ``torch.profiler``'s
@@ -56,11 +57,17 @@ class PeakMemory(TorchDispatchMode):
         self._op = ""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        written = [(st, st.nbytes()) for st in map(_storage, _written(func, args, kwargs)) if st is not None]
+        out = func(*args, **kwargs)
+        for st, before in written:           # an in-place or `out=` operation that resized its tensor
+            if st.nbytes() > before:
+                self._grow(st, st.nbytes() - before)
         fresh = [s for s in map(_storage, _fresh_outputs(func, out)) if s is not None]
         if fresh:
             self._op = str(func)
-            inputs = {id(s) for s in map(_storage, tree_leaves((args, kwargs))) if s is not None}
+            inputs = set() if func is _LIFT_FRESH else \
+                {id(s) for s in map(_storage, tree_leaves((args, kwargs))) if s is not None}
             for s in fresh:
                 if id(s) not in inputs:
                     self._count(s)
@@ -68,20 +75,24 @@ class PeakMemory(TorchDispatchMode):
 
     def _count(self, storage) -> None:
         key, nbytes = id(storage), storage.nbytes()
-        if key in self._sizes:                   # counted (a view of a fresh storage), or grown
-            grown = nbytes - self._sizes[key]
-            if grown > 0:
-                self._sizes[key] = nbytes
-                self._add(grown)
+        if key in self._sizes:                   # counted: a view of a fresh storage
             return
-        if nbytes == 0:
-            return
-        self._sizes[key] = nbytes
-        if self._ops is not None:
-            self._ops[key] = self._op
-        self.count += 1
+        if nbytes:
+            self._grow(storage, nbytes)
+
+    def _grow(self, storage, nbytes: int) -> None:
+        """``nbytes`` more of ``storage`` are allocated: a new storage, or one resized (its
+        growth only, when it existed before the block)."""
+        key = id(storage)
+        if key in self._sizes:
+            self._sizes[key] += nbytes
+        else:
+            self._sizes[key] = nbytes
+            if self._ops is not None:
+                self._ops[key] = self._op
+            self.count += 1
+            weakref.finalize(storage, self._release, key)
         self._add(nbytes)
-        weakref.finalize(storage, self._release, key)
 
     def _add(self, nbytes: int) -> None:
         self.live += nbytes
@@ -113,11 +124,28 @@ def _storage(t):
         return None
 
 
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+
+
+def _written(func, args, kwargs) -> list:
+    """The tensors ``func`` may write to, and so resize (``Tensor(a!)`` in its schema: the
+    self of an in-place operation, an ``out=``)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return []
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            out += [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+    return out
+
+
 def _fresh_outputs(func, out) -> list[torch.Tensor]:
     """The output tensors of ``func`` that its schema does not declare aliases of an input."""
     tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-    if not tensors:
-        return []
+    if not tensors or func is _LIFT_FRESH:
+        return tensors         # `torch.tensor(data)`: made outside any operation, then lifted
     schema = getattr(func, "_schema", None)
     if schema is None or len(schema.returns) != len(tensors):
         return tensors            # no schema to read (or a list return): the storage test decides
