@@ -2,6 +2,7 @@
 
     python3 bench/plan_memory.py                 # the table: every method and itd mode on the examples
     python3 bench/plan_memory.py --itd 10 100    # hpo.mlo's itd modes at K = 10, 100: memory and time
+    python3 bench/plan_memory.py --itd 1000 --modes reverse recompute
 
 For each case (an example program of `programs/`, with `--set` overrides that choose the
 method, the mode, the unroll or the sizes) the program is compiled (the planner's estimate
@@ -51,7 +52,9 @@ class Case:
         return PROGRAMS / self.program
 
     def __str__(self) -> str:
-        return self.label or f"{self.program.removesuffix('.mlo')}" + "".join(f" {s}" for s in self.sets)
+        """The program and its overrides, each without its edge (`hypergrad=cg`)."""
+        return self.label or self.program.removesuffix(".mlo") + "".join(f" {s.split('.', 1)[-1] if '->' in s else s}"
+                                                                          for s in self.sets)
 
 
 def mwn(method: str, *more: str, unroll: int = 1) -> Case:
@@ -153,21 +156,22 @@ def table(cases) -> int:
     return 0 if worst <= TOLERANCE else 1
 
 
-def itd_sweep(ks, reps: int) -> None:
+def itd_sweep(ks, reps: int, modes=("reverse", "recompute", "forward")) -> None:
     """hpo.mlo's three itd modes at each K: estimate, measured peak, median ms per step."""
     print("| mode | K | estimate KiB | measured KiB | estimate / measured | ms per hypergradient step |")
     print("|---|---|---|---|---|---|")
     for k in ks:
-        for mode in ("reverse", "recompute", "forward"):
+        for mode in modes:
             session = load(hpo(f"itd(mode={mode})", k))
             est = session.plan.edges[0].memory
-            got = measure(session)["decay"].peak
             p = session.program
+            p.outer_step()
             times = []
-            for _ in range(reps):
+            for _ in range(reps):       # timed before measuring (the measurement slows every operation)
                 t0 = time.perf_counter()
                 p.upper_step("decay")
                 times.append(time.perf_counter() - t0)
+            got = measure(session)["decay"].peak
             print(f"| {mode} | {k} | {est / 1024:.1f} | {got / 1024:.1f} | {est / got:.2f} | "
                   f"{statistics.median(times) * 1e3:.1f} |", flush=True)
 
@@ -175,11 +179,12 @@ def itd_sweep(ks, reps: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--itd", type=int, nargs="*", help="hpo.mlo's itd modes at these unrolls K instead")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3, help="timed steps per mode and K (--itd)")
+    ap.add_argument("--modes", nargs="*", default=["reverse", "recompute", "forward"], help="itd modes (--itd)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.itd:
-        itd_sweep(args.itd, args.reps)
+        itd_sweep(args.itd, args.reps, args.modes)
         return 0
     return table(CASES)
 
