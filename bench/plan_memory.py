@@ -174,6 +174,19 @@ def itd_sweep(ks, reps: int, modes=("reverse", "recompute", "forward")) -> None:
             got = measure(session)["decay"].peak
             print(f"| {mode} | {k} | {est / 1024:.1f} | {got / 1024:.1f} | {est / got:.2f} | "
                   f"{statistics.median(times) * 1e3:.1f} |", flush=True)
+    print()
+    for k in ks:
+        for budget in (None, "100KiB", "60KiB", "40KiB"):
+            e = choice(k, budget)
+            print(f"- K = {k}, budget {budget or 'none'}: **{e.mode}**, {e.memory / 1024:.1f} KiB ({e.reason})")
+
+
+def choice(k: int, budget: str | None):
+    """The planner's edge for `itd(mode=auto)` on hpo.mlo at unroll ``k`` under ``budget``."""
+    from mloc.codegen.compile import compile_program
+
+    case = hpo("itd(mode=auto)", k, *((f'train.memory_budget="{budget}"',) if budget else ()))
+    return compile_program(str(case.path), case.sets).plan.edges[0]
 
 
 def main() -> int:
