@@ -89,6 +89,10 @@ def registry_cases() -> list[tuple[str, Case]]:
 # the examples with a hierarchy edge (the interlocking chains compute no hypergradient)
 EXAMPLES = tuple(Case(p.name) for p in sorted(PROGRAMS.glob("*.mlo")) if " -> " in p.read_text())
 
+# iMAML's meta-batch vectorized (`vmap = true`): every task's step at once
+VMAP = (Case("imaml.mlo", ("meta.vmap=true",)),
+        Case("imaml.mlo", ("meta.vmap=true", "meta.accumulate=8", "meta->adapt.hypergrad=neumann(iters=5)")))
+
 # Every example as written, then every method and itd mode on the examples that can run it.
 # (Not maml.mlo with itd(mode=forward): that raises "ZeroTensors are immutable" in the
 # current forward mode on an `init` lower, and crashes the process under any
@@ -104,6 +108,7 @@ CASES: tuple[Case, ...] = (
     Case("maml.mlo", ("meta->adapt.hypergrad=itd(mode=recompute)",)),
     Case("maml.mlo", ("meta->adapt.hypergrad=first_order",)),
     Case("imaml.mlo", ("meta->adapt.hypergrad=neumann(iters=5)",)),
+    *VMAP,
 )
 
 
@@ -113,16 +118,17 @@ def load(case: Case):
 
 def measure(session, detail: bool = False) -> dict[str, PeakMemory]:
     """Each upper problem's hypergradient step in the second outer step of ``session``: its
-    :class:`PeakMemory` (the largest, when the step runs several times: `accumulate`)."""
+    :class:`PeakMemory` (the largest, when the step runs several times: `accumulate`; a
+    vectorized meta-batch, `vmap = true`, is one step: every task's solve and hypergradient)."""
     program = session.program
     program.outer_step()
     found: dict[str, PeakMemory] = {}
-    for kind in ("upper_step", "accumulate"):
+    for kind in ("upper_step", "accumulate", "meta_batch"):
         step = getattr(program, kind)
 
-        def measured(name, *args, _step=step):
+        def measured(name, *args, _step=step, **kwargs):
             with PeakMemory(detail) as mem:
-                _step(name, *args)
+                _step(name, *args, **kwargs)
             if name not in found or mem.peak > found[name].peak:
                 found[name] = mem
         setattr(program, kind, measured)

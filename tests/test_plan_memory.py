@@ -51,6 +51,12 @@ def test_each_example_as_written(case):
     check(case)
 
 
+@pytest.mark.parametrize("case", pm.VMAP, ids=[str(c) for c in pm.VMAP])
+def test_a_vectorized_meta_batch(case):
+    """`vmap = true`: every task's step at once (the planner multiplies by the tasks)."""
+    check(case)
+
+
 def test_the_registry_cases_cover_every_method_and_mode():
     from mloc.builtins import METHODS
     from mloc.lang.vocabulary import ITD_MODES

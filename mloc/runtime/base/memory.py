@@ -18,14 +18,17 @@ a tensor an in-place or ``out=`` operation resizes counts its growth.
 Its release is a ``weakref.finalize`` on the storage object, which torch keeps unique per
 storage and alive exactly as long as the storage (views and autograd's saved tensors
 hold it), so the bytes leave the count when the last reference goes. ``torch.profiler``'s
-memory view, which this replaces, replays allocator events and missed allocations made
-in some threads and phases (whole batches).
+memory view, which this replaces in the benchmarks, replays allocator events and missed
+allocations (both batches of every outer step on Meta-Weight-Net, an activation of a
+Hessian-vector product's backward: bench/README.md).
 
 What it does not see: memory a kernel allocates for itself and frees before returning
 (scratch space of a matrix product), storages made without an aten operation
-(``torch.from_numpy``, deserialisation), and operations run by other threads or
-processes (Shampoo's root workers). Storages that existed before the block and are freed
-inside it are not subtracted: the peak is what the block adds, not the process's net.
+(``torch.from_numpy``, deserialisation), operations run by other threads or processes
+(DataLoader workers, Shampoo's root workers), and code compiled by ``torch.compile`` as
+it runs without the mode (on a small function under the mode it ran its operations one
+by one, as eager code does, so the count is eager memory, not the compiled kernels'). Storages that existed before the block and are freed inside it are not
+subtracted: the peak is what the block adds, not the process's net.
 """
 
 from __future__ import annotations
