@@ -8,10 +8,10 @@ decays as the upper problem) with its edge's method replaced by `itd(steps=K, mo
 (`Program.upper_step`: draw the upper batch, unroll K lower steps, the BR-VJP, Adam). For
 each K the modes run interleaved, in a fresh random order each repetition; the table
 reports each mode's median, its ratio to reverse mode's, the peak bytes of CPU tensor
-memory the step allocates and holds (allocator events replayed from torch.profiler, as in
-bench/hypergrad.py; parameters and data that exist before the step do not count) and the
-planner's estimate of that memory and of the time (in G, one forward and backward of the
-lower's loss) for the same edge.
+memory the step allocates and holds (`PeakMemory`, storage by storage, through
+bench/hypergrad.py's `peak_bytes`; parameters and data that exist before the step do not
+count) and the planner's estimate of that memory and of the time (in G, one forward and
+backward of the lower's loss) for the same edge.
 """
 
 from __future__ import annotations
