@@ -28,9 +28,9 @@ steps, after a warm-up. All systems take the same number of steps, so their para
 be compared at the end (a check that they train the same program).
 
 Memory: the peak bytes of CPU tensor memory one outer step allocates and holds at once,
-replayed from the allocator events of `torch.profiler` (`profile_memory=True`;
-`bench/hypergrad.py`'s `peak_bytes`), the median over 5 untimed steps after the timed ones
-(one more profiled step before them is discarded: the first profiled call reads high);
+counted storage by storage at every aten operation (`bench/hypergrad.py`'s `peak_bytes`:
+`mloc.runtime.base.memory.PeakMemory`), the median over 5 untimed steps after the timed
+ones (one more measured step before them is discarded);
 parameters, optimizer states and anything else that exists before the step are not
 counted.
 
@@ -187,8 +187,9 @@ def measure(systems: dict, reps: int, block: int, warmup: int, rng: random.Rando
 
 
 def steady_peak(step, n: int = 5) -> float:
-    """Median of ``peak_bytes`` over ``n`` profiled outer steps, after one discarded: the
-    first profiled call reads higher for every system (0.58 vs 0.45 MiB for mloc's darts)."""
+    """Median of ``peak_bytes`` over ``n`` measured outer steps, after one discarded (with
+    ``torch.profiler``'s replay, which this replaced, the first call read higher for every
+    system)."""
     peak_bytes(step)
     return statistics.median(peak_bytes(step) for _ in range(n))
 

@@ -134,7 +134,12 @@ def test_the_planner_prices_what_auto_chooses():
     plan = plan_program(unit.graph, Sizes(params={"low": 100, "high": 2}, activations={"low": 800}))
     e = plan.edge("high", "low")
     assert e.method != "auto" and METHODS[e.method].cost is not None and e.memory is not None
-    assert e.state_memory == OPTIMIZERS["sgd"].caps.state_per_param * 100 * 4
+    # the state the lower's optimizer keeps: none for sgd without momentum, its descriptor's
+    # state_per_param (a momentum buffer) with momentum
+    assert e.state_memory == 0
+    unit = check(lower="sgd(lr=0.1, momentum=0.9)", method="auto")[1]
+    plan = plan_program(unit.graph, Sizes(params={"low": 100, "high": 2}, activations={"low": 800}))
+    assert plan.edge("high", "low").state_memory == OPTIMIZERS["sgd"].caps.state_per_param * 100 * 4
 
 
 PAIRS = [(m, o) for m in METHODS.values() for o in OPTIMIZERS.values()]

@@ -47,17 +47,44 @@ SMALL_UPPER = Sizes(params={"low": 1_000_000, "high": 2}, activations={"low": 8 
 
 
 def test_forward_mode_for_few_hyperparameters_and_a_long_unroll():
-    # d = 1e6 parameters (4 MB), K = 100: reverse keeps 100 graphs (~1.2 GB), recompute 100
-    # iterates (~0.4 GB); forward keeps d·m = 2e6 numbers. Under a 100 MiB budget only
-    # forward fits; without one, reverse is fastest.
-    plan = plan_for("itd(mode=auto)", unroll=100, budget='"100MiB"', sizes=SMALL_UPPER)
-    e = plan.edge("high", "low")
+    # d = 1e6 parameters (D = 3.8 MiB), A = 8 MiB of activations, sgd without momentum (no
+    # state), G = A + D and H = G + 3 A + D (the planner's fallback where the graph and the
+    # product were not measured), K = 100: reverse keeps 99 graphs (1.2 GiB); recompute 10
+    # checkpoints and a 10-step segment (19 iterates) and one rebuilt step (127 MiB);
+    # forward the 2 tangents, old and new, two graphs and a batch of 2 directions (97 MiB).
+    # Under 130 MiB both fit and recompute is faster; under 100 MiB only forward fits;
+    # without a budget, reverse is fastest.
+    roomy = plan_for("itd(mode=auto)", unroll=100, budget='"130MiB"', sizes=SMALL_UPPER).edge("high", "low")
+    assert roomy.mode == "recompute" and "recompute keeps 10 checkpoints and one 10-step segment" in roomy.reason
+    assert 120 * MiB < roomy.memory <= 130 * MiB
+    e = plan_for("itd(mode=auto)", unroll=100, budget='"100MiB"', sizes=SMALL_UPPER).edge("high", "low")
     assert e.mode == "forward"
-    assert "forward mode carries d×m" in e.reason and e.memory <= 100 * MiB
+    assert "forward mode carries d×m" in e.reason and "the only mode that fits" in e.reason
+    assert e.memory <= 100 * MiB
     assert plan_for("itd(mode=auto)", unroll=100, sizes=SMALL_UPPER).edge("high", "low").mode == "reverse"
-    # forward keeps d·m numbers; reverse would keep 100 graphs
+    # forward keeps O(d·m) numbers and one step's graphs; reverse would keep 99 graphs
     reverse = plan_for("itd(mode=reverse)", unroll=100, sizes=SMALL_UPPER).edge("high", "low")
-    assert e.memory < reverse.memory / 50
+    assert e.memory < reverse.memory / 10
+
+
+def test_itd_costs_per_mode():
+    """The cost model's formulas (`mloc.builtins.methods.itd_time`, `itd_memory`) at a
+    hand-computed point: d = 1e6, A = 8 MiB, m = 2, K = 100 (T = 100, or truncate 36), sgd
+    without momentum (S = 0), the graph and the product estimated from A (G, H)."""
+    d, act, b = 1_000_000, 8 * MiB, 4
+    vec = d * b
+    graph = act + vec
+    hvp = graph + 3 * act + vec
+    edge = lambda method: plan_for(method, unroll=100, sizes=SMALL_UPPER).edge("high", "low")  # noqa: E731
+    rev, rec, fwd = (edge(f"itd(mode={m})") for m in ("reverse", "recompute", "forward"))
+    assert (rev.time_g, rev.memory) == (400, 99 * graph + hvp + vec)
+    # c = 10: 10 checkpoints and a segment of 10 iterates that starts at one of them
+    assert (rec.time_g, rec.memory) == (400 + 2 * (200 - 10), (10 + 10 - 1) * vec + 4 * vec + hvp)
+    # the tangents of θ, old and new (2 · m · D), two graphs, a batch of m = 2 directions
+    assert (fwd.time_g, fwd.memory) == (100 * (10 + 2),
+                                        int(graph + hvp + 2 * 2 * vec + 2 * (0.55 * (hvp - graph) + 2 * b)))
+    cut = edge("itd(truncate=36, mode=recompute)")     # c = 6: 6 checkpoints, 6-step segments
+    assert (cut.time_g, cut.memory) == (2 * 64 + 4 * 36 + 2 * (72 - 6), (6 + 6 - 1) * vec + 4 * vec + hvp)
 
 
 def test_reverse_mode_when_the_upper_is_large():
@@ -67,6 +94,9 @@ def test_reverse_mode_when_the_upper_is_large():
 
 
 def test_recompute_under_a_small_budget():
+    # K = 20: reverse keeps 19 graphs (~268 MiB), recompute 4 checkpoints and a 5-step
+    # segment (8 iterates, no momentum) and one rebuilt step (~85 MiB); forward's 5000
+    # directions do not fit
     sizes = Sizes(params={"low": 1_000_000, "high": 5_000}, activations={"low": 8 * MiB})
     e = plan_for("itd(mode=auto)", unroll=20, budget='"100MiB"', sizes=sizes).edge("high", "low")
     assert e.mode == "recompute" and "exceed the budget" in e.reason
@@ -77,12 +107,17 @@ def test_auto_method_under_budgets():
     sizes = Sizes(params={"low": 10_000_000, "high": 100}, activations={"low": 64 * MiB})
     assert plan_for(sizes=sizes).edge("high", "low").method == "cg"
     per_edge = "per_edge"
-    roomy = plan_for(budget='"250MiB"', sizes=sizes, semantics=per_edge).edge("high", "low")
-    assert roomy.method == "cg"                       # 64 + 4·40 = 224 MiB fits
-    tight = plan_for(budget='"150MiB"', sizes=sizes, semantics=per_edge).edge("high", "low")
+    # d = 1e7 (38 MiB a vector), 64 MiB of activations: cg holds one Hessian-vector product
+    # (its graph, ~3 activations of temporaries) and 4 vectors, ~485 MiB; sama and
+    # finite_diff 3 vectors and two perturbed forwards, ~242 MiB each
+    roomy = plan_for(budget='"500MiB"', sizes=sizes, semantics=per_edge).edge("high", "low")
+    assert roomy.method == "cg"
+    tight = plan_for(budget='"300MiB"', sizes=sizes, semantics=per_edge).edge("high", "low")
     assert tight.method == "sama" and "exceed the budget" in tight.reason
+    # nothing fits: the least memory; finite_diff holds what sama holds (measured), so
+    # sama, the better tier, is the smallest
     tighter = plan_for(budget='"110MiB"', sizes=sizes, semantics=per_edge).edge("high", "low")
-    assert tighter.method == "finite_diff"
+    assert tighter.method == "sama" and "nothing fits" in tighter.reason
 
 
 def test_every_decision_has_a_reason_and_the_plan_prints():

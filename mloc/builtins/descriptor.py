@@ -174,14 +174,33 @@ Caps = Union[OptimizerCaps, MethodCaps, ScheduleCaps]
 
 @dataclass(frozen=True)
 class Shape:
-    """The sizes a cost depends on: `d` trainable parameters of the lower problem, `act`
-    bytes of activations of one forward of its loss, `m` parameters of the upper problem,
-    `b` bytes per element. None where not measured."""
+    """The sizes a cost depends on, measured by the compiler's dataflow pass on the meta
+    device (`mloc.runtime.grad.introspect.probe_loss`): `d` trainable parameters of the
+    lower problem, `act` bytes one forward of its loss keeps for the backward, `m`
+    parameters of the upper problem, `b` bytes per element. None where not measured.
+
+    For the memory of a whole hypergradient step: `graph`, the bytes the graph of the
+    lower's own gradient keeps (``create_graph=True``: one unrolled step's graph);
+    `hvp`, the peak bytes of one Hessian-vector product through it (the graph included);
+    `upper`, the peak bytes of the upper loss's forward and backward (the adjoint `v`),
+    0 when the step does not evaluate it; `batch`, the bytes of the upper's batch, drawn in
+    the step; `state`, the lower optimizer's state in floats per parameter; `nested`, the
+    bytes of the differentiable passes below the lower (a middle problem under `exact`
+    semantics: every Hessian-vector product of its reduced objective runs one);
+    `differentiable`: the cost of that differentiable pass itself (``create_graph=True``:
+    every graph it builds is kept for the pass above)."""
 
     d: int | None = None
     act: int | None = None
     m: int | None = None
     b: int = 4
+    graph: int | None = None
+    hvp: int | None = None
+    upper: int | None = None
+    batch: int = 0
+    state: int = 0
+    nested: int = 0
+    differentiable: bool = False
 
     @property
     def known(self) -> bool:

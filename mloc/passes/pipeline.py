@@ -56,7 +56,7 @@ class Unit:
     resolved: ResolvedProgram | None = None
     graph: ProgramGraph | None = None
     hierarchy: HierarchyFacts | None = None
-    sizes: Sizes | None = None            # trace: parameters, activations, aten ops per problem
+    sizes: Sizes | None = None            # trace: parameters, batch, memory, aten ops per problem
     plan: Plan | None = None              # plan: methods, modes, memory, schedule
     generated: str | None = None          # emit: the text of train.py
     diagnostics: tuple[Diagnostic, ...] = ()

@@ -9,10 +9,13 @@ and activation sizes the dataflow pass measured (`Sizes`), when it ran. Each met
 cost is its descriptor's (`mloc.builtins.methods`, where the table of costs is); `auto`
 has none: it is resolved here into a method that has one.
 
-Without a memory budget the fastest `itd` mode wins (reverse); forward mode is chosen when
-a budget rules out keeping the K graphs or iterates and the upper problem has few
-parameters. The lower optimizer's state (`state_per_param` floats per parameter) is
-reported per edge as `state_memory`, apart from `memory`, which the decisions read.
+Without a memory budget the fastest `itd` mode wins (reverse). Under a budget that rules out
+reverse mode's T graphs, the fastest mode that fits: usually recompute (about 2√T iterates),
+forward mode (d×m tangents, flat in T) where those do not fit either and the upper problem
+has few parameters, or where it is the faster of the two. The lower optimizer's state at
+rest (`state_per_param` floats per parameter; none for SGD without momentum) is reported
+per edge as `state_memory`, apart from `memory`, the step's peak, which the decisions read
+(the copies of the state that recompute's iterates and forward's tangents hold are in it).
 """
 
 from __future__ import annotations
@@ -28,16 +31,24 @@ from mloc.ir.payloads import HierarchyEdge
 from mloc.passes.schedule import Action, Loop, periods_of, schedule_json, schedule_lines, schedule_of
 from mloc.shared.composition import Composition
 from mloc.shared.interlock import Interlock
+from mloc.shared.unroll import checkpoints, segment_length
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """Measured by the dataflow pass: trainable parameters and saved activations (bytes of
-    one forward of the problem's loss) per problem, and bytes per element."""
+    """Measured by the dataflow pass, per problem: trainable parameters; the bytes one
+    forward of its loss keeps for the backward (activations); the bytes the graph of its
+    own gradient keeps (``create_graph=True``, activations included: one Hessian-vector
+    product's or one unrolled step's graph); its batch's bytes. And bytes per element.
+    (`mloc.runtime.grad.introspect.probe_loss` measures them on the meta device.)"""
 
     params: dict[str, int] = field(default_factory=dict)
     activations: dict[str, int] = field(default_factory=dict)
     element_bytes: int = 4
+    graphs: dict[str, int] = field(default_factory=dict)
+    hvps: dict[str, int] = field(default_factory=dict)
+    backwards: dict[str, int] = field(default_factory=dict)
+    batches: dict[str, int] = field(default_factory=dict)
     fx_ops: dict[str, int] = field(default_factory=dict)     # aten operations in each loss
     fx_code: dict[str, str] = field(default_factory=dict)    # each loss as torch.fx traced it
 
@@ -87,15 +98,46 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
     sizes = sizes or Sizes()
     budget = g.info.train.memory_budget
     semantics, reason = _semantics(g)
-    edges = tuple(_with_state(g, _plan_edge(g, e, sizes, budget, semantics), sizes)
-                  for e in g.hierarchy_edges())
+    # bottom-up, so that a middle's edges are priced with the differentiable passes below it
+    middles = feedback(*structure(g)) if semantics == "exact" else {}
+    rank = {n: i for i, n in enumerate(reversed(g.topological_order()))}
+    planned: dict[tuple[str, str], EdgePlan] = {}
+    for e in sorted(g.hierarchy_edges(), key=lambda e: rank[e.lower]):
+        nested = _nested(g, e.lower, planned, sizes) if e.lower in middles else 0
+        planned[e.upper, e.lower] = _with_state(g, _plan_edge(g, e, sizes, budget, semantics, nested), sizes)
+    edges = tuple(planned[e.upper, e.lower] for e in g.hierarchy_edges())
     periods = periods_of(g, edges)
+    schedule = schedule_of(g, edges, periods)
+    edges = _vectorized_memory(edges, schedule)
     order = tuple(reversed(g.topological_order()))
     warmup = tuple(Action("lower_step", e.lower, e.warmup, f"warm-up: `{e.lower}` trains alone first")
                    for e in g.hierarchy_edges() if e.warmup)
     return Plan(g.info.semantics, semantics, reason, edges, order, periods,
-                schedule_of(g, edges, periods), budget, g.names(), compositions_of(g, edges, semantics),
+                schedule, budget, g.names(), compositions_of(g, edges, semantics),
                 warmup, chains_of(g))
+
+
+# A vectorized meta-batch (`vmap = true`) holds every task's hypergradient step at once, each
+# through torch.func's linearization rather than autograd's: measured 1.70-1.78 x one task's
+# step per task on imaml.mlo (40 and 100 hidden units; 2, 4 and 8 tasks; 2, 5 and 10 inner
+# steps: flat in them), `python3 bench/plan_memory.py`.
+_VMAP_PER_TASK = 1.75
+
+
+def _vectorized_memory(edges: tuple[EdgePlan, ...], schedule: Loop) -> tuple[EdgePlan, ...]:
+    """Each edge whose upper steps as one vectorized meta-batch of k tasks: its memory that
+    of the k tasks' steps at once (the decisions were taken per task; a budget is reported
+    against the whole)."""
+    tasks: dict[str, int] = {}
+    stack = [schedule]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Loop):
+            stack.extend(node.body)
+        elif node.kind == "meta_batch":
+            tasks[node.problem] = node.count
+    return tuple(replace(e, memory=int(e.memory * tasks[e.upper] * _VMAP_PER_TASK))
+                 if e.upper in tasks and e.memory is not None else e for e in edges)
 
 
 def _semantics(g: ProgramGraph) -> tuple[str, str]:
@@ -142,63 +184,103 @@ def _d(sizes: Sizes, name: str) -> int | None:
     return sizes.params.get(name)
 
 
-def _cost(method: str, args: dict, sizes: Sizes, lower: str, upper: str) -> tuple[float, int | None]:
-    """(time in G, memory in bytes or None) of one BR-VJP: the method descriptor's cost."""
-    cost = METHODS[method].cost
-    if cost is None:
+def _cost(g: ProgramGraph, method: str, args: dict, sizes: Sizes, lower: str, upper: str,
+          nested: int = 0, differentiable: bool = False) -> tuple[float, int | None]:
+    """(time in G of one BR-VJP, memory in bytes of the upper's hypergradient step through it,
+    or None): the method descriptor's cost, given the sizes the dataflow pass measured."""
+    desc = METHODS[method]
+    if desc.cost is None:
         raise ValueError(f"`{method}` has no cost: the planner resolves it to a method first")
-    shape = Shape(_d(sizes, lower), sizes.activations.get(lower), _d(sizes, upper), sizes.element_bytes)
-    return cost(args, shape)
+    # the step evaluates the upper's loss unless nothing needs its partials: a first-order
+    # lower (no indirect term) and an upper whose loss does not read itself
+    evaluated = not desc.caps.no_indirect or upper in _runtime_reads(g, upper)
+    shape = Shape(_d(sizes, lower), sizes.activations.get(lower), _d(sizes, upper), sizes.element_bytes,
+                  graph=sizes.graphs.get(lower), hvp=sizes.hvps.get(lower),
+                  upper=sizes.backwards.get(upper, 0) if evaluated else 0, batch=sizes.batches.get(upper, 0),
+                  state=_state_floats(g, lower),
+                  nested=nested, differentiable=differentiable)
+    return desc.cost(args, shape)
+
+
+def _nested(g: ProgramGraph, middle: str, planned: dict, sizes: Sizes) -> int:
+    """The bytes of the differentiable pass below `middle` (under `exact`, each of its
+    Hessian-vector products differentiates through the problems below it): its lower
+    edges' methods, priced with every graph kept (`Shape.differentiable`)."""
+    total = 0
+    for (upper, lower), e in planned.items():
+        if upper == middle:
+            total += _cost(g, e.method, dict(e.args), sizes, lower, upper, differentiable=True)[1] or 0
+    return total
+
+
+def _state_floats(g: ProgramGraph, name: str) -> int:
+    """Floats of optimizer state per trained parameter of problem `name`: its optimizer's
+    `state_per_param` (at most), but none for SGD without momentum (no buffer is made;
+    unless a schedule, which may cycle a momentum in, drives it)."""
+    p = g.problem(name)
+    if p.optimizer.name == "sgd" and dict(p.optimizer.args).get("momentum") == 0 and p.schedule is None:
+        return 0
+    return OPTIMIZERS[p.optimizer.name].caps.state_per_param
 
 
 def _with_state(g: ProgramGraph, e: EdgePlan, sizes: Sizes) -> EdgePlan:
-    """`e` with the lower optimizer's state memory: state_per_param · d · bytes per element."""
+    """`e` with the lower optimizer's state memory: its state floats · d · bytes per element."""
     d = _d(sizes, e.lower)
-    per_param = OPTIMIZERS[g.problem(e.lower).optimizer.name].caps.state_per_param
-    return replace(e, state_memory=None if d is None else per_param * d * sizes.element_bytes)
+    return replace(e, state_memory=None if d is None else _state_floats(g, e.lower) * d * sizes.element_bytes)
 
 
 def _fits(memory: int | None, budget: int | None) -> bool:
     return budget is None or memory is None or memory <= budget
 
 
-def _plan_edge(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) -> EdgePlan:
+def _plan_edge(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics, nested: int = 0) -> EdgePlan:
     args = dict(e.method.args)
     lower = g.problem(e.lower)
     caps = METHODS[e.method.name].caps
     if caps.planned:
-        return _auto(g, e, sizes, budget, semantics)
+        return _auto(g, e, sizes, budget, semantics, nested)
     if caps.unrolls and args.get("mode") == "auto":
-        return _itd_mode(e, args, sizes, budget, "`mode = auto`")
-    time, memory = _cost(e.method.name, args, sizes, e.lower, e.upper)
+        return _itd_mode(g, e, args, sizes, budget, "`mode = auto`", nested)
+    time, memory = _cost(g, e.method.name, args, sizes, e.lower, e.upper, nested)
     reason = f"as written; lower optimizer {lower.optimizer.name}"
     if not _fits(memory, budget):
         reason += f"; over the memory budget ({format_bytes(memory)} > {format_bytes(budget)})"
     return EdgePlan(e.upper, e.lower, e.method.name, tuple(args.items()), e.unroll, time, memory, reason)
 
 
-def _itd_mode(e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str) -> EdgePlan:
+def _itd_mode(g: ProgramGraph, e: HierarchyEdge, args: dict, sizes: Sizes, budget, why: str,
+              nested: int = 0) -> EdgePlan:
     """Reverse, forward or recompute: the fastest mode that fits the budget (ties: less memory)."""
     options = []
     for mode in ("reverse", "forward", "recompute"):
         a = {**args, "mode": mode}
-        time, memory = _cost(ITD.name, a, sizes, e.lower, e.upper)
+        time, memory = _cost(g, ITD.name, a, sizes, e.lower, e.upper, nested)
         options.append((not _fits(memory, budget), time, memory or 0, mode, a))
     options.sort(key=lambda o: o[:3])
     if options[0][0]:                  # nothing fits: the smallest, however slow
         options.sort(key=lambda o: (o[2], o[1]))
     over, time, memory, mode, a = options[0]
-    m, k = _d(sizes, e.upper), a.get("steps") or e.unroll
-    reason = {"forward": f"{why}: {m} upper parameter(s), {k} steps: forward mode carries d×m numbers "
-                         f"instead of {k} graphs or iterates, the only way to fit the budget",
-              "reverse": f"{why}: reverse mode is fastest and fits the budget",
-              "recompute": f"{why}: reverse mode's {k} graphs exceed the budget; recompute keeps only the iterates"}[mode]
+    fitting = sum(not o[0] for o in options)
+    reason = _itd_reason(mode, _d(sizes, e.upper), a.get("steps") or e.unroll, a.get("truncate"), why,
+                         "the only mode that fits the budget" if fitting == 1 else "faster than recompute")
     if over:
         reason = f"{why}: nothing fits the budget; {mode} needs the least memory ({format_bytes(memory)} > {format_bytes(budget)})"
     return EdgePlan(e.upper, e.lower, ITD.name, tuple(a.items()), e.unroll, time, memory or None, reason)
 
 
-def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) -> EdgePlan:
+def _itd_reason(mode: str, m: int | None, k: int, truncate: int | None, why: str, forward_why: str) -> str:
+    """Why `mode`: what it keeps instead of reverse mode's graphs (`mloc.shared.unroll`)."""
+    t = truncate or k
+    marks, c = checkpoints(t), segment_length(t)
+    return {"forward": f"{why}: {m} upper parameter(s), {k} steps: forward mode carries d×m numbers "
+                       f"instead of {t} graphs (reverse) or {marks + c - 1} iterates (recompute), {forward_why}",
+            "reverse": f"{why}: reverse mode is fastest and fits the budget",
+            "recompute": f"{why}: reverse mode's {t} graphs exceed the budget; recompute keeps {marks} "
+                         f"checkpoints and one {c}-step segment's iterates (about 2√T) and recomputes "
+                         f"the others"}[mode]
+
+
+def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics, nested: int = 0) -> EdgePlan:
     """`auto`'s choice among the methods whose descriptors declare an `AutoRank` and that
     apply (the lower optimizer provides what they need; `exact` semantics: differentiable):
     of those that fit the budget, the lowest tier, then the fastest; else the smallest."""
@@ -206,8 +288,8 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) ->
     init_only = lower.init is not None and lower.init[0] == e.upper and \
         e.upper not in lower.loss.read_names()
     if init_only:
-        return _itd_mode(e, {"steps": e.unroll, "truncate": None, "mode": "auto"}, sizes, budget,
-                         "auto: the lower starts from the upper's weights (init), only itd sees that")
+        return _itd_mode(g, e, {"steps": e.unroll, "truncate": None, "mode": "auto"}, sizes, budget,
+                         "auto: the lower starts from the upper's weights (init), only itd sees that", nested)
     provides = OPTIMIZERS[lower.optimizer.name].caps.provides
     options = []
     for name, d in METHODS.items():
@@ -216,7 +298,7 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics) ->
         if caps.auto is None or not applies:
             continue
         args = {p.name: p.default for p in d.signature.params}     # `auto` gives the defaults
-        time, memory = _cost(name, args, sizes, e.lower, e.upper)
+        time, memory = _cost(g, name, args, sizes, e.lower, e.upper, nested)
         options.append((not _fits(memory, budget), caps.auto.tier, time, memory or 0, name, args, memory))
     fits = sorted(o for o in options if not o[0])
     if fits:
@@ -294,6 +376,9 @@ def _edge_lines(plan: Plan) -> list[str]:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 6)
     lines.append("")
+    if any(e.memory is not None for e in plan.edges):
+        lines.append("memory: estimated peak of the upper's hypergradient step, from sizes measured on the meta "
+                     "device; within 1.5x of measured on the examples (docs/runtime.md)")
     lines.append(f"semantics: {plan.runtime_semantics} ({plan.semantics_reason})")
     lines.append(f"memory budget: {format_bytes(plan.memory_budget) if plan.memory_budget else 'none'}")
     lines.append("composition order (adjoints, bottom-up): " + " -> ".join(plan.order))

@@ -131,16 +131,23 @@ def unused_parameters(g: ProgramGraph, modules: dict, reached: dict[str, set[tup
 
 
 def describe_sizes(sizes: Sizes) -> str:
-    """A table of what the trace measured, one row per problem (what `--print-after trace` shows)."""
-    rows = [("problem", "parameters", "activations", "aten ops")]
+    """A table of what the trace measured, one row per problem (what `--print-after trace`
+    shows): the planner's memory estimates are made of these (docs/runtime.md, "Memory")."""
+    rows = [("problem", "parameters", "batch", "activations", "backward peak", "gradient graph", "HVP peak",
+             "aten ops")]
     for name, n in sizes.params.items():
-        act = sizes.activations.get(name)
         ops = sizes.fx_ops.get(name)
-        rows.append((name, f"{n:,}", format_bytes(act) if act is not None else "-", "-" if ops is None else str(ops)))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        rows.append((name, f"{n:,}", *(_bytes(d.get(name)) for d in (sizes.batches, sizes.activations,
+                                                                        sizes.backwards, sizes.graphs, sizes.hvps)),
+                     "-" if ops is None else str(ops)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
              for r in rows]
     return "\n".join(lines) + f"\n{sizes.element_bytes} bytes per element\n"
+
+
+def _bytes(n: int | None) -> str:
+    return format_bytes(n) if n is not None else "-"
 
 
 def _check_init_shapes(g, modules: dict, diags: list) -> None:
@@ -223,13 +230,14 @@ def _probe(g, p, mods, modules: dict, data, meta_batch):
 
     reads = p.loss.read_names()
     fn = _loss_function(p, mods)
+    own = reads.index(p.name) if p.name in reads else None
     try:
-        return intro.probe_loss(fn, [modules[r] for r in reads], meta_batch, reads), modules
+        return intro.probe_loss(fn, [modules[r] for r in reads], meta_batch, reads, own), modules
     except RuntimeError as err:
         if "meta" not in str(err):
             raise
     real = {r: evaluate(g.problem(r).module.call, mods) for r in reads}
-    return intro.probe_loss(fn, [real[r] for r in reads], next(iter(data)), reads), real
+    return intro.probe_loss(fn, [real[r] for r in reads], next(iter(data)), reads, own), real
 
 
 def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: dict) -> None:
@@ -260,6 +268,12 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: d
         diags.append(not_a_loss(p, probe))
         return
     sizes.activations[p.name] = probe.activation_bytes
+    sizes.batches[p.name] = probe.batch_bytes
+    if probe.backward_bytes is not None:
+        sizes.backwards[p.name] = probe.backward_bytes
+    if probe.graph_bytes is not None:
+        sizes.graphs[p.name] = probe.graph_bytes
+        sizes.hvps[p.name] = probe.hvp_bytes
     sizes.fx_ops[p.name] = probe.fx_ops
     if probe.fx_code:
         sizes.fx_code[p.name] = probe.fx_code

@@ -34,6 +34,11 @@ ALLOWED = {
     "namedtuple._replace, ._fields": re.compile(r"_replace|_fields"),
     # the standard library's exit without cleanup, for a forked child before exec
     "os._exit": re.compile(r"_exit"),
+    # an aten operator's schema (which outputs alias an input, which inputs it writes): what
+    # torch's own dispatch modes read to tell a new storage from a view; and forward-mode
+    # AD's zero tangents, whose storage has a nominal size and no memory
+    # (mloc/runtime/base/memory.py counts allocations with both)
+    "OpOverload._schema, Tensor._is_zerotensor": re.compile(r"_schema|_is_zerotensor"),
 }
 
 _DICT_WRITES = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__"}

@@ -7,8 +7,12 @@ moves it to meta), evaluates the loss over the modules it names, and reports:
   to its leaves (a `.detach()`, a `torch.no_grad()` block or an integer-valued operation
   cuts a path, exactly as they cut gradients);
 - the loss's shape and dtype (it must be a floating scalar);
-- the bytes autograd saves for the backward pass (activations), counted with
-  `torch.autograd.graph.saved_tensors_hooks`;
+- the bytes the forward keeps for the backward pass (activations), the bytes the graph of
+  the problem's own gradient keeps (``create_graph=True``: what a Hessian-vector product
+  or an unrolled step holds) and the bytes of the batch, counted storage by storage as
+  they are allocated (`mloc.runtime.base.memory.PeakMemory`, which works on meta tensors:
+  nothing is computed). Parameters and the batch, which exist before the loss runs, are
+  not activations;
 - the FX graph of the loss (`torch.fx.experimental.proxy_tensor.make_fx`, aten level),
   from which the operation count comes.
 
@@ -33,10 +37,14 @@ class LossProbe:
     leaves: frozenset[int]          # ids of every parameter tensor that reaches it
     shape: tuple[int, ...]
     floating: bool
-    activation_bytes: int
+    activation_bytes: int           # fresh storages alive after the forward (kept for backward)
     fx_ops: int
     fx_code: str = ""               # the traced graph's Python code (aten level)
     returned: str = "Tensor"        # the type the loss returned, when not a tensor (`float`: `.item()`)
+    graph_bytes: int | None = None  # ... after ∇ of the own parameters with create_graph, holding it
+    hvp_bytes: int | None = None    # the peak during a Hessian-vector product through that graph
+    backward_bytes: int | None = None   # the peak of the forward and a backward to every parameter reached
+    batch_bytes: int = 0            # the batch's tensors
 
 
 def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
@@ -96,22 +104,65 @@ def walk_graph(grad_fn, ops: bool = False) -> tuple[set[int], tuple[str, ...]]:
     return leaves, tuple(names)
 
 
-def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequence[str] = ()) -> LossProbe:
-    """Evaluate `fn(*modules, batch)` on meta tensors (exceptions propagate to the caller)."""
-    saved = [0]
+def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequence[str] = (),
+               own: int | None = None) -> LossProbe:
+    """Evaluate `fn(*modules, batch)` on meta tensors (exceptions propagate to the caller);
+    ``own``: the index of the problem's own module in ``modules``, whose gradient graph is
+    measured (None: not measured)."""
+    from mloc.runtime.base.memory import PeakMemory
 
-    def pack(t):
-        saved[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    batch_bytes = [0]
+    map_tensors(batch, lambda t: batch_bytes.__setitem__(0, batch_bytes[0] + t.numel() * t.element_size()))
+    with PeakMemory() as mem:
         loss = fn(*modules, batch)
+    act = mem.live
     if not isinstance(loss, torch.Tensor):
-        return LossProbe(frozenset(), frozenset(), (), False, saved[0], 0, returned=type(loss).__name__)
+        return LossProbe(frozenset(), frozenset(), (), False, act, 0, returned=type(loss).__name__,
+                         batch_bytes=batch_bytes[0])
     leaves = reached_leaves(loss) if loss.grad_fn is not None else set()
     reached = frozenset(i for i, m in enumerate(modules) if any(id(p) in leaves for p in m.parameters()))
+    backward = _backward_bytes(loss, [p for m in modules for p in m.parameters() if id(p) in leaves], mem)
+    graph, hvp = _graph_bytes(fn, modules, batch, own) if own is not None and own in reached else (None, None)
     ops, code = _fx_trace(fn, modules, batch, names)
-    return LossProbe(reached, frozenset(leaves), tuple(loss.shape), loss.is_floating_point(), saved[0], ops, code)
+    return LossProbe(reached, frozenset(leaves), tuple(loss.shape), loss.is_floating_point(), act, ops, code,
+                     graph_bytes=graph, hvp_bytes=hvp, batch_bytes=batch_bytes[0], backward_bytes=backward)
+
+
+def _backward_bytes(loss: torch.Tensor, params: list, mem) -> int | None:
+    """The peak bytes of the loss's forward (already measured by ``mem``) and its backward to
+    ``params``: what one plain gradient of it holds at most (None: nothing to differentiate,
+    or a backward without meta kernels)."""
+    if not params or not loss.requires_grad or loss.shape != ():
+        return None
+    try:
+        with mem:
+            torch.autograd.grad(loss, params, allow_unused=True)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    return mem.peak
+
+
+def _graph_bytes(fn: Callable, modules: Sequence[nn.Module], batch, own: int) -> tuple[int | None, int | None]:
+    """Bytes alive once ``g = ∇_θ L`` is taken with its graph (``create_graph=True``) and held
+    (the loss itself dropped, as a step drops it: the forward's tensors that ``g``'s graph
+    needs stay); then the peak during one Hessian-vector product ``∇_θ⟨g, p⟩`` through it.
+    (None, None) if the loss cannot be differentiated twice here (an operation without a
+    meta kernel for its double backward)."""
+    from mloc.runtime.base.memory import PeakMemory
+
+    params = [p for p in modules[own].parameters() if p.requires_grad]
+    if not params:
+        return None, None
+    try:
+        with PeakMemory() as mem:
+            g = torch.autograd.grad(fn(*modules, batch), params, create_graph=True, allow_unused=True)
+            graph = mem.live
+            outs = [t for t in g if t is not None and t.requires_grad]
+            if outs:
+                torch.autograd.grad(outs, params, [torch.ones_like(t) for t in outs], allow_unused=True)
+        return graph, mem.peak
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None, None
 
 
 def _fx_trace(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequence[str]) -> tuple[int, str]:
