@@ -8,7 +8,7 @@ once). The rule:
 
     compile  ⇔  n · t · SAVING  >  kinds · COMPILE_SECONDS
 
-The constants are measured (`bench/run_vs_betty.py`'s compiled columns): a compiled step
+The constants (in :mod:`mloc.shared.compile`, which `mloc plan` reads too) are measured (`bench/run_vs_betty.py`'s compiled columns): a compiled step
 took 0.55–0.7 × the eager one on the small Meta-Weight-Net models (SAVING 0.3 is the
 cautious side), and a first compile 2–15 s per step on one CPU thread, less when
 TorchInductor's on-disk cache already holds the graph. The decision, with its numbers,
@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODES = ("auto", "on", "off")
-WARMUP = 5
-SAVING = 0.3
-COMPILE_SECONDS = 10.0
+from mloc.shared.compile import COMPILE_SECONDS, MODES, SAVING, WARMUP
+
+__all__ = ["COMPILE_SECONDS", "MODES", "SAVING", "WARMUP", "Decision", "decide"]
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from mloc.runtime.grad.metabatch import MetaBatch
 from mloc.runtime.files.options import RunConfig
 from mloc.runtime.grad.finite import FiniteGuard, verify_state
 from mloc.runtime.grad.sources import Source, hypergradient, plain_gradient
+from mloc.shared.compile import NOT_CAPTURED
 from mloc.runtime.compiled.step import CommitReport, CompiledSource, StepReport
 
 __all__ = ["Program", "ProblemSpec", "RunConfig", "resolve_device"]
@@ -105,14 +106,14 @@ class Program:
         """One step of `name` on the mean hypergradient of `tasks` solves of its lower
         problem (`steps` steps each, from its reset), vectorized with ``torch.func.vmap``
         (`vmap = true`; :mod:`mloc.runtime.grad.metabatch`)."""
-        why = "not captured: its tasks' solves, vectorized with vmap, commit inside the step"
+        why = NOT_CAPTURED["meta_batch"]
         self._step("meta_batch", name, lambda n: self._eager("meta_batch", n, MetaBatch(self, n, tasks, steps), why))()
 
     def chain_step(self, first: str) -> None:
         """One interlocking step of the chain that starts at stage `first`
         (:func:`mloc.runtime.grad.interlock.chain_stepper`: every stage, each committed through
         its own pipeline)."""
-        why = "not captured: its stages commit one after another inside the step"
+        why = NOT_CAPTURED["chain_step"]
         self._step("chain", first, lambda n: self._eager(
             "chain", n, chain_stepper(self.chains[n], self.live, self.drawer(n), self.pipeline), why))()
 
