@@ -6,7 +6,9 @@ Two tanh MLPs trained on a fixed random teacher's labels, float32 on the CPU: ``
 gradients of each step are those of the optimizer's own trajectory, computed outside the
 clock). Shampoo: AdaGrad grafting, Nesterov momentum 0.9, roots every 10 steps
 (synchronous, staleness 0, eigh on the CPU), preconditioning from step 11, block size 128
-(the 2048×256 weight is 16×2 blocks); Adam: lr 1e-3.
+(the 2048×256 weight is 16×2 blocks); Adam: lr 1e-3. A floor beside them: Shampoo's four
+matrix products per weight alone (:class:`Products`), what any Shampoo computes every step
+and what the compiler leaves as it is.
 
 Per thread setting (``--threads``: 1, and 0 for torch's default, all cores), ``--runs``
 runs; in each run the four optimizers train side by side, ``--steps`` steps, taking turns
@@ -36,7 +38,7 @@ import time
 
 EVERY = 10
 MODELS = {"64-256-10": (64, 256, 10, 100), "256-2048-10": (256, 2048, 10, 512)}
-VARIANTS = ("adam eager", "adam compiled", "shampoo eager", "shampoo compiled")
+VARIANTS = ("adam eager", "adam compiled", "shampoo eager", "shampoo compiled", "shampoo products")
 
 
 def problem(sizes):
@@ -57,7 +59,31 @@ def make(variant):
     from mloc.runtime.optim import adam, shampoo
     if variant.startswith("adam"):
         return adam(1e-3)
+    if variant == "shampoo products":
+        return Products()
     return shampoo(1e-3, update_every=EVERY, start_preconditioning_step=EVERY, graft="adagrad")
+
+
+class Products:
+    """A floor: Shampoo's four matrix products per weight and step alone, on its own
+    blocked layouts (the statistics accumulated in place, ``Q₁ G Q₂`` with its roots: mloc's
+    ``blocks.accumulate`` and ``blocks.precondition``), nothing else, never a root."""
+
+    def __init__(self):
+        self.opt = make("shampoo eager")
+
+    def init(self, params):
+        self.lays = [self.opt.layout(p) for p in params]
+        return self.opt.init(params)
+
+    def commit(self, grads, state, params):
+        from mloc.runtime.optim import blocks
+        for g, stats, roots, lay in zip(grads, state.stats, state.roots, self.lays):
+            if stats:
+                x = blocks.to_blocks(g, lay)
+                blocks.accumulate(stats, x, 1.0, inplace=True)
+                blocks.precondition(x, list(roots))
+        return state
 
 
 class Trainer:
