@@ -104,7 +104,7 @@ def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int |
          compile: str = "off") -> Session:
     """Compile and instantiate the program at `path` (raises ProgramError on errors).
     `compile="on"` runs the training steps compiled with torch.compile
-    (:mod:`mloc.runtime.compiled`; `session.program.compiled` says how each step ran);
+    (:mod:`mloc.runtime.compiled`; `session.program.compiling.reports` says how each step ran);
     "auto" is decided by `mloc run`'s loop, so here it is "off"."""
     compiled = compile_program(str(path), tuple(set))
     if not compiled.ok:

@@ -58,9 +58,9 @@ def test_the_banner_and_config_show_the_choice_and_its_reason(tmp_path):
     proc = mloc_without_omp("run", SMALL, "--steps", 2, "--out", tmp_path / "auto")
     assert proc.returncode == 0, proc.stderr
     reason = f"a small program: its largest parameter tensor has 32 elements, under torch's {GRAIN_SIZE} per thread"
-    assert f", 1 thread ({reason}), nproc 1 ->" in proc.stderr, proc.stderr
+    assert f", 1 thread ({reason}), nproc 1, compile auto ->" in proc.stderr, proc.stderr
     record = json.loads((tmp_path / "auto" / "config.json").read_text())["run"]
     assert record["threads"] == 1 and record["threads_reason"] == reason
     given = mloc_without_omp("run", SMALL, "--steps", 2, "--out", tmp_path / "given", "--threads", 2)
-    assert given.returncode == 0 and ", 2 threads, nproc 1 ->" in given.stderr, given.stderr
+    assert given.returncode == 0 and ", 2 threads, nproc 1, compile auto ->" in given.stderr, given.stderr
     assert json.loads((tmp_path / "given" / "config.json").read_text())["run"]["threads"] == 2

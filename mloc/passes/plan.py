@@ -28,8 +28,8 @@ from mloc.ir.composition import compose_all, feedback, step_caps
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.interlock import chains_of
 from mloc.ir.payloads import HierarchyEdge
-from mloc.passes.schedule import Action, Loop, periods_of, schedule_json, schedule_lines, schedule_of
-from mloc.shared.compile import NOT_CAPTURED, RULE
+from mloc.passes.schedule import (Action, Loop, compile_lines, periods_of, schedule_json, schedule_lines,
+                                  schedule_of)
 from mloc.shared.composition import Composition
 from mloc.shared.interlock import Interlock
 from mloc.shared.unroll import checkpoints, segment_length
@@ -364,31 +364,8 @@ def plan_table(plan: Plan) -> str:
         lines += [f"  {line}" for line in c.lines()]
     lines.append("schedule, one outer step:")
     lines += schedule_lines(plan.schedule, 1)
-    lines += _compile_lines(plan)
+    lines += compile_lines(plan.schedule)
     return "\n".join(lines) + "\n"
-
-
-def _compile_lines(plan: Plan) -> list[str]:
-    """What `--compile on` captures of the schedule, what runs eagerly and why, and
-    `auto`'s rule (:mod:`mloc.shared.compile`)."""
-    kinds: dict[str, list[str]] = {}
-
-    def walk(loop) -> None:
-        for item in loop.body:
-            if isinstance(item, Loop):
-                walk(item)
-            elif item.problem not in kinds.setdefault(item.kind, []):
-                kinds[item.kind].append(item.problem)
-    walk(plan.schedule)
-    eager = [f"{k} {', '.join(ps)} ({NOT_CAPTURED[k]})" for k, ps in kinds.items() if k in NOT_CAPTURED]
-    captured = [f"{k} {', '.join(ps)}" for k, ps in kinds.items()
-                if k in ("lower_step", "upper_step", "accumulate")]
-    lines = ["compiled steps (--compile on): " + ("; ".join(captured) if captured else "none")
-             + ", and every optimizer commit" + (" (an upper step under --nproc runs eagerly)" if captured else "")]
-    if eager:
-        lines.append("  eager: " + "; ".join(eager))
-    lines.append(f"  {RULE}")
-    return lines
 
 
 def _edge_lines(plan: Plan) -> list[str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from mloc.builtins import METHODS
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.interlock import chains_of
+from mloc.shared.compile import NOT_CAPTURED, RULE
 
 
 @dataclass(frozen=True)
@@ -174,3 +175,26 @@ def schedule_lines(loop: Loop, depth: int) -> list[str]:
             times = f" x{item.count}" if item.count > 1 else ""
             out.append("  " * depth + f"{item.kind} {item.problem}{times}" + (f"   ({item.note})" if item.note else ""))
     return out
+
+
+def compile_lines(schedule: Loop) -> list[str]:
+    """What `--compile on` captures of the schedule, what runs eagerly and why, and
+    `auto`'s rule (:mod:`mloc.shared.compile`)."""
+    kinds: dict[str, list[str]] = {}
+
+    def walk(loop) -> None:
+        for item in loop.body:
+            if isinstance(item, Loop):
+                walk(item)
+            elif item.problem not in kinds.setdefault(item.kind, []):
+                kinds[item.kind].append(item.problem)
+    walk(schedule)
+    eager = [f"{k} {', '.join(ps)} ({NOT_CAPTURED[k]})" for k, ps in kinds.items() if k in NOT_CAPTURED]
+    captured = [f"{k} {', '.join(ps)}" for k, ps in kinds.items()
+                if k in ("lower_step", "upper_step", "accumulate")]
+    lines = ["compiled steps (--compile on): " + ("; ".join(captured) if captured else "none")
+             + ", and every optimizer commit" + (" (an upper step under --nproc runs eagerly)" if captured else "")]
+    if eager:
+        lines.append("  eager: " + "; ".join(eager))
+    lines.append(f"  {RULE}")
+    return lines

@@ -82,8 +82,8 @@ def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bo
         allowed = max(bound, 100 * _worst(eager, noisy))
         worst = max(worst, _worst(eager, compiled) / allowed * bound)
         if i + 1 == warmup:
-            compiles = [r.graphs + r.recompiles for r in compiled.program.compiled.values()]
-    reports = list(compiled.program.compiled.values())
+            compiles = [r.graphs + r.recompiles for r in compiled.program.compiling.reports.values()]
+    reports = list(compiled.program.compiling.reports.values())
     assert reports and all(r.compiled for r in reports), [r.line() for r in reports]
     assert [r.graphs + r.recompiles for r in reports] == compiles, [r.line() for r in reports]   # steady
     assert worst <= bound, f"{method}: a compiled step differs from the eager one by {worst / bound:.3g} × its bound"
@@ -149,10 +149,10 @@ def test_a_value_read_back_to_python_runs_the_step_eagerly_and_says_where(tmp_pa
         for session in (eager, compiled):
             session.program.load_state_dict(state)
             session.step()
-    upper = compiled.program.compiled["upper", "weights"]       # the commits stay compiled
+    upper = compiled.program.compiling.reports["upper", "weights"]       # the commits stay compiled
     assert not upper.compiled
     assert "read back to Python" in upper.reason and "itemlib.py:" in upper.reason
-    assert compiled.program.compiled["lower", "net"].compiled
+    assert compiled.program.compiling.reports["lower", "net"].compiled
     assert _worst(eager, compiled) <= 1e-12
 
 

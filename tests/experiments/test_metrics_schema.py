@@ -87,7 +87,7 @@ def _run(tmp_path, *extra):
 def test_train_records_hold_the_mean_loss_lr_and_norms(tmp_path, capsys):
     assert _run(tmp_path, "--logger", "csv") == 0
     err = capsys.readouterr().err
-    assert "training small_reweighting on cpu, precision fp32, dtype as built, 1 thread, nproc 1 ->" in err
+    assert "training small_reweighting on cpu, precision fp32, dtype as built, 1 thread, nproc 1, compile auto ->" in err
     records = read_metrics(tmp_path / "metrics.jsonl")
     raw = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all({"kind", "step", "time"} <= r.keys() for r in raw)

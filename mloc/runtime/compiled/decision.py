@@ -8,7 +8,8 @@ once). The rule:
 
     compile  ⇔  n · t · SAVING  >  kinds · COMPILE_SECONDS
 
-The constants (in :mod:`mloc.shared.compile`, which `mloc plan` reads too) are measured (`bench/run_vs_betty.py`'s compiled columns): a compiled step
+The constants (in :mod:`mloc.shared.compile`, which `mloc plan` reads too) are measured
+(`bench/run_vs_betty.py`'s compiled columns): a compiled step
 took 0.55–0.7 × the eager one on the small Meta-Weight-Net models (SAVING 0.3 is the
 cautious side), and a first compile 2–15 s per step on one CPU thread, less when
 TorchInductor's on-disk cache already holds the graph. The decision, with its numbers,

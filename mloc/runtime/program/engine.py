@@ -46,8 +46,7 @@ from mloc.runtime.grad.metabatch import MetaBatch
 from mloc.runtime.files.options import RunConfig
 from mloc.runtime.grad.finite import FiniteGuard, verify_state
 from mloc.runtime.grad.sources import Source, hypergradient, plain_gradient
-from mloc.shared.compile import NOT_CAPTURED
-from mloc.runtime.compiled.step import CommitReport, CompiledSource, StepReport
+from mloc.runtime.program.compiling import Compiling
 
 __all__ = ["Program", "ProblemSpec", "RunConfig", "resolve_device"]
 
@@ -67,18 +66,14 @@ class Program:
         self.step_count = 0
         self.evaluations = tuple(evaluations)
         self.guard = FiniteGuard()
-        built = build(specs, edges, semantics, build_modules, data, config, self.dist, self.device,
-                      compositions)
+        built = build(specs, edges, semantics, build_modules, data, config, self.dist, self.device, compositions)
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
         self.hierarchy, self._cast = built.hierarchy, built.cast
         self._steps: dict[tuple[str, str], Any] = {}    # the step kinds' objects (:meth:`_step`)
-        self.compile = config.compile                   # on, off, auto (eager until decided: `compile_steps`)
-        self.compiled: dict[tuple[str, str], StepReport] = {}   # what each compiled step did
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
             lv.problem.optimizer.start()
-        if self.compile == "on":
-            self._compile_commits()
+        self.compiling = Compiling(self, config.compile, self._steps)   # `--compile`: how each step runs
 
     # --- the schedule's vocabulary ------------------------------------------------------
     def draw(self, name: str) -> None:
@@ -106,16 +101,15 @@ class Program:
         """One step of `name` on the mean hypergradient of `tasks` solves of its lower
         problem (`steps` steps each, from its reset), vectorized with ``torch.func.vmap``
         (`vmap = true`; :mod:`mloc.runtime.grad.metabatch`)."""
-        why = NOT_CAPTURED["meta_batch"]
-        self._step("meta_batch", name, lambda n: self._eager("meta_batch", n, MetaBatch(self, n, tasks, steps), why))()
+        self._step("meta_batch", name,
+                   lambda n: self.compiling.eager("meta_batch", n, MetaBatch(self, n, tasks, steps)))()
 
     def chain_step(self, first: str) -> None:
         """One interlocking step of the chain that starts at stage `first`
         (:func:`mloc.runtime.grad.interlock.chain_stepper`: every stage, each committed through
         its own pipeline)."""
-        why = NOT_CAPTURED["chain_step"]
-        self._step("chain", first, lambda n: self._eager(
-            "chain", n, chain_stepper(self.chains[n], self.live, self.drawer(n), self.pipeline), why))()
+        self._step("chain", first, lambda n: self.compiling.eager(
+            "chain_step", n, chain_stepper(self.chains[n], self.live, self.drawer(n), self.pipeline)))()
 
     def _step(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
         """The step of kind `kind` of problem `name`, ``make(name)`` at its first use and
@@ -133,99 +127,19 @@ class Program:
 
     def _source(self, name: str) -> Source:
         """Where `name`'s steps take their gradients: its plain gradient (a lowest problem)
-        or its hypergradient, with the buffer rule applied (`mloc.runtime.grad.buffers`)."""
-        lv = self.live[name]
+        or its hypergradient, with the buffer rule applied (`mloc.runtime.grad.buffers`),
+        compiled where the run compiles (:mod:`mloc.runtime.program.compiling`)."""
+        lv, wrap = self.live[name], self.compiling.source
         if not self.hierarchy.lowers.get(name):
             reads = lv.spec.reads
             loss = lv.problem.loss.step_loss(reads.index(name) if name in reads else None)
-            others = buffers_of((self.live[r].module for r in reads if r != name),
-                                exclude=tuple(lv.module.buffers()))
-            return self._compiled("lower", name, guard_step(plain_gradient(lv.problem.params, loss, lv.autocast),
-                                                            others))
+            others = buffers_of((self.live[r].module for r in reads if r != name), exclude=tuple(lv.module.buffers()))
+            return wrap("lower", name, guard_step(plain_gradient(lv.problem.params, loss, lv.autocast), others))
         source = hypergradient(self.hierarchy.hypergrad, name, lv.problem.params, lv.autocast,
                                into_grad=self.pipeline(name).on_grad)
         own = buffers_of((lv.module,))
-        return self._compiled("upper", name, guard_step(source, buffers_of(self.modules.values(), exclude=own),
-                                                        own, lv.problem.loss))
-
-    def compile_steps(self, on: bool) -> None:
-        """From the next step on, run the steps compiled (``on``) or eagerly: the step kinds'
-        objects are built again at their next use (`--compile auto`'s decision)."""
-        self.compile = "on" if on else "off"
-        self._steps.clear()
-        if on:
-            self._compile_commits()
-
-    def _compile_commits(self) -> None:
-        """Each problem's optimizer commit compiled (:meth:`Optimizer.compiled_commit`),
-        its report beside the steps'."""
-        for name, lv in self.live.items():
-            lv.compiled_step = lv.problem.optimizer.compiled_commit()
-            self.compiled["commit", name] = CommitReport(name, lv.compiled_step)
-
-    @property
-    def step_kinds(self) -> int:
-        """How many step kinds (of a problem each) the schedule has run so far."""
-        return len(self._steps)
-
-    def compile_report(self) -> list[dict]:
-        """What each compiled step did (for ``config.json``): compiled or why not, its
-        graphs, compiles beyond the first (recompiles) and seconds spent compiling."""
-        return [{"step": f"{r.kind} {r.name}", "compiled": r.compiled, "reason": r.reason,
-                 "graphs": r.graphs, "operations": r.operations, "recompiles": r.recompiles,
-                 "compile_seconds": round(r.seconds, 3)} for r in self.compiled.values()]
-
-    def _eager(self, kind: str, name: str, step: Any, reason: str) -> Any:
-        """A step kind the capture does not take (yet): ``step`` as it is, and, where the
-        run compiles, a report that says so (never silently eager)."""
-        if self.compile == "on":
-            self.compiled[kind, name] = StepReport(kind, name, reason=reason)
-        return step
-
-    def _compiled(self, kind: str, name: str, source: Source) -> Source:
-        """``source``, compiled where the run compiles (:mod:`mloc.runtime.compiled`): an
-        upper step takes the optimizer states of the problems below it as inputs, tensors
-        and numbers (an unroll steps the lower's optimizer, SAMA reads its moments and step
-        count); a method that reads none leaves them unused."""
-        if self.compile != "on":
-            return source
-        report = self.compiled[kind, name] = StepReport(kind, name)
-        if kind == "upper" and self.dist.world > 1:
-            report.reason = ("under data parallelism the hypergradient averages its Hessian-vector products "
-                             "across processes inside the step, which the capture does not record")
-            return source
-        below = _below(self.hierarchy, name)
-        batches = (name, *below) if kind == "upper" else (name,)
-        states = below if kind == "upper" else ()
-        return CompiledSource(source, lambda: self._tensors(batches, states), lambda: self._numbers(batches),
-                              report, lifted=[self.live[n].problem for n in states])
-
-    def _tensors(self, batches: Sequence[str], states: Sequence[str]) -> list[torch.Tensor]:
-        """Every tensor a step may read, in a fixed order: parameters, the current batches of
-        ``batches``, the optimizer states (and tensor hyperparameters) of ``states``, module
-        buffers (each once)."""
-        out, seen = [], set()
-        for name, lv in self.live.items():
-            state = (tree.tensors(lv.problem.state) + tuple(v for v in lv.problem.optimizer.hyper.items().values()
-                                                           if isinstance(v, torch.Tensor))) if name in states else ()
-            batch = tree.tensors(lv.batch) if name in batches else ()
-            for t in (*lv.problem.params, *batch, *state):
-                if id(t) not in seen:
-                    seen.add(id(t))
-                    out.append(t)
-        for m in self.modules.values():
-            for t in m.buffers():
-                if id(t) not in seen:
-                    seen.add(id(t))
-                    out.append(t)
-        return out
-
-    def _numbers(self, batches: Sequence[str]) -> tuple:
-        """The plain values a step may read: the modules' modes and the numbers of the
-        batches of ``batches`` (an optimizer state's numbers are lifted into inputs:
-        :class:`~mloc.runtime.compiled.step.CompiledSource`)."""
-        modes = tuple(m.training for module in self.modules.values() for m in module.modules())
-        return modes, tuple(_plain_leaves(self.live[n].batch) for n in batches)
+        return wrap("upper", name, guard_step(source, buffers_of(self.modules.values(), exclude=own), own,
+                                              lv.problem.loss))
 
     def reset(self, name: str) -> None:
         """Start `name` again, with a fresh optimizer state: from its `init` problem's
@@ -360,28 +274,6 @@ def _hypergradient(program: Program, name: str) -> dict[str, torch.Tensor]:
         p.grad = g
     return out
 
-
-
-def _below(hierarchy, name: str) -> tuple[str, ...]:
-    """The problems below ``name`` (its lowers, theirs, ...), each once."""
-    out, todo = [], [name]
-    while todo:
-        for lower in sorted(hierarchy.lowers.get(todo.pop(), ())):
-            if lower not in out:
-                out.append(lower)
-                todo.append(lower)
-    return tuple(out)
-
-
-def _plain_leaves(value) -> tuple:
-    """The leaves of a pytree that are not tensors (numbers, strings), in order."""
-    if isinstance(value, torch.Tensor):
-        return ()
-    if isinstance(value, (tuple, list)):
-        return tuple(x for v in value for x in _plain_leaves(v))
-    if isinstance(value, dict):
-        return tuple(x for k, v in value.items() for x in (k, *_plain_leaves(v)))
-    return (value,)
 
 
 def _as_batches(value, dtype: torch.dtype | None, device: torch.device):

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import threading
 import time
 from contextlib import contextmanager
@@ -41,8 +40,8 @@ from mloc.runtime.program.engine import Program
 from mloc.runtime.files.loggers import open_loggers
 from mloc.runtime.run.metrics import MetricsWriter
 from mloc.runtime.run.records import log_train
-from mloc.runtime.compiled.decision import WARMUP, decide
-from mloc.runtime.files.runfiles import amend_config, truncate_metrics
+from mloc.runtime.files.runfiles import truncate_metrics
+from mloc.runtime.run.compiling import CompileWatch
 from mloc.runtime.files.runfolder import RunIOError, check_owner
 from mloc.runtime.run.selection import Selection, Watch, agree
 
@@ -158,38 +157,20 @@ def _config(out: Path) -> dict | None:
         return None
 
 
-class Compiling:
-    """The run's side of compiled steps: `--compile auto`'s decision after the warm-up
-    (:mod:`mloc.runtime.compiled.decision`), and, after the first compiled step, a line
-    per step (compiled, in how long, or why not) shown and recorded in `config.json`."""
-
-    def __init__(self, program: Program, out: Path, start: int, steps: int, progress):
-        self.program, self.out, self.start, self.steps, self.progress = program, out, start, steps, progress
-        self.times: list[float] = []
-        self.reported = False
-
-    def after(self, done: int, seconds: float) -> None:
-        program = self.program
-        if program.compile == "auto":
-            if done > self.start + 1:           # the first step builds the steps: not timed
-                self.times.append(seconds)
-            if len(self.times) == WARMUP:
-                d = decide(self.steps - done, statistics.median(self.times), program.step_kinds)
-                program.compile_steps(d.compile)
-                self._say(f"compile: {'on' if d.compile else 'off'} ({d.reason})",
-                          compile_decision={"compile": d.compile, "reason": d.reason, "at_step": done})
-        elif program.compile == "on" and not self.reported and program.compiled:
-            self.reported = True
-            for r in program.compiled.values():
-                self._say(f"compile: {r.line()}")
-            if program.dist.is_main:
-                amend_config(self.out, compiled=program.compile_report())
-
-    def _say(self, line: str, **record) -> None:
-        if self.progress is not None and hasattr(self.progress, "note"):
-            self.progress.note(line)
-        if record and self.program.dist.is_main:
-            amend_config(self.out, **record)
+def _evaluations(program: Program, done: int, steps: int, logged: bool, metrics, progress, last: dict) -> dict:
+    """The evaluations due after step `done`, written to the metrics, shown, and kept in
+    `last`; the steps' watches are read first (no evaluation, nor best.pt, of a state a
+    failed step wrote)."""
+    due = [e.name for e in program.evaluations if done % e.every == 0 or done == steps]
+    if due and not logged:
+        program.guard.check()
+    results = program.evaluate(due) if due else {}
+    for label, value in results.items():
+        last[label] = value
+        metrics.write(done, "*", "eval", eval=label, value=value)
+        if progress is not None and hasattr(progress, "note"):
+            progress.note(f"{program.name} step {done}: {label} = {value:.4g}")
+    return results
 
 
 def train(program: Program, steps: int, out: Path, intervals: Intervals, progress=None,
@@ -211,10 +192,9 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
     metrics = _Metrics(out / "metrics.jsonl", enabled=program.dist.is_main, loggers=loggers, start=start)
     rate, guard = 0.0, program.guard
     watch = Watch(selection, program, out, steps, owner, progress)
-    compiling = Compiling(program, out, start, steps, progress)
-    for step in range(start, steps):
-        where.text = f"step {step + 1}"
-        done = step + 1
+    compiling = CompileWatch(program, out, start, steps, progress)
+    for done in range(start + 1, steps + 1):
+        where.text = f"step {done}"
         logged = guard.norms.sampling = done % intervals.log_every == 0 or done == steps
         began = time.perf_counter()
         program.outer_step()
@@ -226,15 +206,7 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
             if progress:
                 progress(done, steps, last, rate)
         where.text = f"the evaluations after step {done}"
-        due = [e.name for e in program.evaluations if done % e.every == 0 or done == steps]
-        if due and not logged:
-            guard.check()       # no evaluation (nor best.pt) of a state a failed step wrote
-        results = program.evaluate(due) if due else {}
-        for label, value in results.items():
-            last[label] = value
-            metrics.write(done, "*", "eval", eval=label, value=value)
-            if progress is not None and hasattr(progress, "note"):
-                progress.note(f"{program.name} step {done}: {label} = {value:.4g}")
+        results = _evaluations(program, done, steps, logged, metrics, progress, last)
         if watch.after(done, results):
             break
         if intervals.checkpoint_every and done % intervals.checkpoint_every == 0 and done != steps:
@@ -245,8 +217,7 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
             break
     guard.norms.sampling = False
     program.guard.check()
-    if program.compiled and program.dist.is_main:
-        amend_config(out, compiled=program.compile_report())
+    compiling.finish()
     save(program, out, owner, watch.state())
     if stop is not None and stop.at is not None:
         watch.write("interrupted")

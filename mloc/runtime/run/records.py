@@ -42,7 +42,7 @@ def log_train(metrics: MetricsWriter, program: Any, step: int, rate: float) -> d
             if (name, what) in norms:
                 values[what] = norms[(name, what)]
         values.update(optimizer_report(lv))
-        reports = [r for (_, n), r in program.compiled.items() if n == name]
+        reports = [r for (_, n), r in program.compiling.reports.items() if n == name]
         if reports:                       # a compiled step: its recompiles so far (0 in steady state)
             values["recompiles"] = sum(r.recompiles for r in reports)
         metrics.write(step, name, "train", **values)

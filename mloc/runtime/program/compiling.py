@@ -1,0 +1,136 @@
+"""A program's compiled steps (`--compile`): which sources are wrapped, what they read, and
+what each step reports.
+
+:class:`Compiling` is owned by :class:`~mloc.runtime.program.engine.Program`. Under
+``on`` it wraps the lower and upper steps' gradient sources
+(:class:`~mloc.runtime.compiled.step.CompiledSource`) and compiles each problem's optimizer
+commit (:meth:`Optimizer.compiled_commit <mloc.runtime.optim.base.Optimizer.compiled_commit>`);
+a step kind that is not captured (an interlocking chain, a vmapped meta-batch) and an
+upper step under data parallelism are reported with their reasons. ``auto`` is eager
+until the run loop decides (:mod:`mloc.runtime.compiled.decision`).
+
+What a step reads, its inputs: every problem's parameters, the current batches of the
+problem and (an upper step) of every problem below it, those problems' optimizer states
+and tensor hyperparameters (an unroll steps the lower's optimizer; SAMA reads its moments
+and step count; a method that reads none leaves them unused), every module buffer. The
+plain values it may read (its signature beside the shapes): the modules' train/eval modes
+and the batches' numbers; an optimizer state's numbers are lifted into inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from mloc.runtime.base import tree
+from mloc.runtime.compiled.step import CommitReport, CompiledSource, StepReport
+from mloc.shared.compile import NOT_CAPTURED
+
+DATA_PARALLEL = ("under data parallelism the hypergradient averages its Hessian-vector products across "
+                 "processes inside the step, which the capture does not record")
+
+
+class Compiling:
+    """See the module docstring. ``reports`` by (kind, problem); ``steps`` is the program's
+    table of step objects (built at their first use: cleared to build them again)."""
+
+    def __init__(self, program: Any, mode: str, steps: dict):
+        self.program, self.mode, self.steps = program, mode, steps
+        self.reports: dict[tuple[str, str], Any] = {}
+        if mode == "on":
+            self._commits()
+
+    @property
+    def kinds(self) -> int:
+        """How many step kinds (of a problem each) the schedule has run so far."""
+        return len(self.steps)
+
+    def switch(self, on: bool) -> None:
+        """`auto`'s decision: from the next step on compiled (``on``) or eager; the step
+        objects are built again at their next use."""
+        self.mode = "on" if on else "off"
+        self.steps.clear()
+        if on:
+            self._commits()
+
+    def report(self) -> list[dict]:
+        """Per step: compiled or why not, graphs, operations, compiles beyond the first
+        (recompiles), seconds spent compiling (``config.json``'s ``compiled``)."""
+        return [{"step": f"{r.kind} {r.name}", "compiled": r.compiled, "reason": r.reason,
+                 "graphs": r.graphs, "operations": r.operations, "recompiles": r.recompiles,
+                 "compile_seconds": round(r.seconds, 3)} for r in self.reports.values()]
+
+    def eager(self, kind: str, name: str, step: Any) -> Any:
+        """A step kind the capture does not take (``kind``: its schedule action,
+        :data:`~mloc.shared.compile.NOT_CAPTURED`): ``step`` as it is, and, where the run
+        compiles, a report that says why (never silently eager)."""
+        if self.mode == "on":
+            self.reports[kind, name] = StepReport(kind, name, reason=NOT_CAPTURED[kind])
+        return step
+
+    def source(self, kind: str, name: str, source: Any) -> Any:
+        """``source`` (of a ``lower`` or ``upper`` step of ``name``), compiled where the run
+        compiles."""
+        if self.mode != "on":
+            return source
+        report = self.reports[kind, name] = StepReport(kind, name)
+        if kind == "upper" and self.program.dist.world > 1:
+            report.reason = DATA_PARALLEL
+            return source
+        below = _below(self.program.hierarchy, name)
+        batches = (name, *below) if kind == "upper" else (name,)
+        states = below if kind == "upper" else ()
+        live = self.program.live
+        return CompiledSource(source, lambda: self._tensors(batches, states), lambda: self._numbers(batches),
+                              report, lifted=[live[n].problem for n in states])
+
+    def _commits(self) -> None:
+        for name, lv in self.program.live.items():
+            lv.compiled_step = lv.problem.optimizer.compiled_commit()
+            self.reports["commit", name] = CommitReport(name, lv.compiled_step)
+
+    def _tensors(self, batches: Sequence[str], states: Sequence[str]) -> list[torch.Tensor]:
+        """The step's inputs (the module docstring), in a fixed order, each once."""
+        out, seen = [], set()
+        for name, lv in self.program.live.items():
+            state = (tree.tensors(lv.problem.state) + tuple(v for v in lv.problem.optimizer.hyper.items().values()
+                                                           if isinstance(v, torch.Tensor))) if name in states else ()
+            batch = tree.tensors(lv.batch) if name in batches else ()
+            for t in (*lv.problem.params, *batch, *state):
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+        for m in self.program.modules.values():
+            for t in m.buffers():
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+        return out
+
+    def _numbers(self, batches: Sequence[str]) -> tuple:
+        """The plain values the step may read (the module docstring)."""
+        modes = tuple(m.training for module in self.program.modules.values() for m in module.modules())
+        return modes, tuple(_plain_leaves(self.program.live[n].batch) for n in batches)
+
+
+def _below(hierarchy, name: str) -> tuple[str, ...]:
+    """The problems below ``name`` (its lowers, theirs, ...), each once."""
+    out, todo = [], [name]
+    while todo:
+        for lower in sorted(hierarchy.lowers.get(todo.pop(), ())):
+            if lower not in out:
+                out.append(lower)
+                todo.append(lower)
+    return tuple(out)
+
+
+def _plain_leaves(value) -> tuple:
+    """The leaves of a pytree that are not tensors (numbers, strings), in order."""
+    if isinstance(value, torch.Tensor):
+        return ()
+    if isinstance(value, (tuple, list)):
+        return tuple(x for v in value for x in _plain_leaves(v))
+    if isinstance(value, dict):
+        return tuple(x for k, v in value.items() for x in (k, *_plain_leaves(v)))
+    return (value,)

@@ -1,0 +1,51 @@
+"""The run loop's side of compiled steps (`--compile`): `auto`'s decision after the warm-up
+(:mod:`mloc.runtime.compiled.decision`), and the steps' reports shown and recorded in
+`config.json`."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from mloc.runtime.compiled.decision import WARMUP, decide
+from mloc.runtime.files.runfiles import amend_config
+from mloc.runtime.program.engine import Program
+
+
+class CompileWatch:
+    """The run's side of compiled steps: `--compile auto`'s decision after the warm-up
+    (:mod:`mloc.runtime.compiled.decision`), and, after the first compiled step, a line
+    per step (compiled, in how long, or why not) shown and recorded in `config.json`."""
+
+    def __init__(self, program: Program, out: Path, start: int, steps: int, progress):
+        self.program, self.out, self.start, self.steps, self.progress = program, out, start, steps, progress
+        self.times: list[float] = []
+        self.reported = False
+
+    def finish(self) -> None:
+        """The run's end: the steps' reports into `config.json`."""
+        if self.program.compiling.reports and self.program.dist.is_main:
+            amend_config(self.out, compiled=self.program.compiling.report())
+
+    def after(self, done: int, seconds: float) -> None:
+        program = self.program
+        if program.compiling.mode == "auto":
+            if done > self.start + 1:           # the first step builds the steps: not timed
+                self.times.append(seconds)
+            if len(self.times) == WARMUP:
+                d = decide(self.steps - done, statistics.median(self.times), program.compiling.kinds)
+                program.compiling.switch(d.compile)
+                self._say(f"compile: {'on' if d.compile else 'off'} ({d.reason})",
+                          compile_decision={"compile": d.compile, "reason": d.reason, "at_step": done})
+        elif program.compiling.mode == "on" and not self.reported and program.compiling.reports:
+            self.reported = True
+            for r in program.compiling.reports.values():
+                self._say(f"compile: {r.line()}")
+            if program.dist.is_main:
+                amend_config(self.out, compiled=program.compiling.report())
+
+    def _say(self, line: str, **record) -> None:
+        if self.progress is not None and hasattr(self.progress, "note"):
+            self.progress.note(line)
+        if record and self.program.dist.is_main:
+            amend_config(self.out, **record)
