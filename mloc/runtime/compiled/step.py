@@ -160,7 +160,7 @@ class CompiledSource:
 
     def _find(self, key: tuple, numbers: list):
         for guards, entry in self.cache.get(key, ()):
-            if all(_compare(numbers[i], op, other) == answer for i, op, other, answer in guards):
+            if all(_compare(derive(numbers[i]), op, other) == answer for i, derive, op, other, answer in guards):
                 return entry
         return None
 
@@ -248,22 +248,29 @@ def _compare(value, op: str, other) -> bool:
     return bool(_COMPARISONS[op](value, other))
 
 
+def _identity(v):
+    return v
+
+
 class _Number:
     """A number of an optimizer state during a capture: arithmetic goes to ``tensor`` (an
     input of the graph, so the graph follows the number), a comparison is answered from
-    ``value`` and recorded in ``guards`` as ``(index, op, other, answer)``; converting it to
-    a Python number (``int()``, an index) specializes the graph on its value (a guard
-    ``== value``)."""
+    ``value`` and recorded in ``guards`` as ``(index, derive, op, other, answer)``, where
+    ``derive`` computes this number from input ``index``'s value; converting it to a Python
+    number (``int()``, an index) specializes the graph on its value (a guard ``== value``).
+    Integer arithmetic with a Python int (``count + 1``, an unrolled step's new count) gives
+    a ``_Number`` again, so a later step's ``if count == 0`` is a guard too; any other
+    arithmetic (``β ** count``) gives the tensor."""
 
-    __slots__ = ("tensor", "value", "index", "guards")
+    __slots__ = ("tensor", "value", "index", "guards", "derive")
 
-    def __init__(self, tensor: Tensor, value, index: int, guards: list):
-        self.tensor, self.value, self.index, self.guards = tensor, value, index, guards
+    def __init__(self, tensor: Tensor, value, index: int, guards: list, derive=_identity):
+        self.tensor, self.value, self.index, self.guards, self.derive = tensor, value, index, guards, derive
 
     def _guard(self, op: str, other) -> bool:
         other = other.value if isinstance(other, _Number) else other
         answer = _compare(self.value, op, other)
-        self.guards.append((self.index, op, other, answer))
+        self.guards.append((self.index, self.derive, op, other, answer))
         return answer
 
     def _plain(self):
@@ -282,15 +289,24 @@ class _Number:
     def __float__(self): return float(self._plain())          # noqa: E704
     def __hash__(self): return hash(self._plain())            # noqa: E704
 
+    def _int(self, o, fn, tensor_fn):
+        """``fn(value, o)`` as a ``_Number`` when both are ints, else the tensor's result."""
+        if isinstance(o, int) and not isinstance(o, bool) and isinstance(self.value, int):
+            d = self.derive
+            return _Number(tensor_fn(self.tensor, o), fn(self.value, o), self.index, self.guards,
+                           lambda v: fn(d(v), o))
+        return tensor_fn(self.tensor, o.tensor if isinstance(o, _Number) else o)
+
+    def __add__(self, o): return self._int(o, lambda a, b: a + b, lambda a, b: a + b)     # noqa: E704
+    def __radd__(self, o): return self._int(o, lambda a, b: b + a, lambda a, b: b + a)    # noqa: E704
+    def __sub__(self, o): return self._int(o, lambda a, b: a - b, lambda a, b: a - b)     # noqa: E704
+    def __rsub__(self, o): return self._int(o, lambda a, b: b - a, lambda a, b: b - a)    # noqa: E704
+    def __mul__(self, o): return self._int(o, lambda a, b: a * b, lambda a, b: a * b)     # noqa: E704
+    def __rmul__(self, o): return self._int(o, lambda a, b: b * a, lambda a, b: b * a)    # noqa: E704
+
     def _t(self, o):
         return o.tensor if isinstance(o, _Number) else o
 
-    def __add__(self, o): return self.tensor + self._t(o)     # noqa: E704
-    def __radd__(self, o): return self._t(o) + self.tensor    # noqa: E704
-    def __sub__(self, o): return self.tensor - self._t(o)     # noqa: E704
-    def __rsub__(self, o): return self._t(o) - self.tensor    # noqa: E704
-    def __mul__(self, o): return self.tensor * self._t(o)     # noqa: E704
-    def __rmul__(self, o): return self._t(o) * self.tensor    # noqa: E704
     def __truediv__(self, o): return self.tensor / self._t(o)     # noqa: E704
     def __rtruediv__(self, o): return self._t(o) / self.tensor    # noqa: E704
     def __pow__(self, o): return self.tensor ** self._t(o)    # noqa: E704
