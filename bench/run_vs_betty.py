@@ -54,7 +54,13 @@ compiler touches this part; the last column is mloc-c/hand with it subtracted fr
 
 Timing: every system is built from the same seed; each repetition runs a block of outer
 steps (default: one) of every system, in a fresh random order, and every outer step is
-timed on its own (`time.perf_counter_ns`). Medians over all timed steps, after the warm-up.
+timed on its own by two clocks: the thread's CPU time (`time.thread_time_ns`) and wall time
+(`time.perf_counter_ns`). Medians over all timed steps, after the warm-up. Every system runs
+on this one thread (one intra-op thread, single-threaded Inductor kernels, no DataLoader
+workers), so on an idle machine the two clocks agree; on a shared one a step that other
+processes deschedule gains their time on the wall clock, which adds about the same
+milliseconds to every system and pulls every ratio towards 1. The main table uses the CPU
+clock (`--clock wall` to swap).
 All systems take the same number of steps, so their parameters can be compared at the end
 (a check that they train the same program).
 
@@ -69,7 +75,7 @@ seen as eager tensors are; memory a kernel takes for itself outside torch's allo
 (oneDNN/BLAS scratch, an Inductor C++ kernel's stack arrays) is seen in neither.
 
     python3 bench/run_vs_betty.py [--reps 600] [--block 1] [--warmup 30] [--cases darts:1,...]
-                                  [--systems mloc,mloc-c,hand,hand-c,betty] [--large] [--warm-cache]
+                                  [--systems mloc,mloc-c,hand,hand-c,betty] [--large] [--clock cpu|wall] [--warm-cache]
                                   [--no-memory] [--profile]
 
 `--profile` adds, per case, a cProfile of 200 eager mloc outer steps (mloc's own functions
@@ -262,20 +268,26 @@ def max_relative_difference(a: dict, b: dict) -> float:
 
 
 def measure(systems: dict, reps: int, block: int, warmup: int, rng: random.Random) -> dict:
-    times = {k: [] for k in systems}
+    """Median ms per outer step of each system by both clocks: ``{"cpu": {...}, "wall": {...}}``
+    (the thread's CPU time, and wall time)."""
+    cpu, wall = {k: [] for k in systems}, {k: [] for k in systems}
     names = list(systems)
     for _ in range(warmup):
         for k in names:
             systems[k][0]()
+    thread_ns, wall_ns = time.thread_time_ns, time.perf_counter_ns
     for _ in range(reps):
         rng.shuffle(names)
         for k in names:
-            step, out = systems[k][0], times[k]
+            step, c, w = systems[k][0], cpu[k], wall[k]
             for _ in range(block):
-                start = time.perf_counter_ns()
+                t0, c0 = wall_ns(), thread_ns()
                 step()
-                out.append(time.perf_counter_ns() - start)
-    return {k: statistics.median(v) / 1e6 for k, v in times.items()}
+                c1, t1 = thread_ns(), wall_ns()
+                c.append(c1 - c0)
+                w.append(t1 - t0)
+    return {clock: {k: statistics.median(v) / 1e6 for k, v in times.items()}
+            for clock, times in (("cpu", cpu), ("wall", wall))}
 
 
 def compile_first(systems: dict, steps: int) -> dict:
@@ -415,7 +427,8 @@ def run_case(method, unroll, sizes, args, tmp, rng, missing_betty):
         compile_info["hand_c"] = dict(built["hand-c"][2].compile_seconds)
     torch._dynamo.config.error_on_recompile = True
     try:
-        med = measure(timed, args.reps, args.block, args.warmup, rng)
+        clocks = measure(timed, args.reps, args.block, args.warmup, rng)
+        med = clocks[args.clock]
         mem = {k: steady_peak(s[0]) / 2**20 for k, s in systems.items()} if not args.no_memory else {}
     finally:
         torch._dynamo.config.error_on_recompile = False
@@ -431,7 +444,7 @@ def run_case(method, unroll, sizes, args, tmp, rng, missing_betty):
                    breakdown(method, built["mloc"][2], sizes) if unroll == 1 else None)
     print(f"  done {method}, unroll {unroll}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in med.items()),
           file=sys.stderr, flush=True)
-    return dict(method=method, unroll=unroll, med=med, mem=mem, diff=diff, base=base,
+    return dict(method=method, unroll=unroll, med=med, clocks=clocks, mem=mem, diff=diff, base=base,
                 compile=compile_info, profile=profile)
 
 
@@ -440,7 +453,8 @@ def report(rows, args, sizes):
     size = "256-2048-10 classifier, batch 512" if sizes == LARGE else "64-256-10 classifier, batch 100"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, {size}; {args.reps} blocks of "
           f"{args.block} outer steps per system and case after {args.warmup} warm-up steps "
-          f"(and {args.compile_steps} before them, which compile); median ms per outer step")
+          f"(and {args.compile_steps} before them, which compile); median ms per outer step, "
+          f"{'the thread' + chr(39) + 's CPU time' if args.clock == 'cpu' else 'wall time'}")
     print()
     cols = [k for k in SYSTEMS if any(k in r["med"] for r in rows)]
     tcols = cols + ["draws"]
@@ -459,6 +473,18 @@ def report(rows, args, sizes):
         tail = f" | {_ratio(med['mloc-c'] - med['draws'], med['hand'] - med['draws'])} |" if net else " |"
         print(f"| {r['method']}, {r['unroll']} | " + " | ".join(f"{med[k]:.3f}" for k in tcols) + " | " +
               " | ".join(_ratio(med.get(a), med.get(b)) for _, a, b in ratios) + tail)
+    other = "wall" if args.clock == "cpu" else "cpu"
+    print()
+    print(f"The same steps by the other clock ({'wall time' if other == 'wall' else 'the thread' + chr(39) + 's CPU time'}), "
+          "median ms:")
+    print()
+    print("| method, unroll | " + " | ".join(names[k] for k in tcols) + " | " +
+          " | ".join(r[0] for r in ratios) + " |")
+    print("|---" * (1 + len(tcols) + len(ratios)) + "|")
+    for r in rows:
+        med = r["clocks"][other]
+        print(f"| {r['method']}, {r['unroll']} | " + " | ".join(f"{med[k]:.3f}" for k in tcols) + " | " +
+              " | ".join(_ratio(med.get(a), med.get(b)) for _, a, b in ratios) + " |")
     print()
     print("Compiling (wall seconds of the first outer step, which compiles every graph; mloc: seconds in "
           "the compiler per step kind, and the captured graph's operations):")
@@ -521,6 +547,9 @@ def main(argv=None):
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"a comma list of {', '.join(SYSTEMS)}")
     parser.add_argument("--large", action="store_true",
                         help="256-2048-10 classifier, batch 512 (default cases darts:1,neumann:1)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="the main table's clock: the thread's CPU time (default; a step descheduled by "
+                             "other processes does not count) or wall time; the other is shown too")
     parser.add_argument("--warm-cache", action="store_true",
                         help="use TorchInductor's usual on-disk cache (default: a fresh, empty one)")
     parser.add_argument("--no-memory", action="store_true", help="skip the profiled memory steps")

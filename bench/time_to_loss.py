@@ -20,6 +20,10 @@ Modes, each run `--reps` times in a fresh random order per repetition:
 - **auto**: `--compile auto` (the default) with an empty cache: 5 eager steps after the
   first, then compiled if the rule of `mloc/runtime/compiled/decision.py` expects it to pay.
 
+On a shared machine wall time includes the other jobs' share of the CPUs; the total CPU
+seconds of each run (`getrusage` of the finished process and the compiler's worker
+processes) are given beside it.
+
 Reported: the median wall seconds at the chosen steps and each mode's training loss there
 (the classifier's mean weighted loss over the last 10 steps, and the weight net's clean
 loss), the crossover (the first logged step from which a compiled mode's median wall time
@@ -37,6 +41,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -57,9 +62,12 @@ def run_once(program: Path, steps: int, compile: str, out: Path, cache: Path, ex
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "mloc", "run", str(program), "--steps", str(steps), "--compile", compile,
            "--threads", "1", "--out", str(out), "--quiet", "--set", f"train.log_every={LOG_EVERY}", *extra]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.time()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     total = time.time() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     points: dict[int, list] = {}
@@ -71,7 +79,7 @@ def run_once(program: Path, steps: int, compile: str, out: Path, cache: Path, ex
         p[0] = max(p[0], r["time"] - start)
         p[1 if r["problem"] == "classifier" else 2] = r.get("loss")
     config = json.loads((out / "config.json").read_text())
-    return {"points": {k: tuple(v) for k, v in points.items()}, "total": total,
+    return {"points": {k: tuple(v) for k, v in points.items()}, "total": total, "cpu": cpu,
             "compiled": config.get("compiled") or config.get("run", {}).get("compiled"), "config": config}
 
 
@@ -199,11 +207,13 @@ def main(argv=None):
         print(f"| {loss:g} | " + " | ".join(cells) + " |")
     print()
     print("Seconds in the compiler per run (config.json's `compiled` reports, median over runs), "
-          "total wall seconds, and the steady step time (median wall seconds per step over the last "
-          "half of the run):")
+          "total wall seconds, total CPU seconds (user + system, of the process and the compiler's "
+          "worker processes: what the run cost without the other jobs' share of the machine), and the "
+          "steady step time (wall ms per step over the last half of the run, its evaluations and "
+          "checkpoint included):")
     print()
-    print("| mode | compiler s | reports | total wall s | ms per step, last half |")
-    print("|---|---|---|---|---|")
+    print("| mode | compiler s | reports | total wall s | total CPU s | ms per step, last half |")
+    print("|---|---|---|---|---|---|")
     for m in modes:
         compiled = [find_compiled(r["config"]) or [] for r in results[m]]
         secs = [sum(x.get("compile_seconds", 0) for x in c) for c in compiled]
@@ -213,7 +223,8 @@ def main(argv=None):
         steady = ((curves[m][half[-1]][0] - curves[m][half[0]][0]) / (half[-1] - half[0]) * 1e3
                   if len(half) > 1 else float("nan"))
         total = statistics.median(r["total"] for r in results[m])
-        print(f"| {m} | {statistics.median(secs):.1f} | {lines} | {total:.1f} | {steady:.2f} |")
+        cpu = statistics.median(r["cpu"] for r in results[m])
+        print(f"| {m} | {statistics.median(secs):.1f} | {lines} | {total:.1f} | {cpu:.1f} | {steady:.2f} |")
     decisions = [find_decision(r["config"]) for r in results.get("auto", [])]
     if any(decisions):
         print()
