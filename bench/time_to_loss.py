@@ -27,7 +27,8 @@ processes) are given beside it.
 Reported: the median wall seconds at the chosen steps and each mode's training loss there
 (the classifier's mean weighted loss over the last 10 steps, and the weight net's clean
 loss), the crossover (the first logged step from which a compiled mode's median wall time
-stays below eager's), the time to reach given classifier losses (the first logged step at
+stays below eager's; and where it would, were both to go on at the pace of their last
+half), the time to reach given classifier losses (the first logged step at
 or below each), and the seconds in the compiler.
 
     python3 bench/time_to_loss.py [--program programs/data_reweighting.mlo] [--steps 3000]
@@ -127,6 +128,23 @@ def crossover(curve: dict, eager: dict) -> int | None:
     return None
 
 
+def slope(curve: dict, steps: int) -> float:
+    """Wall seconds per step over the last half of the run."""
+    half = [s for s in sorted(curve) if s >= steps // 2]
+    return (curve[half[-1]][0] - curve[half[0]][0]) / (half[-1] - half[0]) if len(half) > 1 else float("nan")
+
+
+def projected_crossover(curve: dict, eager: dict, steps: int) -> float | None:
+    """Where ``curve`` would pass ``eager`` if both went on at their last half's pace
+    (None when it is not slower per step, or already ahead at the end)."""
+    last = max(set(curve) & set(eager))
+    behind = curve[last][0] - eager[last][0]
+    gain = slope(eager, steps) - slope(curve, steps)
+    if behind <= 0 or not gain > 0:
+        return None
+    return last + behind / gain
+
+
 def time_to(curve: dict, loss: float):
     for s in sorted(curve):
         if curve[s][1] is not None and curve[s][1] <= loss:
@@ -192,8 +210,12 @@ def main(argv=None):
             if m == "eager":
                 continue
             c = crossover(curves[m], curves["eager"])
+            p = projected_crossover(curves[m], curves["eager"], args.steps)
+            gain = (slope(curves["eager"], args.steps) - slope(curves[m], args.steps)) * 1e3
             print(f"- {m}: " + (f"faster than eager from step {c} on" if c is not None else
-                                "never faster than eager within the run"))
+                                "never faster than eager within the run") +
+                  f"; {gain:+.2f} ms per step saved over the last half" +
+                  (f"; at that pace it would pass eager at step ~{p:,.0f}" if p is not None else ""))
         print()
     print("Time to a classifier loss (its mean over 10 steps; the first logged step at or below it):")
     print()
@@ -219,9 +241,7 @@ def main(argv=None):
         secs = [sum(x.get("compile_seconds", 0) for x in c) for c in compiled]
         lines = "; ".join(f"{x.get('step')}: {'compiled' if x.get('compiled') else x.get('reason')}"
                           for x in compiled[0]) if compiled and compiled[0] else "none"
-        half = [s for s in sorted(curves[m]) if s >= args.steps // 2]
-        steady = ((curves[m][half[-1]][0] - curves[m][half[0]][0]) / (half[-1] - half[0]) * 1e3
-                  if len(half) > 1 else float("nan"))
+        steady = slope(curves[m], args.steps) * 1e3
         total = statistics.median(r["total"] for r in results[m])
         cpu = statistics.median(r["cpu"] for r in results[m])
         print(f"| {m} | {statistics.median(secs):.1f} | {lines} | {total:.1f} | {cpu:.1f} | {steady:.2f} |")
