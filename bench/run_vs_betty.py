@@ -27,6 +27,9 @@ Five systems, trained side by side in one process:
   `grad`, `vjp`) so that `torch.compile(fullgraph=True)` captures each step whole, optimizer
   updates included: the loop compiled by hand as a strong user would
   (`tests/test_mwn_func.py`: equal to **hand** to 1e-12 in float64, eager and compiled).
+- **hand-f** (only when `--systems` names it): hand-c's `torch.func` functions run eagerly,
+  which is what the compiler is usually compared with when a compiled step is said to be
+  several times faster; the transforms' wrappers make it slower than **hand**.
 - **Betty**: two `ImplicitProblem`s and an `Engine`, as in Betty's Meta-Weight-Net example
   (`config.type` darts/neumann/cg/sama, `darts_alpha`, `neumann_*`, `cg_iterations=3`,
   `cg_alpha=1`, `sama_adam_alpha=0.01`, `unroll_steps` on the lower problem); one outer step is
@@ -121,6 +124,7 @@ MLO = {"darts": "mwn_finite_diff.mlo", "neumann": "mwn_neumann.mlo", "cg": "mwn_
 HAND = {"darts": ("finite_diff", dict(eps=0.01)), "neumann": ("neumann", dict(iters=3, alpha=0.1)),
         "cg": ("cg", dict(iters=3)), "sama": ("sama", dict(eps=0.01))}
 SYSTEMS = ("mloc", "mloc-c", "hand", "hand-c", "betty")
+OPTIONAL = ("hand-f",)      # hand-c's functions run eagerly: what torch.func costs without the compiler
 COMPILED = ("mloc-c", "hand-c")
 SMALL = dict(in_features=64, hidden=256, batch_size=100, clean_size=500)
 LARGE = dict(in_features=256, hidden=2048, batch_size=512, clean_size=5120)
@@ -173,9 +177,9 @@ def hand_system(method: str, unroll: int, sizes: dict):
     return loop.outer_step, loop.parameters, loop
 
 
-def hand_compiled_system(method: str, unroll: int, sizes: dict):
+def hand_func_system(method: str, unroll: int, sizes: dict, compile: bool):
     name, kwargs = HAND[method]
-    loop = mwn_func.FuncMWN(name, compile=True, seed=SEED, unroll=unroll, **kwargs, **sizes)
+    loop = mwn_func.FuncMWN(name, compile=compile, seed=SEED, unroll=unroll, **kwargs, **sizes)
     return loop.outer_step, loop.parameters, loop
 
 
@@ -411,7 +415,8 @@ def run_case(method, unroll, sizes, args, tmp, rng, missing_betty):
         "mloc": lambda: mloc_system(compiled, out_dir, "off"),
         "mloc-c": lambda: mloc_system(compiled, out_dir, "on"),
         "hand": lambda: hand_system(method, unroll, sizes),
-        "hand-c": lambda: hand_compiled_system(method, unroll, sizes),
+        "hand-c": lambda: hand_func_system(method, unroll, sizes, True),
+        "hand-f": lambda: hand_func_system(method, unroll, sizes, False),
         "betty": lambda: betty_system(method, unroll, sizes),
     }
     wanted = [k for k in args.systems if not (k == "betty" and missing_betty)]
@@ -456,13 +461,14 @@ def report(rows, args, sizes):
           f"(and {args.compile_steps} before them, which compile); median ms per outer step, "
           f"{'the thread' + chr(39) + 's CPU time' if args.clock == 'cpu' else 'wall time'}")
     print()
-    cols = [k for k in SYSTEMS if any(k in r["med"] for r in rows)]
+    cols = [k for k in SYSTEMS + OPTIONAL if any(k in r["med"] for r in rows)]
     tcols = cols + ["draws"]
     names = {"mloc": "mloc ms", "mloc-c": "mloc-c ms", "hand": "hand ms", "hand-c": "hand-c ms", "betty": "Betty ms",
-             "draws": "of which data ms"}
+             "draws": "of which data ms", "hand-f": "hand-f ms"}
     ratios = [("mloc-c/hand", "mloc-c", "hand"), ("mloc-c/Betty", "mloc-c", "betty"),
               ("mloc-c/hand-c", "mloc-c", "hand-c"), ("mloc/hand", "mloc", "hand"),
-              ("mloc-c/mloc", "mloc-c", "mloc"), ("hand-c/hand", "hand-c", "hand")]
+              ("mloc-c/mloc", "mloc-c", "mloc"), ("hand-c/hand", "hand-c", "hand"),
+              ("hand-c/hand-f", "hand-c", "hand-f"), ("hand-f/hand", "hand-f", "hand")]
     ratios = [r for r in ratios if r[1] in cols and r[2] in cols]
     net = "mloc-c" in cols and "hand" in cols
     print("| method, unroll | " + " | ".join(names[k] for k in tcols) + " | " +
@@ -544,7 +550,9 @@ def main(argv=None):
     parser.add_argument("--compile-steps", type=int, default=3,
                         help="untimed outer steps of the compiled systems first (the first compiles)")
     parser.add_argument("--cases", default="all", help="e.g. darts:1,neumann:5 (methods: darts, neumann, cg, sama)")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"a comma list of {', '.join(SYSTEMS)}")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help=f"a comma list of {', '.join(SYSTEMS + OPTIONAL)} (hand-f, not run by default: "
+                             "hand-c's torch.func functions run eagerly)")
     parser.add_argument("--large", action="store_true",
                         help="256-2048-10 classifier, batch 512 (default cases darts:1,neumann:1)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
@@ -556,9 +564,9 @@ def main(argv=None):
     parser.add_argument("--profile", action="store_true", help="cProfile 200 eager mloc outer steps per case")
     args = parser.parse_args(argv)
     args.systems = [k for k in args.systems.split(",") if k]
-    unknown = set(args.systems) - set(SYSTEMS)
+    unknown = set(args.systems) - set(SYSTEMS + OPTIONAL)
     if unknown:
-        parser.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS + OPTIONAL}")
     if args.reps is None:
         args.reps = 100 if args.large else 600
     torch.set_num_threads(1)
