@@ -46,7 +46,9 @@ cache is reset before each case (so each case compiles its own graphs), and Torc
 on-disk cache is a fresh, empty directory for the process unless `--warm-cache` (so the
 first case's compile times are a first run's; a later case reuses kernels whose source an
 earlier one generated, in memory and on disk: the lower step's graph is the same in every
-case). While steps are timed a recompile is an error
+case). A trivial function is compiled before the first case, so that Inductor's one-time
+start-up in the process (imports, toolchain checks, compile workers: 3–10 s here) is charged
+to no system. While steps are timed a recompile is an error
 (`torch._dynamo.config.error_on_recompile`): mloc would fall back to eager with the
 reason, which the output then shows.
 
@@ -407,6 +409,14 @@ def _ratio(a, b):
     return "n/a" if a is None or b is None else f"{a / b:.3f}"
 
 
+def warm_inductor() -> float:
+    """Compile and run a trivial function once: TorchInductor's one-time costs in a process
+    (imports, the C++ toolchain's checks, the compile workers) then fall on no system."""
+    start = time.perf_counter()
+    torch.compile(lambda x: torch.relu(x * 2 + 1).sum(), fullgraph=True)(torch.randn(8))
+    return time.perf_counter() - start
+
+
 def run_case(method, unroll, sizes, args, tmp, rng, missing_betty):
     torch._dynamo.reset()                   # each case compiles its own graphs
     out_dir = tmp / f"{method}{unroll}"
@@ -492,6 +502,10 @@ def report(rows, args, sizes):
         print(f"| {r['method']}, {r['unroll']} | " + " | ".join(f"{med[k]:.3f}" for k in tcols) + " | " +
               " | ".join(_ratio(med.get(a), med.get(b)) for _, a, b in ratios) + " |")
     print()
+    if args.inductor_start is not None:
+        print(f"TorchInductor's one-time start-up in this process (a trivial function compiled before the "
+              f"first case; {'warm' if args.warm_cache else 'empty'} on-disk cache): {args.inductor_start:.1f} s")
+        print()
     print("Compiling (wall seconds of the first outer step, which compiles every graph; mloc: seconds in "
           "the compiler per step kind, and the captured graph's operations):")
     print()
@@ -583,6 +597,7 @@ def main(argv=None):
               file=sys.stderr)
     rng = random.Random(0)
     rows = []
+    args.inductor_start = warm_inductor() if any(k in COMPILED for k in args.systems) else None
     with tempfile.TemporaryDirectory() as tmp:
         for method, unroll in cases:
             rows.append(run_case(method, unroll, sizes, args, Path(tmp), rng, missing))
