@@ -1,47 +1,91 @@
-"""Benchmark: `mloc run`'s training step against a hand-written loop and Betty 0.2.1.
+"""Benchmark: `mloc run`'s training step, eager and compiled, against hand-written loops and Betty 0.2.1.
 
-The same Meta-Weight-Net program in all three (shared/reference/peers.md): a 64-256-10
+The same Meta-Weight-Net program everywhere (shared/reference/peers.md): a 64-256-10
 classifier trained with SGD (lr 0.1) on 40%-noisy labels, a 1-100-1 sigmoid weight net
 trained with Adam (lr 1e-3) on a 500-example clean set, batch 100, fp32, CPU, one thread;
-hypergradients by `darts`/`finite_diff` (eps 0.01) and `neumann` (K=3, alpha=0.1), with 1
-or 5 classifier steps per weight-net step (mloc: the edge's `unroll`; Betty: the lower
-problem's `unroll_steps`; hand-written: 5 lower steps per upper step).
+hypergradients by `darts`/`finite_diff` (eps 0.01), `neumann` (K=3, alpha=0.1), `cg` (3
+iterations) and `sama` (eps 0.01; with plain SGD below its preconditioner is SGD's lr), with
+1 or 5 classifier steps per weight-net step (mloc: the edge's `unroll`; Betty: the lower
+problem's `unroll_steps`; hand-written: `unroll` lower steps per upper step). `--large`:
+a 256-2048-10 classifier on 256-feature data, batch 512, 5120-example clean set.
 
-- **mloc**: `tests/equivalence/mwn_{finite_diff,neumann}.mlo` (the programs the equivalence
-  test checks against the hand-written loop), compiled once with
+Five systems, trained side by side in one process:
+
+- **mloc** (eager) and **mloc-c** (compiled): `tests/equivalence/mwn_{finite_diff,neumann,cg,sama}.mlo`
+  (the programs the equivalence test checks against the hand-written loop; `--large`
+  rewrites their sizes into a temporary copy), compiled once with
   `mloc.codegen.compile.compile_program` (unroll 5 through the override
-  `weight_net->classifier.unroll=5`), loaded with `load_generated`, instantiated with
-  `mloc.runtime.processes.launch.build`; the timed call is `program.outer_step()`, what `mloc run`'s
-  training loop calls (logging, evaluation and checkpoints, every N steps, are not timed).
-- **hand**: `tests/reference/mwn_hand.py`'s `MWNLoop.outer_step()` (SGD and Adam written
-  out as torch.optim's single-tensor formulas); **hand+optim** is the same loop with
-  `torch.optim.SGD`/`torch.optim.Adam` objects, as most people write it.
+  `weight_net->classifier.unroll=5`), loaded with `load_generated`, instantiated twice with
+  `mloc.runtime.processes.launch.build`: `RunConfig(compile="off")` and `compile="on"` (each
+  gradient source captured with make_fx and compiled by TorchInductor at its first call;
+  the optimizer commits run eagerly). The timed call is `program.outer_step()`, what
+  `mloc run`'s training loop calls.
+- **hand**: `tests/reference/mwn_hand.py`'s `MWNLoop.outer_step()`: `torch.autograd.grad`,
+  SGD and Adam written out as torch.optim's single-tensor formulas (the eager loop a careful
+  user writes).
+- **hand-c**: `bench/mwn_func.py`, the same loop written with `torch.func` (`functional_call`,
+  `grad`, `vjp`) so that `torch.compile(fullgraph=True)` captures each step whole, optimizer
+  updates included: the loop compiled by hand as a strong user would
+  (`tests/test_mwn_func.py`: equal to **hand** to 1e-12 in float64, eager and compiled).
+- **hand-f** (only when `--systems` names it): hand-c's `torch.func` functions run eagerly,
+  which is what the compiler is usually compared with when a compiled step is said to be
+  several times faster; the transforms' wrappers make it slower than **hand**.
 - **Betty**: two `ImplicitProblem`s and an `Engine`, as in Betty's Meta-Weight-Net example
-  (`config.type`, `darts_alpha`, `neumann_*`, `unroll_steps` on the lower problem); one
-  outer step is `unroll` calls of `engine.train_step()`. Skipped, with a message, when
-  Betty is not installed (peers.md says how to install it; never a dependency of mloc).
+  (`config.type` darts/neumann/cg/sama, `darts_alpha`, `neumann_*`, `cg_iterations=3`,
+  `cg_alpha=1`, `sama_adam_alpha=0.01`, `unroll_steps` on the lower problem); one outer step is
+  `unroll` calls of `engine.train_step()`. Skipped, with a message, when Betty is not
+  installed (peers.md says how to install it; never a dependency of mloc). Betty's `cg` has
+  the old-residual bug and its `sama` drops SGD's lr: the same work per step, different
+  numbers.
 
-Timing: every system is built from the same seed and trained side by side in one process;
-each repetition runs a block of outer steps (default: one) of every system, in a fresh
-random order, and every outer step is timed on its own (`time.perf_counter_ns`). Medians over all timed
-steps, after a warm-up. All systems take the same number of steps, so their parameters can
-be compared at the end (a check that they train the same program).
+Compiling: before anything is timed, each system takes `--compile-steps` outer steps
+(default 3; the compiled systems first), the first of which compiles every graph; the
+table of compile times gives the wall time of that first outer step and, for mloc, the
+seconds each step kind spent in the compiler (`program.compiled`'s reports). TorchDynamo's
+cache is reset before each case (so each case compiles its own graphs), and TorchInductor's
+on-disk cache is a fresh, empty directory for the process unless `--warm-cache` (so the
+first case's compile times are a first run's; a later case reuses kernels whose source an
+earlier one generated, in memory and on disk: the lower step's graph is the same in every
+case). A trivial function is compiled before the first case, so that Inductor's one-time
+start-up in the process (imports, toolchain checks, compile workers: 3–10 s here) is charged
+to no system. While steps are timed a recompile is an error
+(`torch._dynamo.config.error_on_recompile`): mloc would fall back to eager with the
+reason, which the output then shows.
+
+"of which data": the median time of drawing one outer step's batches alone (`unroll` from
+the noisy set, one clean), timed interleaved with the systems: the same DataLoaders
+(per-example indexing and collation of 100 or 512 examples) feed every system, and no
+compiler touches this part; the last column is mloc-c/hand with it subtracted from both.
+
+Timing: every system is built from the same seed; each repetition runs a block of outer
+steps (default: one) of every system, in a fresh random order, and every outer step is
+timed on its own by two clocks: the thread's CPU time (`time.thread_time_ns`) and wall time
+(`time.perf_counter_ns`). Medians over all timed steps, after the warm-up. Every system runs
+on this one thread (one intra-op thread, single-threaded Inductor kernels, no DataLoader
+workers), so on an idle machine the two clocks agree; on a shared one a step that other
+processes deschedule gains their time on the wall clock, which adds about the same
+milliseconds to every system and pulls every ratio towards 1. The main table uses the CPU
+clock (`--clock wall` to swap).
+All systems take the same number of steps, so their parameters can be compared at the end
+(a check that they train the same program).
 
 Memory: the peak bytes of CPU tensor memory one outer step allocates and holds at once,
-counted storage by storage at every aten operation (`bench/hypergrad.py`'s `peak_bytes`:
-`mloc.runtime.base.memory.PeakMemory`), the median over 5 untimed steps after the timed
-ones (one more measured step before them is discarded);
-parameters, optimizer states and anything else that exists before the step are not
-counted.
+replayed from the CPU allocator's events that `torch.profiler` records
+(`profile_memory=True`; `bench/hypergrad.py`'s `peak_bytes`), median over 5 untimed steps
+after the timed ones (one more profiled step before them is discarded: the first
+profiled call reads high); parameters, optimizer states and anything else that exists
+before the step are not counted. The events come from the allocator, not the dispatcher,
+so the buffers of TorchInductor's generated code (allocated through `empty_strided`) are
+seen as eager tensors are; memory a kernel takes for itself outside torch's allocator
+(oneDNN/BLAS scratch, an Inductor C++ kernel's stack arrays) is seen in neither.
 
-Compile time: wall time of `compile_program` (frontend, dataflow trace of the user's code
-on the meta device, planner, code generation); the first call in the process includes
-importing the compiler's passes, later ones are the median of 5.
+    python3 bench/run_vs_betty.py [--reps 600] [--block 1] [--warmup 30] [--cases darts:1,...]
+                                  [--systems mloc,mloc-c,hand,hand-c,betty] [--large] [--clock cpu|wall] [--warm-cache]
+                                  [--no-memory] [--profile]
 
-    python3 bench/run_vs_betty.py [--reps 600] [--block 1] [--warmup 30] [--profile]
-
-`--profile` adds, per case, a cProfile of 200 mloc outer steps (mloc's own functions by own
-time) and, for unroll 1, the median time of each part of a step in mloc and by hand.
+`--profile` adds, per case, a cProfile of 200 eager mloc outer steps (mloc's own functions
+by own time) and, for unroll 1, the median time of each part of an eager step in mloc and
+by hand.
 """
 
 from __future__ import annotations
@@ -50,6 +94,7 @@ import argparse
 import cProfile
 import io
 import logging
+import os
 import pstats
 import random
 import statistics
@@ -65,6 +110,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
 
+import mwn_func  # noqa: E402
 import mwn_hand  # noqa: E402  (puts programs/ on sys.path)
 import reweighting as lib  # noqa: E402
 from hypergrad import peak_bytes  # noqa: E402
@@ -73,36 +119,92 @@ from mloc.runtime.program.engine import RunConfig  # noqa: E402
 from mloc.runtime.processes.launch import build  # noqa: E402
 
 EQUIVALENCE = ROOT / "tests" / "equivalence"
-CASES = [("darts", 1), ("neumann", 1), ("darts", 5), ("neumann", 5)]
-MLO = {"darts": "mwn_finite_diff.mlo", "neumann": "mwn_neumann.mlo"}
-HAND = {"darts": ("finite_diff", dict(eps=0.01)), "neumann": ("neumann", dict(iters=3, alpha=0.1))}
+METHODS = ("darts", "neumann", "cg", "sama")
+CASES = [(m, u) for u in (1, 5) for m in METHODS]
+LARGE_CASES = [("darts", 1), ("neumann", 1)]
+MLO = {"darts": "mwn_finite_diff.mlo", "neumann": "mwn_neumann.mlo", "cg": "mwn_cg.mlo", "sama": "mwn_sama.mlo"}
+HAND = {"darts": ("finite_diff", dict(eps=0.01)), "neumann": ("neumann", dict(iters=3, alpha=0.1)),
+        "cg": ("cg", dict(iters=3)), "sama": ("sama", dict(eps=0.01))}
+SYSTEMS = ("mloc", "mloc-c", "hand", "hand-c", "betty")
+OPTIONAL = ("hand-f",)      # hand-c's functions run eagerly: what torch.func costs without the compiler
+COMPILED = ("mloc-c", "hand-c")
+SMALL = dict(in_features=64, hidden=256, batch_size=100, clean_size=500)
+LARGE = dict(in_features=256, hidden=2048, batch_size=512, clean_size=5120)
 SEED = 0
 
 
-# --- the three systems ---------------------------------------------------------------------
-def compile_mloc(method: str, unroll: int, out_dir: Path):
+# --- the systems ---------------------------------------------------------------------------
+def mlo_path(method: str, sizes: dict, tmp: Path) -> Path:
+    """The equivalence program of ``method``; at other sizes, a copy with them written in."""
+    path = EQUIVALENCE / MLO[method]
+    if sizes == SMALL:
+        return path
+    f, h, b, c = sizes["in_features"], sizes["hidden"], sizes["batch_size"], sizes["clean_size"]
+    text = path.read_text()
+    for old, new in (("import reweighting_ref as lib", "import reweighting as lib"),  # programs/ is on sys.path
+                     ("lib.MLP(in_features=64, hidden=256, classes=10)", f"lib.MLP(in_features={f}, hidden={h}, classes=10)"),
+                     ("lib.noisy_digits(noise=0.4, batch_size=100)", f"lib.noisy_digits(noise=0.4, batch_size={b}, features={f})"),
+                     ("lib.clean_digits(batch_size=100)", f"lib.clean_digits(batch_size={b}, size={c}, features={f})")):
+        assert old in text, f"{path.name} no longer contains {old!r}"
+        text = text.replace(old, new)
+    out = tmp / f"large_{path.name}"
+    out.write_text(text)
+    return out
+
+
+def compile_mloc(path: Path, unroll: int, out_dir: Path):
     overrides = (f"weight_net->classifier.unroll={unroll}",) if unroll != 1 else ()
     start = time.perf_counter()
-    compiled = compile_program(str(EQUIVALENCE / MLO[method]), overrides, out_dir)
+    compiled = compile_program(str(path), overrides, out_dir)
     seconds = time.perf_counter() - start
     if not compiled.ok:
-        raise SystemExit(f"mloc failed to compile {MLO[method]}: {compiled.diagnostics}")
+        raise SystemExit(f"mloc failed to compile {path.name}: {compiled.diagnostics}")
     return compiled, seconds
 
 
-def mloc_system(compiled, out_dir: Path):
+def mloc_system(compiled, out_dir: Path, compile: str):
     declaration = load_generated(compiled.source, str(out_dir / "train.py"))
-    program = build(declaration, RunConfig(steps=10**9, seed=SEED, device="cpu", precision="fp32"))
+    program = build(declaration, RunConfig(steps=10**9, seed=SEED, device="cpu", precision="fp32",
+                                           compile=compile))
 
     def params():
-        return {n: dict(lv.module.named_parameters()) for n, lv in program.live.items()}
+        return {n: {k: p.detach().clone() for k, p in lv.module.named_parameters()}
+                for n, lv in program.live.items()}
     return program.outer_step, params, program
 
 
-def hand_system(method: str, unroll: int, optimizers: str = "manual"):
+def hand_system(method: str, unroll: int, sizes: dict):
     name, kwargs = HAND[method]
-    loop = mwn_hand.MWNLoop(name, seed=SEED, unroll=unroll, optimizers=optimizers, **kwargs)
-    return loop.outer_step, loop.parameters
+    loop = mwn_hand.MWNLoop(name, seed=SEED, unroll=unroll, **kwargs, **sizes)
+    return loop.outer_step, loop.parameters, loop
+
+
+def hand_func_system(method: str, unroll: int, sizes: dict, compile: bool):
+    name, kwargs = HAND[method]
+    loop = mwn_func.FuncMWN(name, compile=compile, seed=SEED, unroll=unroll, **kwargs, **sizes)
+    return loop.outer_step, loop.parameters, loop
+
+
+def draw_system(unroll: int, sizes: dict):
+    """Only the batches one outer step draws (``unroll`` noisy, one clean), from loaders
+    like everyone's: the data pipeline's share of every system's step."""
+    f, b = sizes["in_features"], sizes["batch_size"]
+    loaders = [lib.noisy_digits(noise=0.4, batch_size=b, features=f),
+               lib.clean_digits(batch_size=b, size=sizes["clean_size"], features=f)]
+    its = [iter(x) for x in loaders]
+
+    def draw(i):
+        try:
+            return next(its[i])
+        except StopIteration:
+            its[i] = iter(loaders[i])
+            return next(its[i])
+
+    def step():
+        for _ in range(unroll):
+            draw(0)
+        draw(1)
+    return step, None, None
 
 
 def betty_available() -> str | None:
@@ -115,7 +217,7 @@ def betty_available() -> str | None:
     return None
 
 
-def betty_system(method: str, unroll: int):
+def betty_system(method: str, unroll: int, sizes: dict):
     from betty.configs import Config, EngineConfig
     from betty.engine import Engine
     from betty.logging.logger_base import get_logger
@@ -133,16 +235,18 @@ def betty_system(method: str, unroll: int):
 
     random.seed(SEED)
     torch.manual_seed(SEED)
-    classifier = lib.MLP(in_features=64, hidden=256, classes=10)
+    f, b = sizes["in_features"], sizes["batch_size"]
+    classifier = lib.MLP(in_features=f, hidden=sizes["hidden"], classes=10)
     weight_net = lib.WeightNet(hidden=100)
     lower_config = Config(type=method, unroll_steps=unroll, darts_alpha=0.01,
-                          neumann_iterations=3, neumann_alpha=0.1)
+                          neumann_iterations=3, neumann_alpha=0.1, cg_iterations=3, cg_alpha=1.0,
+                          sama_adam_alpha=0.01)
     lower = Classifier(name="classifier", config=lower_config, module=classifier,
                        optimizer=torch.optim.SGD(classifier.parameters(), lr=0.1),
-                       train_data_loader=lib.noisy_digits(noise=0.4, batch_size=100))
+                       train_data_loader=lib.noisy_digits(noise=0.4, batch_size=b, features=f))
     upper = WeightNet(name="weight_net", config=Config(), module=weight_net,
                       optimizer=torch.optim.Adam(weight_net.parameters(), lr=1e-3),
-                      train_data_loader=lib.clean_digits(batch_size=100))
+                      train_data_loader=lib.clean_digits(batch_size=b, size=sizes["clean_size"], features=f))
     engine = Engine(problems=[upper, lower],
                     config=EngineConfig(train_iters=10**9, strategy="cpu", logger_type="none"),
                     dependencies={"u2l": {upper: [lower]}, "l2u": {lower: [upper]}})
@@ -154,9 +258,9 @@ def betty_system(method: str, unroll: int):
             engine.train_step()
 
     def params():
-        return {"classifier": dict(lower.module.named_parameters()),
-                "weight_net": dict(upper.module.named_parameters())}
-    return outer_step, params
+        return {"classifier": {k: p.detach().clone() for k, p in lower.module.named_parameters()},
+                "weight_net": {k: p.detach().clone() for k, p in upper.module.named_parameters()}}
+    return outer_step, params, None
 
 
 # --- measurement ---------------------------------------------------------------------------
@@ -170,28 +274,50 @@ def max_relative_difference(a: dict, b: dict) -> float:
 
 
 def measure(systems: dict, reps: int, block: int, warmup: int, rng: random.Random) -> dict:
-    times = {k: [] for k in systems}
+    """Median ms per outer step of each system by both clocks: ``{"cpu": {...}, "wall": {...}}``
+    (the thread's CPU time, and wall time)."""
+    cpu, wall = {k: [] for k in systems}, {k: [] for k in systems}
     names = list(systems)
     for _ in range(warmup):
         for k in names:
             systems[k][0]()
+    thread_ns, wall_ns = time.thread_time_ns, time.perf_counter_ns
     for _ in range(reps):
         rng.shuffle(names)
         for k in names:
-            step, out = systems[k][0], times[k]
+            step, c, w = systems[k][0], cpu[k], wall[k]
             for _ in range(block):
-                start = time.perf_counter_ns()
+                t0, c0 = wall_ns(), thread_ns()
                 step()
-                out.append(time.perf_counter_ns() - start)
-    return {k: statistics.median(v) / 1e6 for k, v in times.items()}
+                c1, t1 = thread_ns(), wall_ns()
+                c.append(c1 - c0)
+                w.append(t1 - t0)
+    return {clock: {k: statistics.median(v) / 1e6 for k, v in times.items()}
+            for clock, times in (("cpu", cpu), ("wall", wall))}
+
+
+def compile_first(systems: dict, steps: int) -> dict:
+    """Run ``steps`` outer steps of every system (so that all take the same steps), the
+    compiled ones first (their first step compiles); the wall seconds of that first step."""
+    first = {}
+    for k in sorted(systems, key=lambda k: k not in COMPILED):
+        for i in range(steps):
+            start = time.perf_counter()
+            systems[k][0]()
+            if i == 0 and k in COMPILED:
+                first[k] = time.perf_counter() - start
+    return first
 
 
 def steady_peak(step, n: int = 5) -> float:
-    """Median of ``peak_bytes`` over ``n`` measured outer steps, after one discarded (with
-    ``torch.profiler``'s replay, which this replaced, the first call read higher for every
-    system)."""
+    """Median of ``peak_bytes`` over ``n`` profiled outer steps, after one discarded: the
+    first profiled call reads higher for every system (0.58 vs 0.45 MiB for mloc's darts)."""
     peak_bytes(step)
     return statistics.median(peak_bytes(step) for _ in range(n))
+
+
+def mloc_reports(program) -> list:
+    return list(program.compiled.values())
 
 
 def profile_mloc(step, steps: int = 200, top: int = 15) -> str:
@@ -208,11 +334,11 @@ def profile_mloc(step, steps: int = 200, top: int = 15) -> str:
     return text[text.index("ncalls"):] if "ncalls" in text else text
 
 
-def breakdown(method: str, program, reps: int = 400) -> dict:
-    """Median µs of each part of one outer step, mloc's engine against the hand loop, each
-    part timed on its own, interleaved, on the same kind of state (unroll 1)."""
+def breakdown(method: str, program, sizes: dict, reps: int = 400) -> dict:
+    """Median µs of each part of one outer step, mloc's eager engine against the hand loop,
+    each part timed on its own, interleaved, on the same kind of state (unroll 1)."""
     name, kwargs = HAND[method]
-    loop = mwn_hand.MWNLoop(name, seed=SEED, **kwargs)
+    loop = mwn_hand.MWNLoop(name, seed=SEED, **kwargs, **sizes)
     lower, upper = program.live["classifier"], program.live["weight_net"]
     program.lower_step("classifier")
     loop.lower_step()
@@ -280,90 +406,202 @@ def _num(x, spec):
 
 
 def _ratio(a, b):
-    return "n/a" if b is None else f"{a / b:.3f}"
+    return "n/a" if a is None or b is None else f"{a / b:.3f}"
+
+
+def warm_inductor() -> float:
+    """Compile and run a trivial function once: TorchInductor's one-time costs in a process
+    (imports, the C++ toolchain's checks, the compile workers) then fall on no system."""
+    start = time.perf_counter()
+    torch.compile(lambda x: torch.relu(x * 2 + 1).sum(), fullgraph=True)(torch.randn(8))
+    return time.perf_counter() - start
+
+
+def run_case(method, unroll, sizes, args, tmp, rng, missing_betty):
+    torch._dynamo.reset()                   # each case compiles its own graphs
+    out_dir = tmp / f"{method}{unroll}"
+    compiled, seconds = compile_mloc(mlo_path(method, sizes, tmp), unroll, out_dir)
+    builders = {
+        "mloc": lambda: mloc_system(compiled, out_dir, "off"),
+        "mloc-c": lambda: mloc_system(compiled, out_dir, "on"),
+        "hand": lambda: hand_system(method, unroll, sizes),
+        "hand-c": lambda: hand_func_system(method, unroll, sizes, True),
+        "hand-f": lambda: hand_func_system(method, unroll, sizes, False),
+        "betty": lambda: betty_system(method, unroll, sizes),
+    }
+    wanted = [k for k in args.systems if not (k == "betty" and missing_betty)]
+    built = {k: builders[k]() for k in wanted}
+    systems = {k: v[:2] for k, v in built.items()}
+    first = compile_first(systems, args.compile_steps)
+    timed = dict(systems, draws=draw_system(unroll, sizes)[:2])
+    compile_info = {"mloc_compile_program": seconds, "first_step": first}
+    if "mloc-c" in built:
+        compile_info["mloc_reports"] = [(r.kind, r.name, r.compiled, r.reason, r.counts.seconds,
+                                         r.counts.operations) for r in mloc_reports(built["mloc-c"][2])]
+    if "hand-c" in built:
+        compile_info["hand_c"] = dict(built["hand-c"][2].compile_seconds)
+    torch._dynamo.config.error_on_recompile = True
+    try:
+        clocks = measure(timed, args.reps, args.block, args.warmup, rng)
+        med = clocks[args.clock]
+        mem = {k: steady_peak(s[0]) / 2**20 for k, s in systems.items()} if not args.no_memory else {}
+    finally:
+        torch._dynamo.config.error_on_recompile = False
+    if "mloc-c" in built:   # after the timed steps: still compiled, no recompiles?
+        compile_info["mloc_after"] = [(r.kind, r.name, r.compiled, r.reason, r.recompiles)
+                                      for r in mloc_reports(built["mloc-c"][2])]
+    final = {k: s[1]() for k, s in systems.items()}
+    base = "hand" if "hand" in final else next(iter(final))
+    diff = {k: max_relative_difference(final[k], final[base]) for k in systems if k != base}
+    profile = None
+    if args.profile and "mloc" in built:
+        profile = (profile_mloc(systems["mloc"][0]),
+                   breakdown(method, built["mloc"][2], sizes) if unroll == 1 else None)
+    print(f"  done {method}, unroll {unroll}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in med.items()),
+          file=sys.stderr, flush=True)
+    return dict(method=method, unroll=unroll, med=med, clocks=clocks, mem=mem, diff=diff, base=base,
+                compile=compile_info, profile=profile)
+
+
+def report(rows, args, sizes):
+    steps = args.compile_steps + args.warmup + args.reps * args.block + (0 if args.no_memory else 6)
+    size = "256-2048-10 classifier, batch 512" if sizes == LARGE else "64-256-10 classifier, batch 100"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, {size}; {args.reps} blocks of "
+          f"{args.block} outer steps per system and case after {args.warmup} warm-up steps "
+          f"(and {args.compile_steps} before them, which compile); median ms per outer step, "
+          f"{'the thread' + chr(39) + 's CPU time' if args.clock == 'cpu' else 'wall time'}")
+    print()
+    cols = [k for k in SYSTEMS + OPTIONAL if any(k in r["med"] for r in rows)]
+    tcols = cols + ["draws"]
+    names = {"mloc": "mloc ms", "mloc-c": "mloc-c ms", "hand": "hand ms", "hand-c": "hand-c ms", "betty": "Betty ms",
+             "draws": "of which data ms", "hand-f": "hand-f ms"}
+    ratios = [("mloc-c/hand", "mloc-c", "hand"), ("mloc-c/Betty", "mloc-c", "betty"),
+              ("mloc-c/hand-c", "mloc-c", "hand-c"), ("mloc/hand", "mloc", "hand"),
+              ("mloc-c/mloc", "mloc-c", "mloc"), ("hand-c/hand", "hand-c", "hand"),
+              ("hand-c/hand-f", "hand-c", "hand-f"), ("hand-f/hand", "hand-f", "hand")]
+    ratios = [r for r in ratios if r[1] in cols and r[2] in cols]
+    net = "mloc-c" in cols and "hand" in cols
+    print("| method, unroll | " + " | ".join(names[k] for k in tcols) + " | " +
+          " | ".join(r[0] for r in ratios) + (" | mloc-c/hand without data |" if net else " |"))
+    print("|---" * (1 + len(tcols) + len(ratios) + net) + "|")
+    for r in rows:
+        med = r["med"]
+        tail = f" | {_ratio(med['mloc-c'] - med['draws'], med['hand'] - med['draws'])} |" if net else " |"
+        print(f"| {r['method']}, {r['unroll']} | " + " | ".join(f"{med[k]:.3f}" for k in tcols) + " | " +
+              " | ".join(_ratio(med.get(a), med.get(b)) for _, a, b in ratios) + tail)
+    other = "wall" if args.clock == "cpu" else "cpu"
+    print()
+    print(f"The same steps by the other clock ({'wall time' if other == 'wall' else 'the thread' + chr(39) + 's CPU time'}), "
+          "median ms:")
+    print()
+    print("| method, unroll | " + " | ".join(names[k] for k in tcols) + " | " +
+          " | ".join(r[0] for r in ratios) + " |")
+    print("|---" * (1 + len(tcols) + len(ratios)) + "|")
+    for r in rows:
+        med = r["clocks"][other]
+        print(f"| {r['method']}, {r['unroll']} | " + " | ".join(f"{med[k]:.3f}" for k in tcols) + " | " +
+              " | ".join(_ratio(med.get(a), med.get(b)) for _, a, b in ratios) + " |")
+    print()
+    if args.inductor_start is not None:
+        print(f"TorchInductor's one-time start-up in this process (a trivial function compiled before the "
+              f"first case; {'warm' if args.warm_cache else 'empty'} on-disk cache): {args.inductor_start:.1f} s")
+        print()
+    print("Compiling (wall seconds of the first outer step, which compiles every graph; mloc: seconds in "
+          "the compiler per step kind, and the captured graph's operations):")
+    print()
+    print("| method, unroll | mloc-c first step s | mloc-c compiler s (lower / upper) | mloc-c ops (lower / upper) | "
+          "hand-c first step s | hand-c compile s (lower / upper) | mloc compile_program s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        c = r["compile"]
+        reps = {kind: (secs, ops) for kind, _, _, _, secs, ops in c.get("mloc_reports", [])}
+        low, up = reps.get("lower", (None, None)), reps.get("upper", (None, None))
+        hc = c.get("hand_c", {})
+        print(f"| {r['method']}, {r['unroll']} | {_num(c['first_step'].get('mloc-c'), '.1f')} | "
+              f"{_num(low[0], '.1f')} / {_num(up[0], '.1f')} | {_num(low[1], 'd')} / {_num(up[1], 'd')} | "
+              f"{_num(c['first_step'].get('hand-c'), '.1f')} | {_num(hc.get('lower'), '.1f')} / "
+              f"{_num(hc.get('upper'), '.1f')} | {c['mloc_compile_program']:.2f} |")
+    eager = [(r["method"], r["unroll"], line) for r in rows for line in r["compile"].get("mloc_after", [])
+             if not line[2] or line[4]]
+    for method, unroll, (kind, name, ok, reason, recompiles) in eager:
+        print(f"\n**mloc-c, {method}, unroll {unroll}: {kind} step of {name} "
+              f"{'ran eagerly: ' + str(reason) if not ok else f'recompiled {recompiles} times'}**")
+    if rows and rows[0]["mem"]:
+        print()
+        print("Peak tensor memory of one outer step (MiB; allocator events, which see the compiled "
+              "code's buffers too), and the largest relative parameter difference from "
+              f"{rows[0]['base']} after {steps} outer steps:")
+        print()
+        others = [k for k in cols if k != rows[0]["base"]]
+        print("| method, unroll | " + " | ".join(f"{k} MiB" for k in cols) + " | mloc-c/hand | mloc/hand | " +
+              " | ".join(f"{k} vs {rows[0]['base']}" for k in others) + " |")
+        print("|---" * (3 + len(cols) + len(others)) + "|")
+        for r in rows:
+            mem = r["mem"]
+            print(f"| {r['method']}, {r['unroll']} | " + " | ".join(f"{mem[k]:.3f}" for k in cols) + " | " +
+                  f"{_ratio(mem.get('mloc-c'), mem.get('hand'))} | {_ratio(mem.get('mloc'), mem.get('hand'))} | " +
+                  " | ".join(f"{r['diff'][k]:.1e}" for k in others) + " |")
+    for r in rows:
+        if not r["profile"]:
+            continue
+        text, parts = r["profile"]
+        if parts:
+            print(f"\n### Where the time goes, eager, {r['method']}, unroll 1 (median µs per call)\n")
+            print("| part | mloc | hand | mloc − hand |")
+            print("|---|---|---|---|")
+            for label, (a, b) in parts.items():
+                d = "" if b is None else f"{a - b:+.1f}"
+                print(f"| {label} | {a:.1f} | {_num(b, '.1f')} | {d} |")
+        print(f"\n### cProfile of 200 eager mloc outer steps, {r['method']}, unroll {r['unroll']}: mloc's own "
+              f"functions by own time\n\n```\n{text.strip()}\n```")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=600, help="blocks per system and case")
+    parser.add_argument("--reps", type=int, default=None, help="blocks per system and case (600; --large 100)")
     parser.add_argument("--block", type=int, default=1, help="outer steps per block")
     parser.add_argument("--warmup", type=int, default=30, help="untimed outer steps per system")
-    parser.add_argument("--cases", default="all", help="e.g. darts:1,neumann:5")
-    parser.add_argument("--profile", action="store_true", help="cProfile 200 mloc outer steps per case")
+    parser.add_argument("--compile-steps", type=int, default=3,
+                        help="untimed outer steps of the compiled systems first (the first compiles)")
+    parser.add_argument("--cases", default="all", help="e.g. darts:1,neumann:5 (methods: darts, neumann, cg, sama)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS),
+                        help=f"a comma list of {', '.join(SYSTEMS + OPTIONAL)} (hand-f, not run by default: "
+                             "hand-c's torch.func functions run eagerly)")
+    parser.add_argument("--large", action="store_true",
+                        help="256-2048-10 classifier, batch 512 (default cases darts:1,neumann:1)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="the main table's clock: the thread's CPU time (default; a step descheduled by "
+                             "other processes does not count) or wall time; the other is shown too")
+    parser.add_argument("--warm-cache", action="store_true",
+                        help="use TorchInductor's usual on-disk cache (default: a fresh, empty one)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the profiled memory steps")
+    parser.add_argument("--profile", action="store_true", help="cProfile 200 eager mloc outer steps per case")
     args = parser.parse_args(argv)
+    args.systems = [k for k in args.systems.split(",") if k]
+    unknown = set(args.systems) - set(SYSTEMS + OPTIONAL)
+    if unknown:
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS + OPTIONAL}")
+    if args.reps is None:
+        args.reps = 100 if args.large else 600
     torch.set_num_threads(1)
-    cases = CASES if args.cases == "all" else [
+    if not args.warm_cache:     # compile times from an empty on-disk cache (a first run's)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cache-")
+    sizes = LARGE if args.large else SMALL
+    cases = (LARGE_CASES if args.large else CASES) if args.cases == "all" else [
         (m, int(u)) for m, u in (c.split(":") for c in args.cases.split(","))]
-    missing = betty_available()
+    missing = betty_available() if "betty" in args.systems else None
     if missing:
         print(f"Betty is not installed ({missing}); its columns are skipped. To include it:\n"
               "  pip download --no-deps --ignore-requires-python betty-ml==0.2.1\n"
               "  pip install --no-deps --ignore-requires-python betty_ml-0.2.1-py3-none-any.whl numpy\n",
               file=sys.stderr)
     rng = random.Random(0)
-    rows, compile_times, profiles = [], [], {}
+    rows = []
+    args.inductor_start = warm_inductor() if any(k in COMPILED for k in args.systems) else None
     with tempfile.TemporaryDirectory() as tmp:
         for method, unroll in cases:
-            out_dir = Path(tmp) / f"{method}{unroll}"
-            compiled, seconds = compile_mloc(method, unroll, out_dir)
-            warm = [compile_mloc(method, unroll, out_dir)[1] for _ in range(5)]
-            compile_times.append((method, unroll, seconds, statistics.median(warm)))
-            step, params, _program = mloc_system(compiled, out_dir)
-            systems = {"mloc": (step, params),
-                       "hand": hand_system(method, unroll),
-                       "hand+optim": hand_system(method, unroll, "torch")}
-            if not missing:
-                systems["betty"] = betty_system(method, unroll)
-            med = measure(systems, args.reps, args.block, args.warmup, rng)
-            mem = {k: steady_peak(s[0]) / 2**20 for k, s in systems.items()}
-            final = {k: s[1]() for k, s in systems.items()}
-            diff = {k: max_relative_difference(final[k], final["hand"]) for k in systems if k != "hand"}
-            rows.append((method, unroll, med, mem, diff))
-            if args.profile:
-                profiles[(method, unroll)] = (profile_mloc(step), breakdown(method, _program)
-                                              if unroll == 1 else None)
-            print(f"  done {method}, unroll {unroll}: " + ", ".join(
-                f"{k} {v:.3f} ms" for k, v in med.items()), file=sys.stderr)
-
-    steps = args.warmup + args.reps * args.block + 6
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, {args.reps} blocks of "
-          f"{args.block} outer steps per system and case after {args.warmup} warm-up steps; "
-          "median ms per outer step")
-    print()
-    print("| method, unroll | mloc ms | hand ms | hand+optim ms | Betty ms | mloc/hand | "
-          "mloc/hand+optim | mloc/Betty |")
-    print("|---|---|---|---|---|---|---|---|")
-    for method, unroll, med, *_ in rows:
-        b = med.get("betty")
-        print(f"| {method}, {unroll} | {med['mloc']:.3f} | {med['hand']:.3f} | "
-              f"{med['hand+optim']:.3f} | {_num(b, '.3f')} | {med['mloc'] / med['hand']:.3f} | "
-              f"{med['mloc'] / med['hand+optim']:.3f} | {_ratio(med['mloc'], b)} |")
-    print()
-    print("Peak tensor memory of one outer step (MiB), and the largest relative parameter "
-          f"difference from the hand-written loop after {steps} outer steps:")
-    print()
-    print("| method, unroll | mloc MiB | hand MiB | hand+optim MiB | Betty MiB | mloc/hand | "
-          "mloc/Betty | mloc vs hand | hand+optim vs hand | Betty vs hand |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for method, unroll, _, mem, diff in rows:
-        b = mem.get("betty")
-        print(f"| {method}, {unroll} | {mem['mloc']:.3f} | {mem['hand']:.3f} | "
-              f"{mem['hand+optim']:.3f} | {_num(b, '.3f')} | {mem['mloc'] / mem['hand']:.3f} | "
-              f"{_ratio(mem['mloc'], b)} | {diff['mloc']:.1e} | {diff['hand+optim']:.1e} | "
-              f"{_num(diff.get('betty'), '.1e')} |")
-    print()
-    print("mloc compile time (`compile_program`, s): " + "; ".join(
-        f"{m}, unroll {u}: first {first:.3f}, then {warm:.3f}" for m, u, first, warm in compile_times))
-    for (method, unroll), (text, parts) in profiles.items():
-        if parts:
-            print(f"\n### Where the time goes, {method}, unroll 1 (median µs per call)\n")
-            print("| part | mloc | hand | mloc − hand |")
-            print("|---|---|---|---|")
-            for label, (a, b) in parts.items():
-                d = "" if b is None else f"{a - b:+.1f}"
-                print(f"| {label} | {a:.1f} | {_num(b, '.1f')} | {d} |")
-        print(f"\n### cProfile of 200 mloc outer steps, {method}, unroll {unroll}: mloc's own "
-              f"functions by own time\n\n```\n{text.strip()}\n```")
+            rows.append(run_case(method, unroll, sizes, args, Path(tmp), rng, missing))
+    report(rows, args, sizes)
 
 
 if __name__ == "__main__":

@@ -34,13 +34,13 @@ class WeightNet(nn.Module):
         return self.net(losses.unsqueeze(-1)).squeeze(-1)
 
 
-def noisy_digits(noise: float = 0.4, batch_size: int = 100, size: int = 5000):
-    x, y = digits_like(size, seed=1)
+def noisy_digits(noise: float = 0.4, batch_size: int = 100, size: int = 5000, features: int = 64):
+    x, y = digits_like(size, seed=1, features=features)
     return loader(x, corrupt_labels(y, noise, seed=2), batch_size, seed=3)
 
 
-def clean_digits(batch_size: int = 100, size: int = 500):
-    x, y = digits_like(size, seed=4)
+def clean_digits(batch_size: int = 100, size: int = 500, features: int = 64):
+    x, y = digits_like(size, seed=4, features=features)
     return loader(x, y, batch_size, seed=5)
 
 

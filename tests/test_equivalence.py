@@ -1,8 +1,8 @@
 """`mloc run` on Meta-Weight-Net equals a hand-written PyTorch loop.
 
 The programs in tests/equivalence/ are the example's Meta-Weight-Net with plain optimizers
-(SGD lr 0.1 below, Adam lr 1e-3 above, fp32) and `finite_diff(eps=0.01)` or
-`neumann(iters=3, alpha=0.1)`. Each runs 20 outer steps through the real `mloc run` path
+(SGD lr 0.1 below, Adam lr 1e-3 above, fp32) and `finite_diff(eps=0.01)`,
+`neumann(iters=3, alpha=0.1)`, `cg(iters=3)` or `sama(eps=0.01)`. Each runs 20 outer steps through the real `mloc run` path
 (compile, write train.py, train, checkpoint) in this process; every parameter of both
 problems must match tests/reference/mwn_hand.py (no mloc import) to a relative error of
 1e-6 (per tensor, ‖mloc − hand‖ / ‖hand‖).
@@ -36,7 +36,9 @@ import mwn_hand  # noqa: E402
 
 STEPS = 20
 PROGRAMS = {"finite_diff": (EQUIVALENCE / "mwn_finite_diff.mlo", dict(eps=0.01)),
-            "neumann": (EQUIVALENCE / "mwn_neumann.mlo", dict(iters=3, alpha=0.1))}
+            "neumann": (EQUIVALENCE / "mwn_neumann.mlo", dict(iters=3, alpha=0.1)),
+            "cg": (EQUIVALENCE / "mwn_cg.mlo", dict(iters=3)),
+            "sama": (EQUIVALENCE / "mwn_sama.mlo", dict(eps=0.01))}
 
 
 @pytest.fixture

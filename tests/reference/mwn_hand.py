@@ -20,7 +20,14 @@ Hypergradients (``v = ∂L_val/∂θ``):
 - ``finite_diff`` (DARTS, identity Hessian, central differences):
   ``ε = eps/‖v‖``, ``h = -(∇_λ L_tr(θ+εv) - ∇_λ L_tr(θ-εv)) / (2ε)``;
 - ``neumann``: ``q = α Σ_{j=0..K} (I - αH)^j v`` (``K = iters``, i.e. ``K+1`` terms, as
-  Betty's ``approx_inverse_hvp``), then ``h = -∂/∂λ ⟨∇_θ L_tr, q⟩``.
+  Betty's ``approx_inverse_hvp``), then ``h = -∂/∂λ ⟨∇_θ L_tr, q⟩``;
+- ``cg``: ``q`` from ``iters`` steps of conjugate gradients on ``H q = v`` (``x₀ = 0``,
+  ``r₀ = p₀ = v``; the direction update uses the new residual), then the same mixed product;
+- ``sama`` (with plain SGD below): ``finite_diff`` applied to ``q = lr · v`` (SGD's
+  ``∂Δθ/∂g``), ``ε = eps/‖q‖``.
+
+``in_features``, ``hidden``, ``batch_size`` and ``clean_size`` change the sizes (the
+benchmark's large case: 256-2048-10, batch 512); the defaults are the example's.
 
     loop = MWNLoop("finite_diff", eps=0.01, seed=0)
     for _ in range(20):
@@ -47,7 +54,7 @@ if _PROGRAMS not in sys.path:
 
 import reweighting as lib  # noqa: E402
 
-METHODS = ("finite_diff", "neumann")
+METHODS = ("finite_diff", "neumann", "cg", "sama")
 
 
 class MWNLoop:
@@ -56,7 +63,8 @@ class MWNLoop:
     def __init__(self, method: str = "finite_diff", *, eps: float = 0.01, iters: int = 3,
                  alpha: float = 0.1, seed: int = 0, unroll: int = 1, lr: float = 0.1,
                  meta_lr: float = 1e-3, betas=(0.9, 0.999), adam_eps: float = 1e-8,
-                 optimizers: str = "manual", dtype: torch.dtype | None = None):
+                 optimizers: str = "manual", dtype: torch.dtype | None = None,
+                 in_features: int = 64, hidden: int = 256, batch_size: int = 100, clean_size: int = 500):
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, not {method!r}")
         self.method, self.eps, self.iters, self.alpha = method, eps, iters, alpha
@@ -64,7 +72,7 @@ class MWNLoop:
         self.dtype = dtype
         random.seed(seed)
         torch.manual_seed(seed)
-        self.classifier = lib.MLP(in_features=64, hidden=256, classes=10)
+        self.classifier = lib.MLP(in_features=in_features, hidden=hidden, classes=10)
         self.weight_net = lib.WeightNet(hidden=100)
         if dtype is not None:
             self.classifier.to(dtype)
@@ -72,8 +80,9 @@ class MWNLoop:
         self.names = [n for n, _ in self.classifier.named_parameters()]
         self.theta = [p for _, p in self.classifier.named_parameters()]
         self.lam = list(self.weight_net.parameters())
-        self.loaders = {"classifier": lib.noisy_digits(noise=0.4, batch_size=100),
-                        "weight_net": lib.clean_digits(batch_size=100)}
+        self.loaders = {"classifier": lib.noisy_digits(noise=0.4, batch_size=batch_size, features=in_features),
+                        "weight_net": lib.clean_digits(batch_size=batch_size, size=clean_size,
+                                                       features=in_features)}
         self.iters_ = {k: None for k in self.loaders}
         self.batch = None  # the classifier's most recent batch
         self.torch_optim = optimizers == "torch"
@@ -125,7 +134,9 @@ class MWNLoop:
     def hypergradient(self, val_batch):
         """The weight net's hypergradient at the current point (a list aligned with λ)."""
         v = torch.autograd.grad(lib.ce(self.classifier, val_batch), self.theta)
-        if self.method == "finite_diff":
+        if self.method == "sama":       # SGD's diagonal: ∂Δθ/∂g = lr
+            v = [self.lr * g for g in v]
+        if self.method in ("finite_diff", "sama"):
             with torch.no_grad():
                 norm = torch.sqrt(sum((g * g).sum() for g in v))
                 e = self.eps / norm
@@ -134,8 +145,22 @@ class MWNLoop:
             g_plus = torch.autograd.grad(self.train_loss(self._classifier_at(plus)), self.lam)
             g_minus = torch.autograd.grad(self.train_loss(self._classifier_at(minus)), self.lam)
             return [-(a - b) / (2 * e) for a, b in zip(g_plus, g_minus)]
-        # neumann
         g = torch.autograd.grad(self.train_loss(), self.theta, create_graph=True)
+        if self.method == "cg":
+            x = [torch.zeros_like(vi) for vi in v]
+            r = p = list(v)
+            rr = sum((ri * ri).sum() for ri in r)
+            for _ in range(self.iters):
+                hp = torch.autograd.grad(g, self.theta, p, retain_graph=True)
+                a = rr / sum((pi * hi).sum() for pi, hi in zip(p, hp))
+                x = [xi + a * pi for xi, pi in zip(x, p)]
+                r = [ri - a * hi for ri, hi in zip(r, hp)]
+                rr_new = sum((ri * ri).sum() for ri in r)
+                beta = rr_new / rr
+                p = [ri + beta * pi for ri, pi in zip(r, p)]
+                rr = rr_new
+            return list(torch.autograd.grad(g, self.lam, [-xi for xi in x]))
+        # neumann
         p = acc = list(v)
         for _ in range(self.iters):
             hp = torch.autograd.grad(g, self.theta, p, retain_graph=True)
