@@ -70,14 +70,12 @@ All systems take the same number of steps, so their parameters can be compared a
 (a check that they train the same program).
 
 Memory: the peak bytes of CPU tensor memory one outer step allocates and holds at once,
-replayed from the CPU allocator's events that `torch.profiler` records
-(`profile_memory=True`; `bench/hypergrad.py`'s `peak_bytes`), median over 5 untimed steps
-after the timed ones (one more profiled step before them is discarded: the first
-profiled call reads high); parameters, optimizer states and anything else that exists
-before the step are not counted. The events come from the allocator, not the dispatcher,
-so the buffers of TorchInductor's generated code (allocated through `empty_strided`) are
-seen as eager tensors are; memory a kernel takes for itself outside torch's allocator
-(oneDNN/BLAS scratch, an Inductor C++ kernel's stack arrays) is seen in neither.
+counted storage by storage at every aten operation (`bench/hypergrad.py`'s `peak_bytes`,
+`mloc.runtime.base.memory.PeakMemory`), median over 5 untimed steps after the timed ones;
+parameters, optimizer states and anything else that exists before the step are not
+counted. Under that dispatch mode a `torch.compile`d function runs its operations one by
+one, so the compiled systems' column is the memory of their captured graphs run eagerly,
+not of Inductor's fused kernels (which allocate less: fused intermediates never exist).
 
     python3 bench/run_vs_betty.py [--reps 600] [--block 1] [--warmup 30] [--cases darts:1,...]
                                   [--systems mloc,mloc-c,hand,hand-c,betty] [--large] [--clock cpu|wall] [--warm-cache]
