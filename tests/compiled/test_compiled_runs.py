@@ -69,3 +69,12 @@ def test_auto_on_a_short_run_stays_eager_and_says_why(mloc_here, tmp_path):
     config = json.loads((out / "config.json").read_text())["run"]
     assert config["compile"] == "auto"
     assert config["compile_decision"]["compile"] is False and config["compile_decision"]["at_step"] == 6
+    # resumed, the run keeps its decision (timed again, a loaded machine could decide
+    # otherwise, and a compiled step is not bitwise an eager one)
+    again = mloc_here("run", SMALL, "--steps", 20, "--resume", out)
+    assert again.returncode == 0, again.stderr
+    said = again.stdout + again.stderr
+    assert "compile: off (the decision this run made at step 6, kept on resume" in said, said
+    assert "steps left ×" not in said, said
+    resumes = json.loads((out / "config.json").read_text())["resumes"]
+    assert "compile_decision" not in resumes[-1]

@@ -18,7 +18,10 @@ import pytest
 from tests.run.helpers import HERE, mloc, popen, records, same_state, step_of
 
 NOCKPT = HERE / "nockpt.mlo"
-SLOW = ("--set", "weights.loss=lib.ce_slow(net, batch, seconds=0.01)")
+# Eager throughout: `--compile auto` would compile the 5000-step run after its warm-up and
+# leave the short uninterrupted run eager, and a compiled step is not bitwise an eager one
+# (tests/compiled/test_compiled_runs.py resumes compiled runs).
+SLOW = ("--set", "weights.loss=lib.ce_slow(net, batch, seconds=0.01)", "--compile", "off")
 
 
 def _wait_for_records(run_dir, step: int, proc, timeout: float = 240) -> None:

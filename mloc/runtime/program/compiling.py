@@ -38,6 +38,7 @@ class Compiling:
     def __init__(self, program: Any, mode: str, steps: dict):
         self.program, self.mode, self.steps = program, mode, steps
         self.reports: dict[tuple[str, str], Any] = {}
+        self.decision: dict | None = None
         if mode == "on":
             self._commits()
 
@@ -46,13 +47,30 @@ class Compiling:
         """How many step kinds (of a problem each) the schedule has run so far."""
         return len(self.steps)
 
-    def switch(self, on: bool) -> None:
+    def switch(self, on: bool, decision: dict | None = None) -> None:
         """`auto`'s decision: from the next step on compiled (``on``) or eager; the step
-        objects are built again at their next use."""
+        objects are built again at their next use. ``decision`` (whether, why, at which
+        step) is what a checkpoint keeps of it (:meth:`state`)."""
+        self.decision = decision
         self.mode = "on" if on else "off"
         self.steps.clear()
         if on:
             self._commits()
+
+    def state(self) -> dict:
+        """What a checkpoint keeps (``"compile"``): `auto`'s decision once made. A resumed
+        run goes on with it (:meth:`restore`) instead of timing steps again, so it runs the
+        same kind of step as the run it continues; timed again, a loaded machine could
+        decide otherwise, and a compiled step is not bitwise an eager one."""
+        return {"compile": self.decision} if self.decision else {}
+
+    def restore(self, decision: dict | None) -> bool:
+        """A checkpoint's decision (:meth:`state`), taken when this run is `auto`: an
+        explicit ``--compile on|off`` overrides it. Whether it was taken."""
+        if self.mode != "auto" or not isinstance(decision, dict) or not isinstance(decision.get("compile"), bool):
+            return False
+        self.switch(decision["compile"], decision)
+        return True
 
     def report(self) -> list[dict]:
         """Per step: compiled or why not, graphs, operations, compiles beyond the first

@@ -21,6 +21,10 @@ class CompileWatch:
         self.program, self.out, self.start, self.steps, self.progress = program, out, start, steps, progress
         self.times: list[float] = []
         self.reported = False
+        kept = program.compiling.decision
+        if kept:
+            self._say(f"compile: {'on' if kept['compile'] else 'off'} (the decision this run made at step "
+                      f"{kept.get('at_step', '?')}, kept on resume: --compile on|off overrides it)")
 
     def finish(self) -> None:
         """The run's end: the steps' reports into `config.json`."""
@@ -34,9 +38,9 @@ class CompileWatch:
                 self.times.append(seconds)
             if len(self.times) == WARMUP:
                 d = decide(self.steps - done, statistics.median(self.times), program.compiling.kinds)
-                program.compiling.switch(d.compile)
-                self._say(f"compile: {'on' if d.compile else 'off'} ({d.reason})",
-                          compile_decision={"compile": d.compile, "reason": d.reason, "at_step": done})
+                decision = {"compile": d.compile, "reason": d.reason, "at_step": done}
+                program.compiling.switch(d.compile, decision)
+                self._say(f"compile: {'on' if d.compile else 'off'} ({d.reason})", compile_decision=decision)
         elif program.compiling.mode == "on" and not self.reported and program.compiling.reports:
             self.reported = True
             for r in program.compiling.reports.values():

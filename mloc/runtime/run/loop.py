@@ -123,6 +123,7 @@ def resume(program: Program, directory: Path, selection: Selection | None = None
         program.load_state_dict(state)
         if selection is not None:
             selection.load_state_dict(state.get("selection"))
+        program.compiling.restore(state.get("compile"))
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - a checksummed file that still does not restore
@@ -211,14 +212,14 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
             break
         if intervals.checkpoint_every and done % intervals.checkpoint_every == 0 and done != steps:
             program.guard.check()
-            save(program, out, owner, watch.state())
+            save(program, out, owner, {**watch.state(), **program.compiling.state()})
         if stop is not None and done < steps and stop.due(program.dist, logged):
             stop.at = done
             break
     guard.norms.sampling = False
     program.guard.check()
     compiling.finish()
-    save(program, out, owner, watch.state())
+    save(program, out, owner, {**watch.state(), **program.compiling.state()})
     if stop is not None and stop.at is not None:
         watch.write("interrupted")
         metrics.close()
