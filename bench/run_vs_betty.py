@@ -17,8 +17,8 @@ Five systems, trained side by side in one process:
   `mloc.codegen.compile.compile_program` (unroll 5 through the override
   `weight_net->classifier.unroll=5`), loaded with `load_generated`, instantiated twice with
   `mloc.runtime.processes.launch.build`: `RunConfig(compile="off")` and `compile="on"` (each
-  gradient source captured with make_fx and compiled by TorchInductor at its first call;
-  the optimizer commits run eagerly). The timed call is `program.outer_step()`, what
+  gradient source captured with make_fx and compiled by TorchInductor at its first call,
+  each optimizer commit compiled apart). The timed call is `program.outer_step()`, what
   `mloc run`'s training loop calls.
 - **hand**: `tests/reference/mwn_hand.py`'s `MWNLoop.outer_step()`: `torch.autograd.grad`,
   SGD and Adam written out as torch.optim's single-tensor formulas (the eager loop a careful
@@ -41,7 +41,7 @@ Five systems, trained side by side in one process:
 Compiling: before anything is timed, each system takes `--compile-steps` outer steps
 (default 3; the compiled systems first), the first of which compiles every graph; the
 table of compile times gives the wall time of that first outer step and, for mloc, the
-seconds each step kind spent in the compiler (`program.compiled`'s reports). TorchDynamo's
+seconds each step kind spent in the compiler (`program.compiling.reports`). TorchDynamo's
 cache is reset before each case (so each case compiles its own graphs), and TorchInductor's
 on-disk cache is a fresh, empty directory for the process unless `--warm-cache` (so the
 first case's compile times are a first run's; a later case reuses kernels whose source an
@@ -70,12 +70,14 @@ All systems take the same number of steps, so their parameters can be compared a
 (a check that they train the same program).
 
 Memory: the peak bytes of CPU tensor memory one outer step allocates and holds at once,
-counted storage by storage at every aten operation (`bench/hypergrad.py`'s `peak_bytes`,
-`mloc.runtime.base.memory.PeakMemory`), median over 5 untimed steps after the timed ones;
-parameters, optimizer states and anything else that exists before the step are not
-counted. Under that dispatch mode a `torch.compile`d function runs its operations one by
-one, so the compiled systems' column is the memory of their captured graphs run eagerly,
-not of Inductor's fused kernels (which allocate less: fused intermediates never exist).
+read from the allocator's own events (`torch.profiler` with `profile_memory=True`: every
+allocation and free of the CPU allocator, with the running total), median over 5 untimed
+steps after the timed ones; parameters, optimizer states and anything else that exists
+before the step are not counted (the running total starts at 0 with the step). The
+allocator sees a compiled step's real buffers: Inductor's fused intermediates never
+exist. (`mloc.runtime.base.memory.PeakMemory`, what the planner is calibrated against,
+counts storages at every aten operation through a dispatch mode, under which
+`torch.compile` refuses to run.)
 
     python3 bench/run_vs_betty.py [--reps 600] [--block 1] [--warmup 30] [--cases darts:1,...]
                                   [--systems mloc,mloc-c,hand,hand-c,betty] [--large] [--clock cpu|wall] [--warm-cache]
@@ -91,6 +93,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import logging
 import os
 import pstats
@@ -111,7 +114,6 @@ sys.path.insert(0, str(ROOT / "tests" / "reference"))
 import mwn_func  # noqa: E402
 import mwn_hand  # noqa: E402  (puts programs/ on sys.path)
 import reweighting as lib  # noqa: E402
-from hypergrad import peak_bytes  # noqa: E402
 from mloc.codegen.compile import compile_program, load_generated  # noqa: E402
 from mloc.runtime.program.engine import RunConfig  # noqa: E402
 from mloc.runtime.processes.launch import build  # noqa: E402
@@ -307,15 +309,31 @@ def compile_first(systems: dict, steps: int) -> dict:
     return first
 
 
+def allocator_peak(step) -> float:
+    """The largest running total of CPU allocator bytes during one call of ``step``, from 0
+    at its start: what it allocates and holds at once (``[memory]`` events of a
+    ``torch.profiler`` trace with ``profile_memory=True``, in time order)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    memory = sorted((e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0),
+                    key=lambda e: e["ts"])
+    return float(max([0, *(e["args"]["Total Allocated"] for e in memory)]))
+
+
 def steady_peak(step, n: int = 5) -> float:
-    """Median of ``peak_bytes`` over ``n`` profiled outer steps, after one discarded: the
-    first profiled call reads higher for every system (0.58 vs 0.45 MiB for mloc's darts)."""
-    peak_bytes(step)
-    return statistics.median(peak_bytes(step) for _ in range(n))
+    """Median of :func:`allocator_peak` over ``n`` outer steps, after one discarded (the
+    first profiled call reads higher)."""
+    allocator_peak(step)
+    return statistics.median(allocator_peak(step) for _ in range(n))
 
 
 def mloc_reports(program) -> list:
-    return list(program.compiled.values())
+    return list(program.compiling.reports.values())
 
 
 def profile_mloc(step, steps: int = 200, top: int = 15) -> str:
@@ -434,8 +452,8 @@ def run_case(method, unroll, sizes, args, tmp, rng, missing_betty):
     timed = dict(systems, draws=draw_system(unroll, sizes)[:2])
     compile_info = {"mloc_compile_program": seconds, "first_step": first}
     if "mloc-c" in built:
-        compile_info["mloc_reports"] = [(r.kind, r.name, r.compiled, r.reason, r.counts.seconds,
-                                         r.counts.operations) for r in mloc_reports(built["mloc-c"][2])]
+        compile_info["mloc_reports"] = [(r.kind, r.name, r.compiled, r.reason, r.seconds,
+                                         r.operations) for r in mloc_reports(built["mloc-c"][2])]
     if "hand-c" in built:
         compile_info["hand_c"] = dict(built["hand-c"][2].compile_seconds)
     torch._dynamo.config.error_on_recompile = True

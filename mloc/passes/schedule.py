@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from mloc.builtins import METHODS
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.interlock import chains_of
-from mloc.shared.compile import NOT_CAPTURED, RULE
+from mloc.shared.compile import CAPTURED, RULE
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,8 @@ def schedule_lines(loop: Loop, depth: int) -> list[str]:
 
 
 def compile_lines(schedule: Loop) -> list[str]:
-    """What `--compile on` captures of the schedule, what runs eagerly and why, and
-    `auto`'s rule (:mod:`mloc.shared.compile`)."""
+    """What `--compile on` captures of the schedule (an upper step under `--nproc` runs
+    eagerly) and `auto`'s rule (:mod:`mloc.shared.compile`)."""
     kinds: dict[str, list[str]] = {}
 
     def walk(loop) -> None:
@@ -189,12 +189,7 @@ def compile_lines(schedule: Loop) -> list[str]:
             elif item.problem not in kinds.setdefault(item.kind, []):
                 kinds[item.kind].append(item.problem)
     walk(schedule)
-    eager = [f"{k} {', '.join(ps)} ({NOT_CAPTURED[k]})" for k, ps in kinds.items() if k in NOT_CAPTURED]
-    captured = [f"{k} {', '.join(ps)}" for k, ps in kinds.items()
-                if k in ("lower_step", "upper_step", "accumulate")]
-    lines = ["compiled steps (--compile on): " + ("; ".join(captured) if captured else "none")
-             + ", and every optimizer commit" + (" (an upper step under --nproc runs eagerly)" if captured else "")]
-    if eager:
-        lines.append("  eager: " + "; ".join(eager))
-    lines.append(f"  {RULE}")
-    return lines
+    captured = [f"{k} {', '.join(ps)}" for k, ps in kinds.items() if k in CAPTURED]
+    nproc = " (an upper step under --nproc runs eagerly)" if "upper_step" in kinds else ""
+    return ["compiled steps (--compile on): " + ("; ".join(captured) if captured else "none")
+            + ", and every optimizer commit" + nproc, f"  {RULE}"]

@@ -44,8 +44,8 @@ CASES = sorted(("cg(iters=3)" if m == "cg" else m) for m, d in METHODS.items()
     "itd(steps=2, mode=reverse)", "itd(steps=2, mode=forward)", "itd(steps=2, mode=recompute)"]
 
 
-def _pair(method: str | None, optimizer: str | None, dtype: str, program=SMALL):
-    sets = [f"{EDGE}.hypergrad={method}", f"net.optimizer={optimizer}"] if method else []
+def _pair(method: str | None, optimizer: str | None, dtype: str, program=SMALL, extra=()):
+    sets = [f"{EDGE}.hypergrad={method}", f"net.optimizer={optimizer}"] if method else list(extra)
     return (mloc.load(program, set=sets, dtype=dtype, compile="off"),
             mloc.load(program, set=sets, dtype=dtype, compile="on"))
 
@@ -69,11 +69,11 @@ def _ulp_noise(session, generator) -> None:
 
 
 def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bound: float, warmup: int = 5,
-           program=SMALL):
+           program=SMALL, extra=()):
     """Every step of ``steps`` compiled and eager from the eager state, within the module
     docstring's bound; no compile at all after the first ``warmup`` steps."""
-    eager, compiled = _pair(method, optimizer, dtype, program)
-    noisy = _pair(method, optimizer, dtype, program)[0]
+    eager, compiled = _pair(method, optimizer, dtype, program, extra)
+    noisy = _pair(method, optimizer, dtype, program, extra)[0]
     generator = torch.Generator().manual_seed(0)
     worst, compiles = 0.0, None
     for i in range(steps):
@@ -86,8 +86,8 @@ def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bo
         allowed = max(bound, 100 * _worst(eager, noisy))
         worst = max(worst, _worst(eager, compiled) / allowed * bound)
         if i + 1 == warmup:
-            compiles = [r.graphs + r.recompiles for r in compiled.program.compiling.reports.values()]
-    reports = list(compiled.program.compiling.reports.values())
+            compiles = [r.graphs + r.recompiles for r in compiled.program.compiling.ran()]
+    reports = compiled.program.compiling.ran()
     assert reports and all(r.compiled for r in reports), [r.line() for r in reports]
     assert [r.graphs + r.recompiles for r in reports] == compiles, [r.line() for r in reports]   # steady
     assert worst <= bound, f"{method}: a compiled step differs from the eager one by {worst / bound:.3g} × its bound"
@@ -120,10 +120,14 @@ def test_every_method_compiled_equals_eager_in_float32(method):
     _agree(method, "sgd(lr=0.1, momentum=0.9)", "float32", 100, 1e-5)
 
 
+VMAP = ("meta.module=tasks.SineNet(hidden=8)", "adapt.module=tasks.SineNet(hidden=8)", "meta.vmap=true",
+        "meta->adapt.hypergrad=neumann(iters=4, alpha=0.01)", "adapt.optimizer=sgd(lr=0.01, momentum=0.9)")
 FEATURES = {
-    "buffers": "tests/buffers/bn.mlo",            # BatchNorm statistics, dropout, evaluation mode
-    "project": "tests/features/project.mlo",      # the upper's `project` after its commit
-    "reinit and accumulate": "programs/imaml.mlo",  # reinit per outer step, accumulate = 4, CG
+    "buffers": ("tests/buffers/bn.mlo", ()),            # BatchNorm statistics, dropout, evaluation mode
+    "project": ("tests/features/project.mlo", ()),      # the upper's `project` after its commit
+    "reinit and accumulate": ("programs/imaml.mlo", ()),  # reinit per outer step, accumulate = 4, CG
+    "interlocking chain": ("programs/interlock.mlo", ()),  # every stage's gradients in one graph
+    "vmapped meta-batch": ("programs/imaml.mlo", VMAP),  # 4 tasks' solves and hypergradients in one graph
 }
 
 
@@ -132,8 +136,10 @@ FEATURES = {
 def test_program_features_behave_compiled_as_eager(feature):
     """Each program's steps, compiled, within the same bounds as the methods: buffers
     (BatchNorm's statistics under the buffer rule; dropout draws eager's masks), project,
-    reinit, accumulation; the evaluations (evaluation mode) read the same state."""
-    _agree(None, None, "float64", 20, 1e-12, program=ROOT / FEATURES[feature])
+    reinit, accumulation, an interlocking chain, a vmapped meta-batch; the evaluations
+    (evaluation mode) read the same state."""
+    program, extra = FEATURES[feature]
+    _agree(None, None, "float64", 20, 1e-12, program=ROOT / program, extra=extra)
 
 
 def test_a_value_read_back_to_python_runs_the_step_eagerly_and_says_where(tmp_path):

@@ -127,16 +127,36 @@ class CommitReport:
 
 
 def _flatten(result) -> tuple[Tensor, ...]:
+    """A source's ``(grads, loss)`` as the graph's outputs."""
     grads, loss = result
     return (*grads, loss) if loss is not None else tuple(grads)
 
 
 def _rebuild_like(result) -> Callable[[Sequence[Tensor]], Any]:
+    """How to rebuild a ``(grads, loss)`` like ``result`` from the graph's outputs."""
     grads, loss = result
     n, missing, has_loss = len(grads), tree.absent(grads), loss is not None
 
     def rebuild(flat: Sequence[Tensor]):
         return tree.marked(flat[:n], missing), (flat[n] if has_loss else None)
+    return rebuild
+
+
+def flatten_each(results) -> tuple[Tensor, ...]:
+    """A list of ``(grads, loss)`` (an interlocking chain's stages) as the graph's outputs."""
+    return tuple(t for r in results for t in _flatten(r))
+
+
+def rebuild_each(results) -> Callable[[Sequence[Tensor]], Any]:
+    """How to rebuild a list of ``(grads, loss)`` like ``results`` from the graph's outputs."""
+    parts = [(len(_flatten(r)), _rebuild_like(r)) for r in results]
+
+    def rebuild(flat: Sequence[Tensor]):
+        out, at = [], 0
+        for n, one in parts:
+            out.append(one(flat[at:at + n]))
+            at += n
+        return out
     return rebuild
 
 
@@ -146,9 +166,11 @@ class CompiledSource:
     happened."""
 
     def __init__(self, source: Callable, inputs: Callable[[], list[Tensor]],
-                 numbers: Callable[[], tuple], report: StepReport, lifted: Sequence[Any] = ()):
+                 numbers: Callable[[], tuple], report: StepReport, lifted: Sequence[Any] = (),
+                 outputs: tuple[Callable, Callable] = (_flatten, _rebuild_like)):
         self.source, self.inputs, self.numbers, self.report = source, inputs, numbers, report
         self.lifted = tuple(lifted)     # the problems whose optimizer state's numbers are inputs
+        self.outputs = outputs          # (flatten, rebuild_like) of what the source returns
         self.cache: dict[tuple, tuple[Callable, Callable]] = {}
 
     def _all_inputs(self) -> tuple[list[Tensor], list]:
@@ -199,7 +221,7 @@ class CompiledSource:
         lifted = [_Number(t, v, i, guards) for i, (t, v) in enumerate(zip(tensors, numbers))]
         try:
             with _lifted(self.lifted, lifted):
-                captured = capture(lambda: self.source(None), inputs, _flatten, _rebuild_like)
+                captured = capture(lambda: self.source(None), inputs, *self.outputs)
         except CaptureRefused as e:
             self.report.reason = str(e)
             return None

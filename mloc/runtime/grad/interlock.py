@@ -266,14 +266,16 @@ def stages_of(chain: Interlock, live: dict) -> list[StageRuntime]:
 
 
 def chain_stepper(chain: Interlock, live: dict, draw_first: Callable[[], None],
-                  pipeline_of: Callable) -> Callable[[], None]:
+                  pipeline_of: Callable, compiled: Callable | None = None) -> Callable[[], None]:
     """The engine's chain step (:meth:`mloc.runtime.program.engine.Program.chain_step`): draw the
     first stage's next batch, give it to every stage (the chain's stages read one batch:
     their `data` is one call, E507), take the chain's gradients, commit each stage's through
     its own pipeline (``pipeline_of(stage)``: its own optimizer, clipping, NaN watch,
-    all-reduce), in depth order."""
+    all-reduce), in depth order. ``compiled(gradients)``: the gradients compiled as one
+    graph where the run compiles (:meth:`mloc.runtime.program.compiling.Compiling.chain`)."""
     lives = [live[n] for n in chain.stages]
     step = ChainStep(chain, stages_of(chain, live))
+    gradients = compiled(lambda seed=None: step.gradients()) if compiled is not None else lambda: step.gradients()
     pipelines = [pipeline_of(n) for n in chain.stages]
     scaled = [lv.spec.name for lv, p in zip(lives, pipelines) if p.seed is not None]
     if scaled:
@@ -285,6 +287,6 @@ def chain_stepper(chain: Interlock, live: dict, draw_first: Callable[[], None],
         draw_first()
         for lv in rest:
             lv.batch = first.batch
-        for pipeline, (grads, loss) in zip(pipelines, step.gradients()):
+        for pipeline, (grads, loss) in zip(pipelines, gradients()):
             pipeline.run(grads, loss)
     return run

@@ -62,7 +62,7 @@ class _TaskOp:
 class MetaBatch:
     """``U``'s meta-batch of ``tasks`` lower solves of ``steps`` steps each, vectorized."""
 
-    def __init__(self, program, upper: str, tasks: int, steps: int):
+    def __init__(self, program, upper: str, tasks: int, steps: int, compiled: Callable | None = None):
         (lower,) = program.hierarchy.lowers[upper]
         self.program, self.upper, self.lower = program, upper, lower
         self.tasks, self.steps = tasks, steps
@@ -71,6 +71,8 @@ class MetaBatch:
         self.method = program.hierarchy.methods[lower]
         self.fallback = _why_not(program, upper, lower)
         self._keep_lower = None          # the NaN/Inf watch of what the solves commit to `lower`
+        self._args: tuple = ()           # the current call's (x, starts, batches): see `_solve`
+        self._solve = compiled(self._vmapped, lambda: [t for a in self._args for t in a]) if compiled else None
         if self.fallback:
             print(f"note: `{upper}` solves its {tasks} tasks one after another, not with vmap: "
                   f"{self.fallback}", file=sys.stderr)
@@ -95,13 +97,14 @@ class MetaBatch:
         lb_template, ub_template = lower_batches[0][0], upper_batches[0]
         lb = _stacked(self.lower, lambda: _stack_tasks(lower_batches))
         ub = _stacked(self.upper, lambda: _stack(upper_batches))
-        holder = {}
+        self._templates = (lb_template, ub_template)
         x = tuple(t.detach() for t in U.problem.params)   # torch.func differentiates; autograd need not
+        self._args = (x, stacked_starts, tuple(lb), tuple(ub))
         try:
-            hyper, finals, flat_state, losses = vmap(self._task(x, lb_template, ub_template, holder),
-                                                     randomness="same")(stacked_starts, lb, ub)
+            hyper, finals, flat_state, losses = (self._solve or self._vmapped)()
         finally:
             L.batch, U.batch = last_lower, last_upper
+            self._args = ()
         with torch.no_grad():
             grads = []
             for g in hyper:                 # Σᵢ in task order, then ÷ k, as the accumulator does
@@ -111,7 +114,7 @@ class MetaBatch:
                 grads.append(s.div_(self.tasks))
             for p, f in zip(L.problem.params, finals):
                 p.copy_(f[-1])
-            L.problem.state = tree.replace_tensors(holder["state"], [t[-1] for t in flat_state])
+            L.problem.state = tree.replace_tensors(self._state_like, [t[-1] for t in flat_state])
         L.steps += self.tasks * self.steps
         L.last_loss = losses[-1, -1].detach()
         program.guard.loss_watcher(self.lower)(program.step_count + 1, losses.sum().detach())
@@ -119,6 +122,16 @@ class MetaBatch:
             self._keep_lower = committed_watcher(L, program.guard)
         self._keep_lower(program.step_count + 1)
         program.pipeline(self.upper).run(tuple(grads), None)
+
+    def _vmapped(self, seed=None):
+        """Every task's solve and hypergradient at once (``vmap`` over the tasks), from the
+        current call's ``_args``; a pure function of them and the program's tensors, which
+        the run may compile as one graph (:meth:`mloc.runtime.program.compiling.Compiling.meta_batch`)."""
+        x, starts, lb, ub = self._args
+        holder = {}
+        out = vmap(self._task(x, *self._templates, holder), randomness="same")(starts, list(lb), list(ub))
+        self._state_like = holder["state"]      # the optimizer state's structure (its tensors empty)
+        return out
 
     def _task(self, x, lb_template, ub_template, holder):
         """One task's solve and hypergradient, written for ``vmap`` (over the start and the

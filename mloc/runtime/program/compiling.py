@@ -2,12 +2,12 @@
 what each step reports.
 
 :class:`Compiling` is owned by :class:`~mloc.runtime.program.engine.Program`. Under
-``on`` it wraps the lower and upper steps' gradient sources
-(:class:`~mloc.runtime.compiled.step.CompiledSource`) and compiles each problem's optimizer
+``on`` it wraps the gradient sources of the lower and upper steps, an interlocking
+chain's gradients (every stage's at once) and a vmapped meta-batch's solves
+(:class:`~mloc.runtime.compiled.step.CompiledSource`), and compiles each problem's optimizer
 commit (:meth:`Optimizer.compiled_commit <mloc.runtime.optim.base.Optimizer.compiled_commit>`);
-a step kind that is not captured (an interlocking chain, a vmapped meta-batch) and an
-upper step under data parallelism are reported with their reasons. ``auto`` is eager
-until the run loop decides (:mod:`mloc.runtime.compiled.decision`).
+an upper step under data parallelism runs eagerly and is reported with its reason.
+``auto`` is eager until the run loop decides (:mod:`mloc.runtime.compiled.decision`).
 
 What a step reads, its inputs: every problem's parameters, the current batches of the
 problem and (an upper step) of every problem below it, those problems' optimizer states
@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 
 from mloc.runtime.base import tree
-from mloc.runtime.compiled.step import CommitReport, CompiledSource, StepReport
-from mloc.shared.compile import NOT_CAPTURED
+from mloc.runtime.compiled.step import CommitReport, CompiledSource, StepReport, flatten_each, rebuild_each
 
 DATA_PARALLEL = ("under data parallelism the hypergradient averages its Hessian-vector products across "
                  "processes inside the step, which the capture does not record")
@@ -77,15 +77,12 @@ class Compiling:
         (recompiles), seconds spent compiling (``config.json``'s ``compiled``)."""
         return [{"step": f"{r.kind} {r.name}", "compiled": r.compiled, "reason": r.reason,
                  "graphs": r.graphs, "operations": r.operations, "recompiles": r.recompiles,
-                 "compile_seconds": round(r.seconds, 3)} for r in self.reports.values()]
+                 "compile_seconds": round(r.seconds, 3)} for r in self.ran()]
 
-    def eager(self, kind: str, name: str, step: Any) -> Any:
-        """A step kind the capture does not take (``kind``: its schedule action,
-        :data:`~mloc.shared.compile.NOT_CAPTURED`): ``step`` as it is, and, where the run
-        compiles, a report that says why (never silently eager)."""
-        if self.mode == "on":
-            self.reports[kind, name] = StepReport(kind, name, reason=NOT_CAPTURED[kind])
-        return step
+    def ran(self) -> list:
+        """The reports of the steps that ran (or were refused): an optimizer commit a
+        vmapped meta-batch never calls (its lower's updates are in the graph) is left out."""
+        return [r for r in self.reports.values() if r.reason is not None or r.graphs]
 
     def source(self, kind: str, name: str, source: Any) -> Any:
         """``source`` (of a ``lower`` or ``upper`` step of ``name``), compiled where the run
@@ -102,6 +99,30 @@ class Compiling:
         live = self.program.live
         return CompiledSource(source, lambda: self._tensors(batches, states), lambda: self._numbers(batches),
                               report, lifted=[live[n].problem for n in states])
+
+    def chain(self, first: str, gradients: Any) -> Any:
+        """An interlocking chain's ``gradients`` (every stage's ``(grads, loss)`` at once,
+        :class:`~mloc.runtime.grad.interlock.ChainStep`), compiled as one graph where the
+        run compiles; each stage then commits through its own (compiled) optimizer."""
+        if self.mode != "on":
+            return gradients
+        report = self.reports["chain", first] = StepReport("chain", first)
+        stages = self.program.chains[first].stages
+        return CompiledSource(gradients, lambda: self._tensors(stages, ()), lambda: self._numbers(stages[:1]),
+                              report, outputs=(flatten_each, rebuild_each))
+
+    def meta_batch(self, upper: str, solve: Any, args: Any) -> Any:
+        """A vmapped meta-batch's ``solve`` (every task's solve and hypergradient at once,
+        :class:`~mloc.runtime.grad.metabatch.MetaBatch`), compiled as one graph where the
+        run compiles; it reads ``args()`` (the call's stacked starts and batches, the
+        upper's parameters) besides the program's tensors. The upper's commit is compiled
+        apart."""
+        if self.mode != "on":
+            return None
+        report = self.reports["meta_batch", upper] = StepReport("meta_batch", upper)
+        names = tuple(self.program.live)
+        return CompiledSource(solve, lambda: [*args(), *self._tensors((), names)], lambda: self._numbers(()),
+                              report, outputs=(_pytree_flatten, _pytree_rebuild_like))
 
     def _commits(self) -> None:
         for name, lv in self.program.live.items():
@@ -130,6 +151,15 @@ class Compiling:
         """The plain values the step may read (the module docstring)."""
         modes = tuple(m.training for module in self.program.modules.values() for m in module.modules())
         return modes, tuple(_plain_leaves(self.program.live[n].batch) for n in batches)
+
+
+def _pytree_flatten(result) -> tuple:
+    return tuple(pytree.tree_leaves(result))
+
+
+def _pytree_rebuild_like(result):
+    spec = pytree.tree_structure(result)
+    return lambda flat: pytree.tree_unflatten(list(flat), spec)
 
 
 def _below(hierarchy, name: str) -> tuple[str, ...]:

@@ -101,15 +101,15 @@ class Program:
         """One step of `name` on the mean hypergradient of `tasks` solves of its lower
         problem (`steps` steps each, from its reset), vectorized with ``torch.func.vmap``
         (`vmap = true`; :mod:`mloc.runtime.grad.metabatch`)."""
-        self._step("meta_batch", name,
-                   lambda n: self.compiling.eager("meta_batch", n, MetaBatch(self, n, tasks, steps)))()
+        self._step("meta_batch", name, lambda n: MetaBatch(
+            self, n, tasks, steps, lambda solve, args: self.compiling.meta_batch(n, solve, args)))()
 
     def chain_step(self, first: str) -> None:
         """One interlocking step of the chain that starts at stage `first`
         (:func:`mloc.runtime.grad.interlock.chain_stepper`: every stage, each committed through
         its own pipeline)."""
-        self._step("chain", first, lambda n: self.compiling.eager(
-            "chain_step", n, chain_stepper(self.chains[n], self.live, self.drawer(n), self.pipeline)))()
+        self._step("chain", first, lambda n: chain_stepper(self.chains[n], self.live, self.drawer(n), self.pipeline,
+                                                           lambda g: self.compiling.chain(n, g)))()
 
     def _step(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
         """The step of kind `kind` of problem `name`, ``make(name)`` at its first use and

@@ -43,7 +43,7 @@ class CompileWatch:
                 self._say(f"compile: {'on' if d.compile else 'off'} ({d.reason})", compile_decision=decision)
         elif program.compiling.mode == "on" and not self.reported and program.compiling.reports:
             self.reported = True
-            for r in program.compiling.reports.values():
+            for r in program.compiling.ran():
                 self._say(f"compile: {r.line()}")
             if program.dist.is_main:
                 amend_config(self.out, compiled=program.compiling.report())
