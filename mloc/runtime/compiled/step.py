@@ -2,7 +2,7 @@
 
 :class:`CompiledSource` has the shape of every source (``source(seed) -> (grads,
 loss)``, :mod:`mloc.runtime.grad.sources`) and wraps one: at its first call with inputs
-of a new *signature* (the shapes, dtypes and devices of the tensors the step reads, the
+of a new *signature* (the shapes, strides, dtypes and devices of the tensors the step reads, the
 modules' train/eval modes, and the plain numbers the step may read: an optimizer's step
 count where a hypergradient unrolls or preconditions by the lower's optimizer) it
 captures the source (:func:`~mloc.runtime.compiled.capture.capture`) and compiles the
@@ -192,7 +192,7 @@ class CompiledSource:
         if seed is not None:
             return self._eager("loss scaling seeds the loss with the scaler's current scale", seed)
         inputs, numbers = self._all_inputs()
-        key = (tuple((t.shape, t.dtype, t.device, t.requires_grad) for t in inputs), self.numbers())
+        key = (tuple((t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in inputs), self.numbers())
         entry = self._find(key, numbers)
         if entry is None:
             if sum(map(len, self.cache.values())) >= MAX_SIGNATURES:

@@ -39,6 +39,8 @@ class Compiling:
         self.program, self.mode, self.steps = program, mode, steps
         self.reports: dict[tuple[str, str], Any] = {}
         self.decision: dict | None = None
+        self._fixed: tuple[list, frozenset] | None = None     # see `_fixed_ids`
+        self._submodules: list | None = None                 # every module's submodules, for their modes
         if mode == "on":
             self._commits()
 
@@ -130,26 +132,47 @@ class Compiling:
             self.reports["commit", name] = CommitReport(name, lv.compiled_step)
 
     def _tensors(self, batches: Sequence[str], states: Sequence[str]) -> list[torch.Tensor]:
-        """The step's inputs (the module docstring), in a fixed order, each once."""
-        out, seen = [], set()
-        for name, lv in self.program.live.items():
-            state = (tree.tensors(lv.problem.state) + tuple(v for v in lv.problem.optimizer.hyper.items().values()
-                                                           if isinstance(v, torch.Tensor))) if name in states else ()
-            batch = tree.tensors(lv.batch) if name in batches else ()
-            for t in (*lv.problem.params, *batch, *state):
+        """The step's inputs (the module docstring), in a fixed order, each once: the
+        batches and optimizer states named (which change from step to step), then every
+        parameter and buffer (the same tensors every step, updated in place: listed once)."""
+        out, seen = [], set(self._fixed_ids())
+        for name in states:
+            lv = self.program.live[name]
+            for t in (*tree.tensors(lv.problem.state),
+                      *(v for v in lv.problem.optimizer.hyper.items().values() if isinstance(v, torch.Tensor))):
                 if id(t) not in seen:
                     seen.add(id(t))
                     out.append(t)
-        for m in self.program.modules.values():
-            for t in m.buffers():
+        for name in batches:
+            for t in tree.tensors(self.program.live[name].batch):
                 if id(t) not in seen:
                     seen.add(id(t))
                     out.append(t)
-        return out
+        return out + self._fixed[0]
+
+    def _fixed_ids(self) -> frozenset:
+        """The ids of every parameter and module buffer (``_fixed``: the list and the ids,
+        built once: parameters and buffers are updated in place, never replaced)."""
+        if self._fixed is None:
+            tensors, ids = [], set()
+            for lv in self.program.live.values():
+                for t in lv.problem.params:
+                    if id(t) not in ids:
+                        ids.add(id(t))
+                        tensors.append(t)
+            for m in self.program.modules.values():
+                for t in m.buffers():
+                    if id(t) not in ids:
+                        ids.add(id(t))
+                        tensors.append(t)
+            self._fixed = (tensors, frozenset(ids))
+        return self._fixed[1]
 
     def _numbers(self, batches: Sequence[str]) -> tuple:
         """The plain values the step may read (the module docstring)."""
-        modes = tuple(m.training for module in self.program.modules.values() for m in module.modules())
+        if self._submodules is None:
+            self._submodules = [m for module in self.program.modules.values() for m in module.modules()]
+        modes = tuple(m.training for m in self._submodules)
         return modes, tuple(_plain_leaves(self.program.live[n].batch) for n in batches)
 
 
