@@ -191,3 +191,28 @@ def test_auto_compiles_only_when_the_saving_exceeds_the_compile_time():
     assert long.compile and not short.compile
     assert "100000 steps left × 2.00 ms" in long.reason and "> 20 s" in long.reason
     assert "≤ 20 s" in short.reason
+
+
+def test_under_data_parallelism_every_rank_decides_by_rank_0s_step_time(tmp_path):
+    """The ranks' replicas must run the same kind of step (a compiled one rounds
+    differently): `auto` decides by rank 0's median eager step, broadcast to every rank.
+    Here this rank timed slow steps (it would compile) and rank 0 fast ones (it does not)."""
+    from types import SimpleNamespace
+
+    from mloc.runtime.run.compiling import CompileWatch
+
+    class Dist:
+        world, device, is_main = 2, torch.device("cpu"), False
+
+        def broadcast_params(self, tensors):
+            for t in tensors:
+                t.fill_(1e-4)                       # rank 0's median: 0.1 ms
+
+    switched = []
+    compiling = SimpleNamespace(mode="auto", kinds=2, decision=None,
+                                switch=lambda on, decision: switched.append((on, decision)))
+    watch = CompileWatch(SimpleNamespace(dist=Dist(), compiling=compiling), tmp_path, 0, 100_000, None)
+    for done in range(1, 7):
+        watch.after(done, 1.0)                      # this rank: 1 s per step
+    ((on, decision),) = switched
+    assert on is False and "99994 steps left × 0.10 ms per eager step" in decision["reason"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import torch
+
 from mloc.runtime.compiled.decision import WARMUP, decide
 from mloc.runtime.files.runfiles import amend_config
 from mloc.runtime.program.engine import Program
@@ -37,7 +39,7 @@ class CompileWatch:
             if done > self.start + 1:           # the first step builds the steps: not timed
                 self.times.append(seconds)
             if len(self.times) == WARMUP:
-                d = decide(self.steps - done, statistics.median(self.times), program.compiling.kinds)
+                d = decide(self.steps - done, self._median(), program.compiling.kinds)
                 decision = {"compile": d.compile, "reason": d.reason, "at_step": done}
                 program.compiling.switch(d.compile, decision)
                 self._say(f"compile: {'on' if d.compile else 'off'} ({d.reason})", compile_decision=decision)
@@ -47,6 +49,17 @@ class CompileWatch:
                 self._say(f"compile: {r.line()}")
             if program.dist.is_main:
                 amend_config(self.out, compiled=program.compiling.report())
+
+    def _median(self) -> float:
+        """The median eager step, rank 0's under data parallelism (broadcast): the ranks
+        must decide alike, or their replicas would round differently (a compiled step is
+        not bitwise an eager one) and drift apart."""
+        median = statistics.median(self.times)
+        if self.program.dist.world > 1:
+            cell = torch.tensor([median], dtype=torch.float64, device=self.program.dist.device)
+            self.program.dist.broadcast_params([cell])
+            median = float(cell[0])
+        return median
 
     def _say(self, line: str, **record) -> None:
         if self.progress is not None and hasattr(self.progress, "note"):
