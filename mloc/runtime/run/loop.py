@@ -198,7 +198,8 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
         where.text = f"step {done}"
         logged = guard.norms.sampling = done % intervals.log_every == 0 or done == steps
         began = time.perf_counter()
-        program.outer_step()
+        with compiling.around(done):
+            program.outer_step()
         compiling.after(done, time.perf_counter() - began)
         if logged:
             guard.check()
