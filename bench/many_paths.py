@@ -346,8 +346,8 @@ def main(argv=None):
     try:
         import betty  # noqa: F401
     except ImportError as e:
-        raise SystemExit(f"Betty is not installed ({e}); see shared/reference/peers.md or "
-                         "bench/README.md for how to install it for benchmarks")
+        raise SystemExit(f"Betty is not installed ({e}); bench/README.md says how to install it "
+                         "for benchmarks (never a dependency of mloc)")
     rng = random.Random(0)
     rows = [run_level(int(n), args, rng) for n in args.levels.split(",")]
     report(rows, args)
