@@ -167,11 +167,29 @@ def _compiled(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_train_py_under_a_two_machine_torchrun_equals_nproc_2(tmp_path, reference):
+def test_an_error_in_a_rank_on_machine_1_is_reported_there_and_lost_on_machine_0(tmp_path):
+    out = tmp_path / "run"
+    procs = machines(FAULTY, 1, "--out", out, *QUIET,
+                     "--set", "weights.loss=lib.ce_raising(net, batch, rank=1, after=12)", tmp=tmp_path)
+    err0, err1 = finish(procs)
+    assert [p.returncode for p in procs] == [1, 1], (err0, err1)
+    first = err1.strip().splitlines()[0]
+    assert first.startswith("error[E702]: the program's code raised ValueError") and "on rank 1 of 2" in first, err1
+    assert err0.strip().splitlines()[0].startswith("error: the run lost its ranks on another machine"), err0
+    for noise in ("Traceback", "gloo", "Connection"):
+        assert noise not in err0 + err1
+    assert step_of(out) == 10 and _no_scratch_left(tmp_path / "node1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_train_py_under_a_two_machine_torchrun_equals_nproc_2(tmp_path, reference, rendezvous):
     train_py, port, out = _compiled(tmp_path), free_port(), tmp_path / "run"
+    meet = (("--master-addr", "127.0.0.1", "--master-port", port) if rendezvous == "static" else
+            ("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t"))
     procs = [start([sys.executable, "-m", "torch.distributed.run", "--nnodes", 2, "--node-rank", rank,
-                    "--nproc-per-node", 1, "--master-addr", "127.0.0.1", "--master-port", port, train_py,
-                    "--out", out, *QUIET], tmp_path / f"node{rank}") for rank in (0, 1)]
+                    "--nproc-per-node", 1, *meet, train_py, "--out", out, *QUIET], tmp_path / f"node{rank}")
+             for rank in (0, 1)]
     errs = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], errs
     assert same_state(out, reference)

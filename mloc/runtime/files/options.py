@@ -209,5 +209,6 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
                    help="with --nnodes: where the machines meet, the same on each: an address of node 0 the "
                         "others can reach and a free port there (rank 0 listens on it)")
     p.add_argument("--print-torchrun", action="store_true",
-                   help="with --nnodes: print the torchrun command for each machine (to launch train.py with "
-                        "torchrun instead of mloc) after compiling, and train nothing")
+                   help="with --nnodes: print the commands that run this program under torchrun instead of mloc "
+                        "(mloc compile, then one torchrun per machine, the ranks numbered alike); compiles and "
+                        "trains nothing")
