@@ -87,13 +87,24 @@ SRUN = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "4", "
     (TORCHRUN, TORCHRUN),
     ({**TORCHRUN, "PATH": "/bin"}, TORCHRUN),
     (SRUN, {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "5"}),
+    ({**SRUN, "SLURM_NTASKS_PER_NODE": "2"},
+     {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "5"}),
     ({**SRUN, **TORCHRUN, "RANK": "0"}, {**TORCHRUN, "RANK": "0"}),     # torchrun under srun: torchrun's own
     # a batch script's own environment: the allocation's task count, but no srun step: one process
     ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "MASTER_ADDR": "h", "MASTER_PORT": "5"},
      {"MASTER_ADDR": "h", "MASTER_PORT": "5"}),
-], ids=["none", "torchrun", "torchrun-extra", "srun", "torchrun-under-srun", "sbatch-script"])
+], ids=["none", "torchrun", "torchrun-extra", "srun", "srun-per-node", "torchrun-under-srun", "sbatch-script"])
 def test_launch_variables_come_from_torchrun_or_a_srun_step(env, expected):
     assert launch_env(env) == expected
+
+
+def test_threads_are_divided_among_the_processes_of_this_machine_only(monkeypatch):
+    from mloc.runtime.base.distributed import local_processes
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert local_processes(8) == 2
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert local_processes(8) == 8
 
 
 def test_a_srun_step_without_master_address_says_what_to_export(monkeypatch):

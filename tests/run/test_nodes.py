@@ -140,6 +140,21 @@ def test_a_killed_machine_ends_the_run_with_one_report_and_it_resumes_bitwise(tm
 
 
 @pytest.mark.slow
+def test_machines_started_with_different_steps_are_refused_before_training(tmp_path):
+    out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    procs = [start([sys.executable, "-m", "mloc", "run", SMALL, "--nnodes", 2, "--node-rank", rank, "--rdzv-endpoint",
+                    endpoint, "--out", out, "--steps", steps, *QUIET], tmp_path / f"node{rank}")
+             for rank, steps in ((0, 30), (1, 40))]
+    errs = finish(procs)
+    assert [p.returncode for p in procs] == [2, 2], errs
+    for err in errs:
+        lines = err.strip().splitlines()
+        assert lines[0] == ("error: the ranks of this run were not started alike: --steps 30 on rank 0, 40 on rank 1"), err
+        assert len(lines) == 2 and "only --node-rank differing" in lines[1], err
+    assert not (out / "checkpoint.pt").exists() and _no_scratch_left(tmp_path / "node1")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", [0, 1])
 def test_ctrl_c_on_either_machine_stops_the_run_with_a_checkpoint(tmp_path, machine):
     out = tmp_path / "run"

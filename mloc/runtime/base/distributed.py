@@ -129,6 +129,25 @@ class DistContext:
             dist.broadcast(flat, src=0)
             _unflatten_into(flat, group)
 
+    def check_same(self, what: Mapping[str, object]) -> None:
+        """Raise :class:`LaunchError` on every rank unless every rank passes the same
+        ``what`` (the program and the options it trains with). Ranks started by separate
+        commands (the machines of ``mloc run --nnodes``, torchrun's, srun's) that train a
+        different number of steps or another program would wait on each other's
+        collectives, or average unrelated gradients. One ``all_gather_object`` at start."""
+        if self.world == 1:
+            return
+        seen: list = [None] * self.world
+        dist.all_gather_object(seen, dict(what))
+        other = next((r for r, w in enumerate(seen) if w != seen[0]), None)
+        if other is None:
+            return
+        keys = sorted(k for k in {*seen[0], *seen[other]} if seen[0].get(k) != seen[other].get(k))
+        said = "; ".join(f"{k} {seen[0].get(k)!r} on rank 0, {seen[other].get(k)!r} on rank {other}" for k in keys)
+        raise LaunchError(f"the ranks of this run were not started alike: {said}",
+                          "start every machine with the same command (the same program, --set, --steps, --seed, "
+                          "--precision, --dtype, --compile and --resume), only --node-rank differing")
+
     def barrier(self) -> None:
         """Wait for every process."""
         if self.world > 1:
@@ -179,7 +198,7 @@ _LAUNCH_HELP = ("launch with torchrun (it sets them), `mloc run --nproc N [--nno
                 "with MASTER_ADDR (e.g. the first host of `scontrol show hostnames $SLURM_JOB_NODELIST`) and "
                 "MASTER_PORT exported in the job script")
 
-_TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def launch_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -191,6 +210,8 @@ def launch_env(env: Mapping[str, str]) -> dict[str, str]:
         return {k: env[k] for k in _TORCHRUN if k in env}
     mapped = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
               "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
+    if env.get("SLURM_NTASKS_PER_NODE", "").isdigit():      # set by --ntasks-per-node
+        mapped["LOCAL_WORLD_SIZE"] = env["SLURM_NTASKS_PER_NODE"]
     return {**mapped, **{k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT") if k in env}}
 
 
@@ -204,6 +225,15 @@ def launched_slot() -> tuple[int, int]:
         return (int(env.get("LOCAL_RANK", env.get("RANK", "0"))), world) if world > 1 else (0, 1)
     except ValueError:
         return 0, 1
+
+
+def local_processes(world: int) -> int:
+    """How many processes of this job share this machine (``LOCAL_WORLD_SIZE``; ``world``
+    when the launch does not say): what divides its cores among them."""
+    try:
+        return max(1, int(launch_env(os.environ).get("LOCAL_WORLD_SIZE", world)))
+    except ValueError:
+        return world
 
 
 def launched_rank() -> int | None:

@@ -37,7 +37,7 @@ from mloc.runtime.files import resumption
 from mloc.runtime.program.build import resolve_device
 from mloc.runtime.program.checkpoint import CheckpointError, load_checkpoint
 from mloc.runtime.run.declaration import Declaration
-from mloc.runtime.base.distributed import LaunchError, is_peer_failure, launched_rank
+from mloc.runtime.base.distributed import LaunchError, is_peer_failure, launched_rank, local_processes
 from mloc.runtime.program.engine import Program, RunConfig
 from mloc.runtime.grad.finite import NonFiniteError
 from mloc.runtime.files.loggers import LoggerError
@@ -283,7 +283,10 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
             return EXIT_PEER
         rank = launched_rank()
         return user_error(err, "building the program" + (f" on rank {rank}" if rank is not None else ""))
-    chosen = decide_threads(program.modules.values(), threads, program.dist.world)
+    refused = _alike(program, _identity(declaration, config, resume_dir))
+    if refused is not None:
+        return refused
+    chosen = decide_threads(program.modules.values(), threads, local_processes(program.dist.world))
     if threads is None and program.dist.is_main:
         amend_config(Path(out), threads=chosen.count, threads_reason=chosen.reason)
     launched = launched_rank() is not None     # a worker: its launcher says it is stopping, and sends SIGINT
@@ -299,6 +302,30 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
         return 130
     finally:
         program.close()
+
+
+def _alike(program: Program, identity: dict) -> int | None:
+    """None when every rank trains what this one does (`identity`); else the exit code,
+    the program closed: 2 after saying how they differ, 3 when another rank is gone."""
+    try:
+        program.dist.check_same(identity)
+        return None
+    except LaunchError as e:
+        _say(e)
+        code = 2
+    except Exception as err:
+        if not is_peer_failure(err):
+            raise
+        code = EXIT_PEER
+    program.close()
+    return code
+
+
+def _identity(declaration: Declaration, config: RunConfig, resume_dir: Path | None) -> dict:
+    """What every rank of a run must train alike (checked across ranks once built)."""
+    return {"program": declaration.name, "--set": list(declaration.overrides), "--steps": config.steps,
+            "--seed": config.seed, "--precision": config.precision, "--dtype": config.dtype,
+            "--compile": config.compile, "--resume": resume_dir is not None}
 
 
 def _kept(out: Path) -> str:
