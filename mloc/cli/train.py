@@ -115,9 +115,14 @@ def cmd_run(args, out: Output) -> int:
         raise UsageError(str(e), help=getattr(e, "help", None)) from None
     # a fresh runs/NAME/N is created later; any N sits at the same depth, which is all the
     # compiled program's relative import path depends on
-    compiled = _compiled(args, out, choice.fresh_root / "1" if choice.fresh_root else choice.dir,
-                         gate=None if options.device is not None else _file_device_gate(options.nproc))
+    try:
+        compiled = _compiled(args, out, choice.fresh_root / "1" if choice.fresh_root else choice.dir,
+                             gate=None if options.device is not None else _file_device_gate(options.nproc))
+    except BaseException:
+        _drop_scratch(options, choice)
+        raise
     if compiled is None:
+        _drop_scratch(options, choice)
         return EXIT_ERRORS
     if options.steps is not None:       # W105: --steps that ends a schedule early
         from mloc.passes.runlength import short_schedules
@@ -137,6 +142,13 @@ def _choice(args, options):
         from mloc.runtime.processes.nodes import scratch_choice
         return scratch_choice()
     return runfolder.choose(options.out, options.resume, options.overwrite, Path(args.file).stem)
+
+
+def _drop_scratch(options, choice) -> None:
+    """Remove a machine's scratch folder (not node 0's) when its run does not start."""
+    if options.multinode and options.node_rank:
+        import shutil
+        shutil.rmtree(choice.dir, ignore_errors=True)
 
 
 def _print_torchrun(args, options, out: Output) -> int:

@@ -130,10 +130,10 @@ def start_node(declaration, options, config, choice, files) -> int:
     from mloc.runtime.files.runfolder import RunFolder
     from mloc.runtime.processes.launch import check_resume
     from mloc.runtime.processes.workers import exit_code
-    if options.resume is not None:
-        check_resume(options.resume, declaration.name, config.steps)
     choice = choice or scratch_choice()
     try:
+        if options.resume is not None:
+            check_resume(options.resume, declaration.name, config.steps)
         with RunFolder(choice) as folder:
             for name, text in files.items():
                 write_text(folder.dir / name, text)
