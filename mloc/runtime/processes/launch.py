@@ -159,7 +159,9 @@ def start(declaration: Declaration, options: RunOptions, about: dict, record: di
     resolve_device(config.device, 0, nproc)     # before the folder: a device that is not there leaves nothing
     if options.multinode and options.node_rank:     # another machine than node 0: nothing in the run folder
         from mloc.runtime.processes.nodes import start_node
-        return start_node(declaration, options, config, choice, files)
+        resumed = options.resume
+        return start_node(options, choice, files, lambda: resumed and check_resume(resumed, declaration.name,
+                                                                                    config.steps))
     changed = None
     if options.resume is not None:
         check_resume(options.resume, declaration.name, config.steps)

@@ -121,19 +121,17 @@ def lost_peers(nodes: Nodes, out: Path | None) -> str:
             f"other machines' output says which")
 
 
-def start_node(declaration, options, config, choice, files) -> int:
-    """A machine other than node 0 (see the module docstring): check the checkpoint a
-    ``--resume`` continues from, write the compiled ``files`` into this machine's scratch
-    folder (``choice.dir``, made by :func:`scratch_choice`; locked as a run folder), start
-    its workers there, and remove the folder."""
+def start_node(options, choice, files, check) -> int:
+    """A machine other than node 0 (see the module docstring): run ``check()`` (the
+    launcher's checks of a ``--resume``'s checkpoint), write the compiled ``files`` into
+    this machine's scratch folder (``choice.dir``, made by :func:`scratch_choice`; locked as
+    a run folder), start its workers there, and remove the folder."""
     from mloc.runtime.files.runfiles import write_text
     from mloc.runtime.files.runfolder import RunFolder
-    from mloc.runtime.processes.launch import check_resume
     from mloc.runtime.processes.workers import exit_code
     choice = choice or scratch_choice()
     try:
-        if options.resume is not None:
-            check_resume(options.resume, declaration.name, config.steps)
+        check()
         with RunFolder(choice) as folder:
             for name, text in files.items():
                 write_text(folder.dir / name, text)
