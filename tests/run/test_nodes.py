@@ -140,6 +140,28 @@ def test_a_killed_machine_ends_the_run_with_one_report_and_it_resumes_bitwise(tm
 
 
 @pytest.mark.slow
+def test_a_killed_node_0_ends_the_run_on_machine_1_with_one_report(tmp_path):
+    out = tmp_path / "run"
+    node0, node1 = machines(FAULTY, 1, "--steps", 5000, "--out", out, *QUIET, *SLOW_LOSS, tmp=tmp_path)
+    try:
+        wait_for_step(out, 10, (node0, node1))
+        workers = descendants(node0.pid) | descendants(node1.pid)
+        node0.kill()                                    # rank 0's machine: the rendezvous store goes with it
+        _, err1 = finish((node0, node1), timeout=180)
+    finally:
+        for p in (node0, node1):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert node1.returncode == 1, err1
+    lines = err1.strip().splitlines()
+    assert lines[0] == ("error: the run lost its ranks on another machine: this one (node 1, rank 1 of 2) stopped "
+                        "its workers") and len(lines) == 2, err1
+    assert _all_dead(workers) and _no_scratch_left(tmp_path / "node1")
+    # node 0's lock names a dead launcher: the run resumes there (here on one machine, to show the folder is free)
+    assert mloc("run", FAULTY, "--nproc", 2, "--steps", step_of(out) + 2, "--resume", out, *QUIET).returncode == 0
+
+
+@pytest.mark.slow
 def test_machines_started_with_different_steps_are_refused_before_training(tmp_path):
     out, endpoint = tmp_path / "run", f"127.0.0.1:{free_port()}"
     procs = [start([sys.executable, "-m", "mloc", "run", SMALL, "--nnodes", 2, "--node-rank", rank, "--rdzv-endpoint",
