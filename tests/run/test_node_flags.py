@@ -21,7 +21,9 @@ BAD = [
     (("--nnodes", 2, "--node-rank", 0, "--rdzv-endpoint", "h:0"), "a port from 1 to 65535, got 'h:0'", None),
     (("--nnodes", 2, "--node-rank", 0, "--rdzv-endpoint", ":29500"), "--rdzv-endpoint must be HOST:PORT", None),
     (("--nnodes", 0), "--nnodes must be at least 1, got 0", None),
-    (("--node-rank", 1), "--node-rank only applies to a run on several machines", "add --nnodes N"),
+    (("--node-rank", 1), "--node-rank only applies to a run on several machines", "add --nnodes M"),
+    (("--nnodes", 1, "--node-rank", 1), "--node-rank must be between 0 and 0", None),
+    (("--nnodes", 1, "--print-torchrun"), "--nnodes 1 needs --rdzv-endpoint HOST:PORT", None),
     (("--rdzv-endpoint", "h:1"), "--rdzv-endpoint only applies to a run on several machines", None),
     (("--print-torchrun",), "--print-torchrun only applies to a run on several machines", None),
     (("--nnodes", 2, "--node-rank", 0, "--rdzv-endpoint", "h:1", "--pipeline"), "--pipeline runs on one machine",
@@ -38,6 +40,18 @@ def test_a_bad_node_flag_is_a_usage_error_that_says_what_to_pass(mloc_here, tmp_
     if help is not None:
         assert "help:" in ran.stderr and help in ran.stderr, ran.stderr
     assert not (tmp_path / "run").exists()         # refused before anything is written
+
+
+def test_nnodes_1_takes_node_rank_0_and_runs_on_this_machine_alone():
+    import argparse
+
+    from mloc.runtime.files.options import RunOptions, add_flags, add_launch_flags
+    p = argparse.ArgumentParser()
+    add_flags(p)
+    add_launch_flags(p)
+    options = RunOptions.parsed(p.parse_args(["--nnodes", "1", "--node-rank", "0", "--rdzv-endpoint", "h:1"]))
+    assert not options.multinode and options.node_rank == 0
+    assert RunOptions.parsed(p.parse_args(["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h:1"])).multinode
 
 
 def test_ranks_are_numbered_node_by_node_as_torchrun_numbers_them():

@@ -2,9 +2,12 @@
 with its own workers, meeting at 127.0.0.1:PORT; and `train.py` under a plain two-node
 torchrun and under SLURM's srun variables. Every run here starts several processes: slow tier.
 
-What must hold, as on one machine: the result equals `--nproc 2` on one machine, bitwise
-(the same ranks, the same shards, the same collectives: gloo sums two ranks' buffers in
-one addition, and a sum of two floats does not depend on their order); node 1 writes
+What must hold, as on one machine: the result equals `--nproc 2` on one machine, bitwise,
+not within a tolerance: the ranks are numbered as on one machine, so every rank draws the
+same shard and gloo's all-reduce (whose schedule depends on the ranks and the world size,
+not on which host a rank is on) adds the same numbers in the same order; for two ranks
+it is one addition, whose result does not depend on the order anyway. Two machines of two
+processes likewise end bitwise where `--nproc 4` does (the resume test). Node 1 writes
 nothing in the run folder and leaves no scratch folder; the SIGKILL of one machine's
 launcher ends the run on the other with one report and exit 1, no process left, and a
 checkpoint that `--resume` on both machines continues bitwise; Ctrl-C on either machine

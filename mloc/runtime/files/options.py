@@ -113,17 +113,19 @@ class RunOptions:
 
 def check_nodes(options: RunOptions) -> None:
     """An :class:`OptionError` for node flags that cannot start a multi-node run: each
-    says what to pass instead (:mod:`mloc.runtime.processes.nodes` says how nodes meet)."""
-    nnodes, rank, endpoint = options.nnodes or 1, options.node_rank, options.rdzv_endpoint
-    if nnodes == 1:
+    says what to pass instead (:mod:`mloc.runtime.processes.nodes` says how nodes meet).
+    An explicit ``--nnodes 1`` takes ``--node-rank 0`` and an endpoint (a script written for
+    M machines runs on one), and trains on this machine alone."""
+    nnodes, rank, endpoint = options.nnodes, options.node_rank, options.rdzv_endpoint
+    if nnodes is None:
         given = [f for f, v in (("--node-rank", rank), ("--rdzv-endpoint", endpoint)) if v is not None]
         if given or options.print_torchrun:
             raise OptionError(f"{' and '.join(given) or '--print-torchrun'} only applies to a run on several "
-                              "machines", "add --nnodes N (N > 1), the number of machines, or drop it")
+                              "machines", "add --nnodes M, the number of machines (the same on each), or drop it")
         return
-    if options.pipeline:
+    if options.pipeline and nnodes > 1:
         raise OptionError("--pipeline runs on one machine: it does not take --nnodes")
-    if rank is None and not options.print_torchrun:
+    if rank is None and nnodes > 1 and not options.print_torchrun:
         others = "1" if nnodes == 2 else f"1 .. {nnodes - 1}"
         raise OptionError(f"--nnodes {nnodes} needs --node-rank: which of the {nnodes} machines this one is",
                           f"pass --node-rank 0 on the machine that holds the run folder, {others} on the "
@@ -132,11 +134,12 @@ def check_nodes(options: RunOptions) -> None:
         raise OptionError(f"--node-rank must be between 0 and {nnodes - 1} (the machines are numbered from 0 "
                           f"for --nnodes {nnodes}), got {rank}", "give each machine its own number, 0 on the "
                           "machine that holds the run folder")
-    if endpoint is None:
+    if endpoint is None and (nnodes > 1 or options.print_torchrun):
         raise OptionError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, where the machines meet",
                           "pass the same HOST:PORT on every machine: an address of the --node-rank 0 machine "
                           "that the others can reach, and a free port there (e.g. --rdzv-endpoint node0:29500)")
-    endpoint_of(endpoint)
+    if endpoint is not None:
+        endpoint_of(endpoint)
 
 
 def endpoint_of(text: str) -> tuple[str, int]:
