@@ -244,7 +244,8 @@ def test_train_py_under_srun_variables_equals_nproc_2(tmp_path, reference):
         env = {**base, "SLURM_PROCID": str(rank), "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2",
                "SLURM_LOCALID": "0", "SLURM_NODEID": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen([sys.executable, str(train_py), "--out", str(out), *map(str, QUIET)], cwd=ROOT,
-                                      env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                                      env=env, text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      start_new_session=True))
     errs = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], errs
     assert same_state(out, reference)
