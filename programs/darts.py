@@ -110,7 +110,7 @@ class Network(nn.Module):
     ``arch`` (one operation name per edge) each edge is that operation alone, with affine
     BatchNorm: the derived network that :func:`retrain` trains."""
 
-    def __init__(self, channels: int = 16, cells: int = 2, classes: int = 10, arch: tuple[str, ...] | None = None):
+    def __init__(self, channels: int = 16, cells: int = 1, classes: int = 10, arch: tuple[str, ...] | None = None):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(1, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels))
         if arch is None:
@@ -233,12 +233,12 @@ def random_arch(seed: int) -> tuple[str, ...]:
     return tuple(rng.choice(OPS[1:]) for _ in range(EDGES))
 
 
-def retrain(arch, seed: int, steps: int = 600, channels: int = 16, batch_size: int = 64,
+def retrain(arch, seed: int, steps: int = 400, channels: int = 16, cells: int = 1, batch_size: int = 64,
             lr: float = 0.05) -> float:
     """Train the fixed ``arch`` from scratch on all 1397 training images (SGD with momentum
     0.9, weight decay 3e-4, cosine rate) for ``steps`` steps; its test accuracy (400 images)."""
     torch.manual_seed(seed)
-    net = Network(channels=channels, arch=check_arch(arch))
+    net = Network(channels=channels, cells=cells, arch=check_arch(arch))
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, weight_decay=3e-4)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 0.5 * (1 + math.cos(math.pi * k / steps)))
     data, done = digits("train", batch_size, seed=seed), 0
