@@ -27,6 +27,7 @@ the 1397 into 700 for the weights and 697 for α, the retraining uses all 1397.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -141,6 +142,7 @@ class Architecture(nn.Module):
 
 
 # --- data, losses, evaluation ---------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)          # read once per process; callers only slice it
 def _digits() -> tuple[torch.Tensor, torch.Tensor]:
     try:
         from sklearn.datasets import load_digits
