@@ -1,18 +1,25 @@
 """DARTS (Liu, Simonyan and Yang, "DARTS: Differentiable Architecture Search", ICLR 2019)
 on scikit-learn's 8x8 digits.
 
-The search space is a small convolutional cell, used twice in a row. A cell has an input
-node and ``NODES`` intermediate nodes; node j sums one *mixed operation* from every node
-before it (the input and nodes 1..j-1), so a cell has ``EDGES`` = 1 + 2 + 3 = 6 edges, and
-its output is the sum of its intermediate nodes. A mixed operation on edge e is
-``Σ_o softmax(α_e)_o · o(x)`` over the candidates ``OPS`` (zero, skip, 3x3 and 1x1
-ReLU-conv-BN, 3x3 average and max pooling); both cells share α, as DARTS' normal cells do.
-The network is a 3x3 conv-BN stem, the two cells, global average pooling and a linear head.
+The search space is a small convolutional cell. A cell has an input node and ``NODES``
+intermediate nodes; node j sums one *mixed operation* from every node before it (the input
+and nodes 1..j-1), so a cell has ``EDGES`` = 1 + 2 + 3 = 6 edges, and its output is the sum
+of its intermediate nodes. A mixed operation on edge e is ``Σ_o softmax(α_e)_o · o(x)`` over
+the candidates ``OPS`` (zero, skip, 3x3 and 1x1 ReLU-conv-BN, 3x3 average and max
+pooling). The network is a 3x3 conv-BN stem, ``cells`` copies of the cell (one in
+programs/darts.mlo; copies share α, as DARTS' normal cells do), global average pooling and
+a linear head. The global pooling makes the choice matter: the stem is linear and skips
+and average pools keep a channel's spatial mean, so through a cell of those alone the head
+sees little more than each image's total ink (such networks stay near chance); it takes
+the ReLU-convolutions (or max pools) to see the digit's shape.
 
 Two problems (programs/darts.mlo): the network's weights w (lower) train on the training
 split, α (upper) on the validation split, through ``finite_diff`` (DARTS' second-order
 approximation, the mixed product ∇²_{α,w} L_train · ∇_w L_val by central differences) or
-``first_order`` (its first-order variant: α follows ∇_α L_val alone).
+``first_order`` (its first-order variant: α follows ∇_α L_val alone). DARTS scales the
+mixed term by ξ, the weights' learning rate; ``finite_diff`` takes ξ = 1 (the implicit
+function theorem with an identity Hessian, as Betty's ``darts`` does), and ``sama`` over
+SGD is ξ = lr exactly (tests/test_darts.py checks both in float64).
 
 After the search, :func:`derive` reads α from a run folder and keeps, on every edge, the
 strongest candidate other than ``zero`` (DARTS' rule, without its top-2 edge pruning: here
