@@ -21,7 +21,9 @@ program's modules (:class:`darts.Network`, :class:`darts.Architecture`), losses
 2. **Time per outer step, float32**, the program as written (Adam on α, cosine rate on the
    network): both systems stepped side by side in one process, one thread, in a fresh
    random order each round; the median of the thread's CPU time per outer step (the wall
-   clock on a shared machine counts other jobs' time) and of the wall time.
+   clock on a shared machine counts other jobs' time) and of the wall time; and the peak
+   bytes of CPU tensor memory one outer step allocates and holds at once (the allocator's
+   own events, as ``bench/run_vs_betty.py`` measures them: median of 5 steps after one).
 
 Betty is an optional benchmark dependency (never mloc's): ``pip download --no-deps
 --ignore-requires-python betty-ml==0.2.1`` then ``pip install --no-deps
@@ -43,9 +45,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "programs"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import darts as lib  # noqa: E402
 import mloc  # noqa: E402
+from run_vs_betty import steady_peak  # noqa: E402
 from synthetic import loader  # noqa: E402
 
 PROGRAM = ROOT / "programs" / "darts.mlo"
@@ -138,7 +142,9 @@ def timing(steps: int, warmup: int) -> dict:
             if i >= warmup:
                 cpu[k].append((c1 - c0) / 1e6)
                 wall[k].append((t1 - t0) / 1e6)
-    return {clock: {k: statistics.median(v) for k, v in d.items()} for clock, d in (("cpu", cpu), ("wall", wall))}
+    medians = {clock: {k: statistics.median(v) for k, v in d.items()} for clock, d in (("cpu", cpu), ("wall", wall))}
+    medians["peak MiB"] = {k: steady_peak(step) / 2**20 for k, step in systems.items()}
+    return medians
 
 
 def main(argv=None) -> int:
@@ -166,12 +172,13 @@ def main(argv=None) -> int:
     print(f"| BN running means vs one plain training step: Betty | {a['bn_betty_vs_alone']:.2e} |")
     t = timing(args.steps, args.warmup)
     print()
-    print(f"time per outer step, float32, {args.steps} steps after {args.warmup}, median ms:")
+    print(f"float32, {args.steps} steps after {args.warmup}, medians:")
     print()
-    print("| clock | mloc | Betty | mloc/Betty |")
+    print("| per outer step | mloc | Betty | mloc/Betty |")
     print("|---|---|---|---|")
-    for clock, d in t.items():
-        print(f"| {clock} | {d['mloc']:.1f} | {d['betty']:.1f} | {d['mloc'] / d['betty']:.3f} |")
+    for what, d in t.items():
+        label = {"cpu": "thread CPU ms", "wall": "wall ms"}.get(what, what)
+        print(f"| {label} | {d['mloc']:.1f} | {d['betty']:.1f} | {d['mloc'] / d['betty']:.3f} |")
     return 0
 
 
