@@ -202,19 +202,19 @@ def test_without_optuna_the_search_is_a_usage_error_naming_the_extra(tmp_path, c
 @pytest.mark.slow
 def test_an_optuna_sweep_prunes_trials_and_a_rerun_tells_them_again(tmp_path):
     """hpo_grid.mlo (its declared objective: min val_loss) over a wide range of weight
-    decays, 8 trials one at a time, pruning after 2: the runs told `pruned` stopped with a
+    decays (up to e^7: larger ones diverge under its SGD), 6 trials one at a time, pruning after 2: the runs told `pruned` stopped with a
     checkpoint at their pruning step; the rerun runs nothing and prints the same table."""
     pytest.importorskip("optuna")
     out = tmp_path / "sweep"
-    argv = ["sweep", GRID, "--search", "optuna", "--trials", 8, "--prune-after", 2, "--set",
-            "model.loss.log_decay=uniform(-4,10)", "--steps", 2000, "--jobs", 1, "--out", out]
+    argv = ["sweep", GRID, "--search", "optuna", "--trials", 6, "--prune-after", 2, "--set",
+            "model.loss.log_decay=uniform(-4,7)", "--steps", 1000, "--jobs", 1, "--out", out]
     first = mloc(*argv, timeout=900)
     assert first.returncode == 0, first.stderr
     record = json.loads((out / "sweep.json").read_text())
     assert record["objective"] == {"metric": "val_loss", "mode": "min", "why": "declared"}
     pruned = [t for t in record["trials"] if t["state"] == "pruned"]
     complete = [t for t in record["trials"] if t["state"] == "complete"]
-    assert pruned and len(pruned) + len(complete) == 8, first.stderr
+    assert pruned and len(pruned) + len(complete) == 6, first.stderr
     for t in pruned:
         summary = json.loads((out / t["name"] / "summary.json").read_text())
         assert summary["status"] == "interrupted" and (out / t["name"] / "checkpoint.pt").is_file()
@@ -223,12 +223,12 @@ def test_an_optuna_sweep_prunes_trials_and_a_rerun_tells_them_again(tmp_path):
     for t in complete:
         values = [json.loads(line)["value"] for line in (out / t["name"] / "metrics.jsonl").read_text().splitlines()
                   if '"eval": "val_loss"' in line]
-        assert t["value"] == min(values) and len(values) == 40
+        assert t["value"] == min(values) and len(values) == 20
     best = min(complete, key=lambda t: t["value"])
     assert record["best"]["name"] == best["name"] and f"best trial: {best['name']}: val_loss = " in first.stderr
     again = mloc(*argv, timeout=300)
     assert again.returncode == 0 and again.stdout == first.stdout, again.stderr
-    assert again.stderr.count("before; skipped") == 8 and "8 told again from before" in again.stderr
+    assert again.stderr.count("before; skipped") == 6 and "6 told again from before" in again.stderr
 
 
 @pytest.mark.slow
