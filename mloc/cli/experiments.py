@@ -48,8 +48,8 @@ EXAMPLES = {
              "--seeds 0,1,2 --jobs 2\n"
              "  mloc sweep programs/data_reweighting.mlo --set 'weight_net->classifier.hypergrad="
              "neumann(iters=3, alpha=0.1),sama(eps=0.01)' --steps 500\n"
-             "  mloc sweep programs/hpo_grid.mlo --search random --trials 10 --set 'model.loss.log_decay=uniform(-4,8)'\n"
-             "  mloc sweep programs/hpo_grid.mlo --search optuna --trials 10 --set 'model.loss.log_decay=uniform(-4,8)' "
+             "  mloc sweep programs/hpo_grid.mlo --search random --trials 10 --set 'model.loss.log_decay=uniform(-4,7)'\n"
+             "  mloc sweep programs/hpo_grid.mlo --search optuna --trials 10 --set 'model.loss.log_decay=uniform(-4,7)' "
              "--metric val_loss --direction min",
 }
 

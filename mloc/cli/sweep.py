@@ -278,8 +278,8 @@ def add_command(command) -> None:
                         "metric, else its first evaluation whose name says a direction)")
     p.add_argument("--direction", metavar="min|max", help="the --metric's direction (default: the program's)")
     p.add_argument("--prune-after", type=int, metavar="K",
-                   help="--search optuna prunes a trial whose evaluations fall below the median of the others' "
-                        "once K trials have ended (default 5; a large K: no pruning)")
+                   help="--search optuna stops a trial whose best evaluation so far is worse than the median of the "
+                        "other trials' at the same step, once K trials have ended (default 5; K >= --trials: no pruning)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
     p.add_argument("--steps", type=int, help="outer steps per run (default: the program's)")
