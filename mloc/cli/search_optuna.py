@@ -19,7 +19,9 @@ checkpoint and exits 130, and the trial is told ``pruned``.
 **Resume.** Each trial's number, name, ``--set``s, parameters, state and value are kept in
 ``sweep.json`` (``trials``), rewritten as each one ends; a rerun tells a fresh study the
 finished and pruned ones again, continues any stopped with a checkpoint under its own
-parameters (asked again first), and asks for the rest.
+parameters (asked again first), and asks for the rest. Its sampler is seeded with
+``--search-seed`` plus the number of trials recorded: a fresh sampler seeded as the first
+one was would draw the first one's random start-up points again.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class OptunaSource(Source):
         self.dists = {a.path: _distribution(optuna, a) for a in axes}
         self.study = optuna.create_study(
             direction="minimize" if objective.mode == "min" else "maximize",
-            sampler=optuna.samplers.TPESampler(seed=seed),
+            sampler=optuna.samplers.TPESampler(seed=seed + len(earlier)),     # a rerun: not the same draws again
             pruner=optuna.pruners.MedianPruner(n_startup_trials=prune_after, n_warmup_steps=0))
         self.trials, self.limit, self.make_job, self.saved = [], trials, make_job, saved
         self.jobs: list[Job] = []

@@ -71,6 +71,10 @@ def _search(args) -> dict | None:
         raise UsageError(f"--search {args.search} needs --trials N (N >= 1): how many runs to draw")
     if args.search == "random" and (args.metric or args.direction or args.prune_after is not None):
         raise UsageError("--metric, --direction and --prune-after steer --search optuna; random draws need none")
+    if args.search_seed is not None and not 0 <= args.search_seed < 2**31:
+        raise UsageError(f"--search-seed {args.search_seed}: expected an integer from 0 to 2147483647")
+    if args.prune_after is not None and args.prune_after < 0:
+        raise UsageError(f"--prune-after {args.prune_after}: expected a count of trials, 0 or more")
     if args.direction and args.direction not in ("min", "max"):
         raise UsageError(f"--direction {args.direction}: expected min or max")
     how = {"kind": args.search, "trials": args.trials, "seed": args.search_seed or 0}

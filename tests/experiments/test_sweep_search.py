@@ -70,6 +70,9 @@ def test_a_bad_range_is_a_usage_error_naming_the_flag_and_the_fix(tmp_path, caps
     (["--trials", "3"], "--trials needs --search random or --search optuna"),
     (["--search", "random", "--trials", "2", "--metric", "acc"], "steer --search optuna"),
     (["--search", "random", "--trials", "2", "--set", "net.optimiser.lr=uniform(0,1)"], "optimiser"),
+    (["--search", "random", "--trials", "2", "--search-seed", "-1"], "--search-seed -1: expected an integer"),
+    (["--search", "optuna", "--trials", "2", "--prune-after", "-1"], "--prune-after -1: expected a count"),
+    (["--search", "optuna", "--trials", "2", "--direction", "up"], "--direction up: expected min or max"),
 ])
 def test_search_flags_are_checked_before_anything_runs(tmp_path, capsys, argv, message):
     assert main(["sweep", str(SMALL), *argv, "--out", str(tmp_path / "s")]) == 2
@@ -249,3 +252,35 @@ def test_a_random_sweep_resumed_runs_the_same_draws_it_had_not_finished(tmp_path
     config = json.loads((out / names[2] / "config.json").read_text())["run"]
     assert config["program"]["set"] == list(random_points(axes([f"{LR}=loguniform(1e-3,1e-1)"]), 3, 0)[2])
     assert resumed.stdout == first.stdout and not math.isnan(float(first.stdout.splitlines()[3].split()[2]))
+
+
+@pytest.mark.slow
+def test_an_interrupted_optuna_sweep_continues_its_stopped_trial_and_asks_for_the_rest(tmp_path):
+    """SIGTERM once trial 0 finished and trial 1 is training: trial 1 is left `running` with a
+    checkpoint; the rerun tells trial 0 again, resumes trial 1 under its own parameters and
+    asks a new point for trial 2 (not trial 0's again: the rerun's sampler is seeded anew)."""
+    pytest.importorskip("optuna")
+    import signal
+    import time
+    from tests.run.helpers import popen
+    out = tmp_path / "sweep"
+    argv = ["sweep", GRID, "--search", "optuna", "--trials", 3, "--set", "model.loss.log_decay=uniform(-4,7)",
+            "--steps", 4000, "--jobs", 1, "--out", out]
+    proc = popen(*argv)
+    end = time.monotonic() + 600
+    while not any(d.name.startswith("01-") and (d / "metrics.jsonl").is_file() and (d / "metrics.jsonl").stat().st_size
+                  for d in out.glob("0*")):
+        assert time.monotonic() < end and proc.poll() is None, proc.stderr.read() if proc.poll() is not None else ""
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=300) == 130
+    trials = json.loads((out / "sweep.json").read_text())["trials"]
+    assert [t["state"] for t in trials] == ["complete", "running"]
+    again = mloc("sweep", GRID, "--resume", "--out", out, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert f"{trials[0]['name']}: finished before; skipped" in again.stderr
+    assert f"{trials[1]['name']}: done (resumed) in" in again.stderr
+    record = json.loads((out / "sweep.json").read_text())
+    assert [t["state"] for t in record["trials"]] == ["complete"] * 3
+    assert record["trials"][1]["set"] == trials[1]["set"] and record["trials"][2]["number"] == 2
+    assert record["trials"][2]["set"] not in (trials[0]["set"], trials[1]["set"])
