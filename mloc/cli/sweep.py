@@ -169,8 +169,9 @@ def _sweep(args, out: Output, root: Path, definition: dict, seeds) -> int:
     record["runs"] = [j.name for j in source.jobs]
     sweep_folder.write_record(root, record)
     jobs = source.jobs
-    counts = {a: sum(j.action == a for j in jobs) for a in ("skip", "resume", "overwrite")}
-    again = ", ".join(f"{n} {what}" for n, what in ((counts["skip"], "finished (skipped)"),
+    counts = {a: sum(j.action == a and j.pruned is None for j in jobs) for a in ("skip", "resume", "overwrite")}
+    pruned = sum(j.action == "skip" and j.pruned is not None for j in jobs)
+    again = ", ".join(f"{n} {what}" for n, what in ((counts["skip"], "finished (skipped)"), (pruned, "pruned (skipped)"),
                                                      (counts["resume"], "to resume from a checkpoint"),
                                                      (counts["overwrite"], "to start again")) if n)
     out.err(f"sweep: {what} in {root}, {args.jobs} at a time, {args.threads} thread{'s' * (args.threads != 1)} each"
@@ -179,7 +180,7 @@ def _sweep(args, out: Output, root: Path, definition: dict, seeds) -> int:
     interrupted = run_jobs(source, args.jobs, root, out, args.threads)
     jobs = sorted(source.jobs, key=lambda j: j.name)
     bad = [j for j in jobs if failed(j)]
-    table, summary = sweep_table(jobs, seeds != [None])
+    table, summary = sweep_table(jobs, len(seeds) > 1)
     status = "interrupted" if interrupted else "failed" if bad else "finished"
     record = {**record, "runs": [j.name for j in jobs], "status": status,
               "seconds": round(time.perf_counter() - t0, 1), "points": summary}
