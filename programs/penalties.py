@@ -7,6 +7,8 @@ Only the first 5 of 30 features carry signal, so a good λ shrinks the other 25.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,6 +50,14 @@ def sparse_logistic(split: str = "train", n: int = 200, batch_size: int = 200, f
 def penalized_bce(model: Logistic, penalty: LogPenalty, batch) -> torch.Tensor:
     x, y = batch
     return F.binary_cross_entropy_with_logits(model(x), y) + penalty(model.linear.weight.squeeze(0)) / len(y)
+
+
+def shared_penalized_bce(model: Logistic, batch, log_decay: float = -2.0) -> torch.Tensor:
+    """The baseline's lower loss (programs/hpo_grid.mlo): one weight decay exp(log_decay)
+    shared by every feature, chosen from outside (`mloc sweep`), not learned."""
+    x, y = batch
+    w = model.linear.weight.squeeze(0)
+    return F.binary_cross_entropy_with_logits(model(x), y) + 0.5 * math.exp(log_decay) * w.pow(2).sum() / len(y)
 
 
 def bce(model: Logistic, batch) -> torch.Tensor:

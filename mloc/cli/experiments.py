@@ -3,7 +3,8 @@
     mloc plot RUN... [-o out.png|out.svg] [--metric NAME...]
     mloc runs [DIR]
     mloc sweep FILE --set 'PATH=V1,V2,...' [--set ...] [--seeds 0,1,2] [--jobs 2] [--threads 1]
-               [--steps N] [--out DIR] [--logger NAME] [--resume] (mloc.cli.sweep)
+               [--steps N] [--out DIR] [--logger NAME] [--resume]
+               [--search random|optuna --trials N --search-seed S ...] (mloc.cli.sweep)
 
 They read what a run folder holds (``metrics.jsonl``, whose schema is in
 :mod:`mloc.runtime.run.metrics`; ``config.json``; ``summary.json`` when the run wrote one;
@@ -46,7 +47,10 @@ EXAMPLES = {
     "sweep": "examples:\n  mloc sweep programs/data_reweighting.mlo --set 'classifier.optimizer.lr=0.1,0.05,0.01' "
              "--seeds 0,1,2 --jobs 2\n"
              "  mloc sweep programs/data_reweighting.mlo --set 'weight_net->classifier.hypergrad="
-             "neumann(iters=3, alpha=0.1),sama(eps=0.01)' --steps 500",
+             "neumann(iters=3, alpha=0.1),sama(eps=0.01)' --steps 500\n"
+             "  mloc sweep programs/hpo_grid.mlo --search random --trials 10 --set 'model.loss.log_decay=uniform(-4,7)'\n"
+             "  mloc sweep programs/hpo_grid.mlo --search optuna --trials 10 --set 'model.loss.log_decay=uniform(-4,7)' "
+             "--metric val_loss --direction min",
 }
 
 

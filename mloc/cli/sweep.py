@@ -1,75 +1,89 @@
-"""`mloc sweep`: a grid of `--set` values x seeds, run in parallel processes, tabulated.
+"""`mloc sweep`: a grid of `--set` values x seeds, or a random or Optuna search over
+ranges, run in parallel processes, tabulated.
 
     mloc sweep FILE --set 'PATH=V1,V2,...' [--set ...] [--seeds 0,1,2] [--jobs 2] [--threads 1]
                [--steps N] [--out DIR] [--logger NAME] [--resume]
+    mloc sweep FILE --search random|optuna --trials N --set 'PATH=loguniform(1e-3,1e-1)' [--search-seed S]
+               [--metric NAME --direction min|max] [--prune-after K] [the options above]
 
-Each point of the grid (every combination of the ``--set`` axes, each seed) is one
-``mloc run`` in a process of its own, with ``--threads`` torch threads (default 1:
-``--jobs`` runs side by side on as many cores, no oversubscription) and ``--quiet``, in its
-own run folder ``OUT/NN-NAME=VALUE,...,seed=S`` (its output in ``OUT/logs/``). A run that
-fails is reported with the error it reported (:func:`failure`) and the others go on; the
-exit code is then 1.
+Each point of the grid (every combination of the ``--set`` axes, each seed), or each trial
+of a search (:mod:`mloc.cli.search`: ranges, random draws; :mod:`mloc.cli.search_optuna`:
+TPE with median pruning), is one ``mloc run`` in a process of its own, with ``--threads``
+torch threads (default 1: ``--jobs`` runs side by side on as many cores, no
+oversubscription) and ``--quiet``, in its own run folder ``OUT/NN-NAME=VALUE,...,seed=S``
+(its output in ``OUT/logs/``). A run that fails is reported with the error it reported
+(:func:`mloc.cli.sweep_jobs.failure`) and the others go on; the exit code is then 1.
 The table (and ``OUT/sweep.json``) gives, per point, each evaluation's final and best value
 (:class:`mloc.cli.experiments.Run`) as mean ± sample standard deviation (n - 1) over the
-seeds whose run finished.
+seeds whose run finished (:mod:`mloc.cli.sweep_table`).
 
 The runs die with the sweep and stop with a checkpoint on its Ctrl-C or SIGTERM
-(:func:`_run_jobs`); rerunning the sweep continues it (:mod:`mloc.cli.sweep_folder`).
-docs/reliability.md says what each signal does.
+(:func:`mloc.cli.sweep_jobs.run_jobs`); rerunning the sweep continues it
+(:mod:`mloc.cli.sweep_folder`). docs/reliability.md says what each signal does.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import re
-import signal
-import statistics
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from mloc.cli.experiments import BY_NAME, load_run, mode_label, table
-from mloc.cli import sweep_folder
-from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError, io_error, make_dirs, within_limits
-
-
-def split_values(text: str) -> list[str]:
-    """``PATH=V1,V2`` values split at the commas outside brackets and quotes:
-    ``neumann(iters=3, alpha=0.1),sama(eps=0.01)`` is two values."""
-    values, depth, quote, start = [], 0, None, 0
-    for i, ch in enumerate(text):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            values.append(text[start:i].strip())
-            start = i + 1
-    values.append(text[start:].strip())
-    return values
+from mloc.cli import search, sweep_folder
+from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError, make_dirs, within_limits
+from mloc.cli.search import split_values  # noqa: F401  (its home before: tests import it from here)
+from mloc.cli.sweep_jobs import Job, Source, failed, run_jobs
+from mloc.cli.sweep_table import sweep_table
 
 
 def grid(sets: list[str]) -> list[tuple[str, ...]]:
-    """Every combination of the ``--set PATH=V1,V2,...`` values, as ``PATH=V`` tuples."""
-    axes = []
-    for s in sets:
-        path, eq, values = s.partition("=")
-        if not eq or not path.strip():
-            raise UsageError(f"--set {s}: expected PATH=VALUE[,VALUE...]",
-                             help="e.g. --set 'classifier.optimizer.lr=0.1,0.05'")
-        split = split_values(values)
-        if any(not v for v in split):
-            raise UsageError(f"--set {s}: an empty value", help="separate the values with single commas")
-        axes.append([f"{path.strip()}={v}" for v in split])
-    return list(itertools.product(*axes))
+    """Every combination of the ``--set PATH=V1,V2,...`` values, as ``PATH=V`` tuples;
+    a range (:mod:`mloc.cli.search`) is refused: it needs ``--search``."""
+    found = search.axes(sets)
+    for a, s in zip(found, sets):
+        if a.is_range:
+            raise UsageError(f"--set {s}: a range is drawn by a search, not walked by a grid",
+                             help="add --search random --trials N (or --search optuna), or list the values: "
+                                  "--set PATH=V1,V2")
+    return list(itertools.product(*[[f"{a.path}={v}" for v in a.values] for a in found]))
+
+
+def _points(definition: dict) -> list[tuple[str, ...]] | None:
+    """The sweep's points: the grid's, the random draws', or None (Optuna asks as it goes)."""
+    how = definition.get("search")
+    if how is None:
+        return grid(definition["set"])
+    if how["kind"] == "random":
+        return search.random_points(search.axes(definition["set"]), how["trials"], how["seed"])
+    return None
+
+
+def _search(args) -> dict | None:
+    """The ``--search`` part of the sweep's definition (None: a grid; under ``--resume``
+    without ``--search``, the record's)."""
+    if args.search is None:
+        for flag in ("trials", "metric", "direction", "prune_after", "search_seed"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} needs --search random or --search optuna")
+        return None
+    if args.trials is None or args.trials < 1:
+        raise UsageError(f"--search {args.search} needs --trials N (N >= 1): how many runs to draw")
+    if args.search == "random" and (args.metric or args.direction or args.prune_after is not None):
+        raise UsageError("--metric, --direction and --prune-after steer --search optuna; random draws need none")
+    if args.search_seed is not None and not 0 <= args.search_seed < 2**31:
+        raise UsageError(f"--search-seed {args.search_seed}: expected an integer from 0 to 2147483647")
+    if args.prune_after is not None and args.prune_after < 0:
+        raise UsageError(f"--prune-after {args.prune_after}: expected a count of trials, 0 or more")
+    if args.direction and args.direction not in ("min", "max"):
+        raise UsageError(f"--direction {args.direction}: expected min or max")
+    how = {"kind": args.search, "trials": args.trials, "seed": args.search_seed or 0}
+    if args.search == "optuna":
+        from mloc.cli.search_optuna import require_optuna
+        require_optuna()
+        how.update(metric=args.metric, direction=args.direction,
+                   prune_after=5 if args.prune_after is None else args.prune_after)
+    return how
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -82,19 +96,6 @@ def _int_list(text: str, flag: str) -> list[int]:
 def _point_name(i: int, point: tuple[str, ...], seed: int) -> str:
     parts = [f"{p.partition('=')[0].rsplit('.', 1)[-1].split('->')[-1]}={p.partition('=')[2]}" for p in point]
     return re.sub(r"[^A-Za-z0-9._=,+-]+", "_", f"{i:02d}-" + ",".join(parts + [f"seed={seed}"]))[:120]
-
-
-@dataclass
-class Job:
-    name: str
-    point: tuple[str, ...]
-    seed: int
-    dir: Path
-    argv: list[str]
-    proc: subprocess.Popen | None = None
-    started: float = 0.0
-    code: int | None = None
-    action: str = "start"       # sweep_folder.next_step: start, resume, overwrite or skip
 
 
 def cmd_sweep(args, out: Output) -> int:
@@ -113,24 +114,36 @@ def cmd_sweep(args, out: Output) -> int:
         raise UsageError(str(e), help=e.help) from None
     seeds = _int_list(args.seeds, "--seeds") if args.seeds else None
     within_limits(steps=args.steps, seeds=seeds or [])
-    grid(args.set or [])                   # a malformed --set: refused before the folder is looked at
+    how = _search(args)
+    (grid if how is None else search.axes)(args.set or [])   # a malformed --set: refused before the folder
     root = _root(args)
     sets = (args.set or []) if args.set or not args.resume else None     # None: the recorded ones
     asked = {"file": str(Path(args.file).resolve()), "set": sets,
-             "seeds": seeds or ([None] if not args.resume else None), "steps": args.steps}
+             "seeds": seeds or ([None] if not args.resume else None), "steps": args.steps,
+             "search": how if how is not None or not args.resume else None}
     definition = sweep_folder.admit(root, asked, args.resume)
-    points, seeds = grid(definition["set"]), definition["seeds"]
-    check_points(args.file, points)        # a --set that names nothing: refused before any run
+    points, seeds = _points(definition), definition["seeds"]
+    if definition.get("search", {}) and definition["search"]["kind"] == "optuna" and len(seeds) > 1:
+        raise UsageError("--search optuna runs each trial once: give it one seed (--seeds S)",
+                         help="run the best trial's values over several seeds with a grid sweep afterwards")
+    check_points(args.file, points if points is not None else [_first(definition["set"])])
     make_dirs(root)                        # a file there: `Not a directory`, naming --out
     try:
         with runfolder.held(root):
             definition = sweep_folder.admit(root, asked, args.resume)   # again, holding the lock
-            return _sweep(args, out, root, definition, points, seeds)
+            return _sweep(args, out, root, definition, seeds)
     except runfolder.RunFolderError as e:
         raise UsageError(str(e).replace("by process", "by the sweep in process"),
                          help="wait for that sweep to finish or stop it; choose another --out") from None
     except runfolder.RunIOError as e:
         raise UsageError(str(e)) from None
+
+
+def _first(sets: list[str]) -> tuple[str, ...]:
+    """One point of a search's space (each range's low end, each choice's first value): to
+    check that every ``--set`` names something before any trial runs."""
+    return tuple(f"{a.path}={a.values[0] if a.values else search.fmt(a.low) if a.kind != 'int' else int(a.low)}"
+                 for a in search.axes(sets))
 
 
 def _root(args) -> Path:
@@ -147,38 +160,70 @@ def _root(args) -> Path:
     return _next_sweep(base)
 
 
-def _sweep(args, out: Output, root: Path, definition: dict, points, seeds) -> int:
-    """Run the sweep's points in ``root``, holding its lock: skip what finished, continue
-    what stopped (:func:`mloc.cli.sweep_folder.next_step`), tabulate; 130 after Ctrl-C."""
-    jobs = [_job(args, root, i, point, seed, definition["steps"]) for i, point in enumerate(points) for seed in seeds]
+def _sweep(args, out: Output, root: Path, definition: dict, seeds) -> int:
+    """Run the sweep in ``root``, holding its lock: skip what finished, continue what
+    stopped (:func:`mloc.cli.sweep_folder.next_step`), tabulate; 130 after Ctrl-C."""
     make_dirs(root / "logs")
-    record = {**definition, "status": "running", "threads": args.threads, "jobs": args.jobs,
-              "runs": [j.name for j in jobs]}
+    record = {**definition, "status": "running", "threads": args.threads, "jobs": args.jobs}
+    source, what = _source(args, out, root, definition, seeds, record)
+    record["runs"] = [j.name for j in source.jobs]
     sweep_folder.write_record(root, record)
-    counts = {a: sum(j.action == a for j in jobs) for a in ("skip", "resume", "overwrite")}
-    again = ", ".join(f"{n} {what}" for n, what in ((counts["skip"], "finished (skipped)"),
+    jobs = source.jobs
+    counts = {a: sum(j.action == a and j.pruned is None for j in jobs) for a in ("skip", "resume", "overwrite")}
+    pruned = sum(j.action == "skip" and j.pruned is not None for j in jobs)
+    again = ", ".join(f"{n} {what}" for n, what in ((counts["skip"], "finished (skipped)"), (pruned, "pruned (skipped)"),
                                                      (counts["resume"], "to resume from a checkpoint"),
                                                      (counts["overwrite"], "to start again")) if n)
-    out.err(f"sweep: {len(jobs)} runs ({len(points)} points x {len(seeds)} seeds) in {root}, "
-            f"{args.jobs} at a time, {args.threads} thread{'s' * (args.threads != 1)} each"
+    out.err(f"sweep: {what} in {root}, {args.jobs} at a time, {args.threads} thread{'s' * (args.threads != 1)} each"
             + (f"; continuing it: {again}" if again else ""))
     t0 = time.perf_counter()
-    interrupted = _run_jobs(jobs, args.jobs, root, out, args.threads)
-    failed = [j for j in jobs if j.code != 0]
-    table, summary = sweep_table(jobs, seeds != [None])
-    status = "interrupted" if interrupted else "failed" if failed else "finished"
-    sweep_folder.write_record(root, {**record, "status": status, "seconds": round(time.perf_counter() - t0, 1),
-                                     "points": summary})
+    interrupted = run_jobs(source, args.jobs, root, out, args.threads)
+    jobs = sorted(source.jobs, key=lambda j: j.name)
+    bad = [j for j in jobs if failed(j)]
+    table, summary = sweep_table(jobs, len(seeds) > 1)
+    status = "interrupted" if interrupted else "failed" if bad else "finished"
+    record = {**record, "runs": [j.name for j in jobs], "status": status,
+              "seconds": round(time.perf_counter() - t0, 1), "points": summary}
+    record.update(source.record())
+    sweep_folder.write_record(root, record)
     if interrupted:
-        stopped = [j.name for j in jobs if j.code == 130]
-        out.err(f"interrupted: {len(jobs) - len(failed)} of {len(jobs)} runs finished"
+        stopped = [j.name for j in jobs if j.code == 130 and j.pruned is None]
+        out.err(f"interrupted: {sum(j.code == 0 for j in jobs)} of {len(jobs)} runs finished"
                 + (f"; stopped with a checkpoint: {', '.join(stopped)}" if stopped else "")
                 + f"; continue with the same command, or `mloc sweep {args.file} --resume --out {root}`")
         return 130
     out.out(table)
-    out.err(f"wrote {root / 'sweep.json'}; {len(jobs) - len(failed)} of {len(jobs)} runs finished in "
-            f"{time.perf_counter() - t0:.1f} s" + (f"; failed: {', '.join(j.name for j in failed)}" if failed else ""))
-    return EXIT_ERRORS if failed else EXIT_OK
+    if source.verdict():
+        out.err(source.verdict())
+    pruned = sum(j.pruned is not None and j.code == 130 for j in jobs)
+    out.err(f"wrote {root / 'sweep.json'}; {sum(j.code == 0 for j in jobs)} of {len(jobs)} runs finished"
+            + (f", {pruned} pruned" if pruned else "") + f" in {time.perf_counter() - t0:.1f} s"
+            + (f"; failed: {', '.join(j.name for j in bad)}" if bad else ""))
+    return EXIT_ERRORS if bad else EXIT_OK
+
+
+def _source(args, out: Output, root: Path, definition: dict, seeds, record: dict) -> tuple[Source, str]:
+    """What the sweep runs, and how the first line says it."""
+    how, steps = definition.get("search"), definition["steps"]
+    if how is None or how["kind"] == "random":
+        points = _points(definition)
+        jobs = [_job(args, root, i, point, seed, steps) for i, point in enumerate(points) for seed in seeds]
+        kind = f"{len(points)} points" if how is None else f"{len(points)} random trials (--search-seed {how['seed']})"
+        return Source(jobs), f"{len(jobs)} runs ({kind} x {len(seeds)} seeds)"
+    from mloc.cli.search_objective import objective_of
+    from mloc.cli.search_optuna import OptunaSource
+    objective = objective_of(args.file, _first(definition["set"]), how.get("metric"), how.get("direction"))
+    earlier = (sweep_folder.read_record(root) or {}).get("trials") or []
+
+    def saved(trials: list[dict]) -> None:
+        sweep_folder.write_record(root, {**record, "objective": vars(objective), "trials": trials,
+                                         "runs": [t["name"] for t in trials]})
+    source = OptunaSource(search.axes(definition["set"]), objective, how["trials"], how["seed"], how["prune_after"],
+                          earlier, lambda i, point: _job(args, root, i, point, seeds[0], steps), saved, out)
+    record["objective"] = vars(objective)
+    told = f"; {len(source.trials)} told again from before" if source.trials else ""
+    return source, (f"{how['trials']} Optuna trials (TPE, median pruning after {how['prune_after']} trials, "
+                    f"--search-seed {how['seed']}) on {objective.mode} {objective.metric} ({objective.why}){told}")
 
 
 def _job(args, root: Path, i: int, point: tuple[str, ...], seed: int | None, steps: int | None) -> Job:
@@ -218,174 +263,28 @@ def _next_sweep(base: Path) -> Path:
     return base / f"sweep{n}"
 
 
-SWEEP_STOP = ("stopping the sweep: each running run stops after its step with a checkpoint; "
-              "Ctrl-C again to abort them without one")
-
-
-def _run_jobs(jobs: list[Job], parallel: int, root: Path, out: Output, threads: int) -> bool:
-    """Run the ``jobs`` not skipped, ``parallel`` at a time (each one's output in
-    ``root/logs/NAME.log``); a failure is reported and the others go on. Returns whether
-    the sweep was interrupted.
-
-    The runs die with the sweep, whatever kills it (:func:`mloc.runtime.processes.workers.child_of`:
-    the kernel's SIGKILL when it exits), and run in sessions of their own, so a terminal's
-    Ctrl-C reaches the sweep alone. Ctrl-C or SIGTERM to the sweep sends each running run
-    one SIGINT (:func:`mloc.runtime.processes.workers.interrupt`): it stops after its step with a
-    checkpoint and status ``interrupted``, as an interrupted ``mloc run`` does; the sweep
-    waits for them and starts no other. A second Ctrl-C kills them at once. A log that
-    cannot be opened stops them all the same way."""
-    from mloc.runtime.processes import workers
-    waiting, running = [j for j in jobs if j.action != "skip"], []
-    done = len(jobs) - len(waiting)
-    for j in (j for j in jobs if j.action == "skip"):
-        out.err(f"[-/{len(jobs)}] {j.name}: finished before; skipped")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    with workers.sigterm_as_interrupt():
-        try:
-            while waiting or running:
-                while waiting and len(running) < parallel:
-                    _start(waiting.pop(0), root, env, running)
-                time.sleep(0.1)
-                for job in [j for j in running if j.proc.poll() is not None]:
-                    running.remove(job)
-                    done += 1
-                    _report(job, done, len(jobs), root, out)
-        except KeyboardInterrupt:
-            workers.interrupt([j.proc for j in running], SWEEP_STOP)
-            for job in running:
-                job.code = job.proc.returncode
-            return True
-        except BaseException:              # a log that cannot be opened: stop them all
-            workers.interrupt([j.proc for j in running], SWEEP_STOP)
-            raise
-    return False
-
-
-def _start(job: Job, root: Path, env: dict, running: list[Job]) -> None:
-    """Start ``job``'s run (its output appended to its log when it resumes) and add it to
-    ``running`` at once, so that an interrupt a moment later stops it too."""
-    from mloc.runtime.processes import workers
-    log = root / "logs" / f"{job.name}.log"
-    try:
-        with open(log, "ab" if job.action == "resume" else "wb") as f:
-            job.proc = subprocess.Popen(job.argv, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                        preexec_fn=workers.child_of(os.getpid()), start_new_session=True)
-    except OSError as e:
-        raise io_error(e, log) from None
-    running.append(job)
-    job.started = time.perf_counter()
-
-
-def _report(job: Job, done: int, total: int, root: Path, out: Output) -> None:
-    job.code = job.proc.returncode
-    took = time.perf_counter() - job.started
-    how = " (resumed)" if job.action == "resume" else ""
-    if job.code == 0:
-        out.err(f"[{done}/{total}] {job.name}: done{how} in {took:.1f} s")
-    else:
-        error = failure(root / "logs" / f"{job.name}.log", job.dir, job.code)
-        out.err(f"[{done}/{total}] {job.name}: failed{how} (exit {job.code}) after {took:.1f} s; see "
-                f"{root / 'logs' / (job.name + '.log')}" + "".join(f"\n    {line}" for line in error))
-
-
-_HEADLINE = re.compile(r"^error(\[[A-Z]\d+\])?: ")
-
-
-def failure(log: Path, run_dir: Path, code: int, most: int = 3) -> list[str]:
-    """What a failed run reported, to show under its line: each diagnostic's headline in its
-    output (``error[E702]: the program's code raised ...``, up to ``most`` of them) with its
-    locations (``-->``), notes and help; else the error its ``summary.json`` records; else
-    the last lines of its output. A run killed by a signal says which first."""
-    lines = [f"killed by {signal.Signals(-code).name}"] if code < 0 and -code in signal.valid_signals() else []
-    try:
-        text = log.read_text(errors="replace").splitlines()
-    except OSError:                 # removed or unreadable meanwhile: the failure is still reported
-        text = []
-    blocks: list[list[str]] = []
-    current: list[str] | None = None          # the diagnostic being read; a blank line ends it
-    for line in text:
-        if _HEADLINE.match(line):
-            current = [line.rstrip()]
-            blocks.append(current)
-        elif not line.strip():
-            current = None
-        elif current is not None and line.strip().startswith(("-->", "= help:", "= note:")):
-            current.append(line.rstrip())
-    if blocks:
-        shown = [line for b in blocks[:most] for line in b]
-        more = len(blocks) - most
-        return lines + shown + ([f"... and {more} more error{'s' * (more != 1)}"] if more > 0 else [])
-    from mloc.runtime.run.selection import SUMMARY
-    try:
-        error = json.loads((run_dir / SUMMARY).read_text(encoding="utf-8")).get("error")
-    except (OSError, ValueError, AttributeError):
-        error = None
-    if isinstance(error, str) and error:
-        return lines + [f"error: {error}"]
-    return lines + [line for line in text if line.strip()][-3:]
-
-
-def _mean_std(values: list[float]) -> str:
-    if not values:
-        return "-"
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{mean:.4f} ± {std:.4f}"
-
-
-def sweep_table(jobs: list[Job], by_seed: bool) -> tuple[str, list[dict]]:
-    """The table `mloc sweep` prints (a row per grid point: its runs' final and best metrics
-    as mean ± sample std over the seeds that finished) and the same as data. A metric's
-    best follows its direction (:meth:`mloc.cli.experiments.Run.best_of`), named in its
-    column's header (``best acc (max)``, ``best test_loss (min, by name)``); a metric
-    without one has no best column."""
-    groups: dict[tuple[str, ...], list[Job]] = {}
-    for j in jobs:
-        groups.setdefault(j.point, []).append(j)
-    summary, metrics, modes = [], [], {}
-    for point, members in groups.items():
-        ok = [load_run(j.dir) for j in members if j.code == 0]
-        finals = [r.final() for r in ok]
-        for name in (k for f in finals for k in f):
-            if name not in metrics:
-                metrics.append(name)
-        bests = {m: [b for r in ok if (b := r.best_of(m)) is not None] for m in metrics}
-        for m, found in bests.items():
-            if found and m not in modes:
-                modes[m] = (found[0]["mode"], found[0]["declared"])
-        summary.append({"set": list(point), "runs": [j.name for j in members], "finished": len(ok),
-                        "final": {m: [f[m] for f in finals if m in f] for m in metrics},
-                        "best": {m: [b["value"] for b in found] for m, found in bests.items() if found},
-                        "direction": {m: {"mode": found[0]["mode"], "declared": found[0]["declared"]}
-                                      for m, found in bests.items() if found}})
-    for row in summary:                               # metrics first seen in a later group
-        for m in metrics:
-            row["final"].setdefault(m, [])
-    ranked = [m for m in metrics if m in modes]
-    header = ["SET", "RUNS"] + [f"final {m}" for m in metrics] + \
-             [f"best {m} ({mode_label(*modes[m])})" for m in ranked]
-    rows = [tuple(header)]
-    for row in summary:
-        cells = [" ".join(row["set"]) or "(as written)", f"{row['finished']}/{len(row['runs'])}"]
-        cells += [_mean_std(row["final"][m]) for m in metrics]
-        cells += [_mean_std(row["best"].get(m, [])) for m in ranked]
-        rows.append(tuple(cells))
-    notes = ["mean ± std over seeds (sample std, n-1)" if by_seed else "one run per point"]
-    notes += [BY_NAME] if any(not d for _, d in modes.values()) else []
-    unranked = [m for m in metrics if m not in modes]
-    notes += [f"no best for {', '.join(unranked)}: neither the program nor the name says whether higher or "
-              "lower is better; declare it with `checkpoint best on max|min METRIC`"] if unranked else []
-    return table(rows) + "".join(f"\n({n})" for n in notes), summary
-
-
 def add_command(command) -> None:
     """Register sweep on the CLI's subparser factory."""
-    p = command("sweep", "run a grid of overrides x seeds in parallel processes and tabulate the results",
-                cmd_sweep)
+    p = command("sweep", "run a grid of overrides x seeds, or a random or Optuna search over ranges, in parallel "
+                         "processes and tabulate the results", cmd_sweep)
     p.add_argument("file", metavar="FILE", help="the .mlo program")
     p.add_argument("--set", action="append", metavar="PATH=V1,V2,...",
-                   help="a grid axis: the values split at top-level commas (commas inside calls stay); repeatable")
+                   help="a grid axis: the values split at top-level commas (commas inside calls stay); or, with "
+                        "--search, a range: uniform(a,b), loguniform(a,b), int(a,b) (both ends included), "
+                        "choice(v1,v2,...); repeatable")
     p.add_argument("--seeds", metavar="S1,S2,...", help="seeds to run each point with (default: the program's)")
+    p.add_argument("--search", choices=("random", "optuna"),
+                   help="draw --trials points from the --set ranges instead of walking a grid: random (seeded by "
+                        "--search-seed, the same draws every time) or optuna (TPE, median pruning; mloc[optuna])")
+    p.add_argument("--trials", type=int, metavar="N", help="how many points a --search draws")
+    p.add_argument("--search-seed", type=int, metavar="S", help="the seed of the search's draws (default 0)")
+    p.add_argument("--metric", metavar="NAME",
+                   help="what --search optuna optimizes (default: the program's `checkpoint best`/`stop when` "
+                        "metric, else its first evaluation whose name says a direction)")
+    p.add_argument("--direction", metavar="min|max", help="the --metric's direction (default: the program's)")
+    p.add_argument("--prune-after", type=int, metavar="K",
+                   help="--search optuna stops a trial whose best evaluation so far is worse than the median of the "
+                        "other trials' at the same step, once K trials have ended (default 5; K >= --trials: no pruning)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
     p.add_argument("--steps", type=int, help="outer steps per run (default: the program's)")
@@ -393,5 +292,6 @@ def add_command(command) -> None:
     p.add_argument("--logger", action="append", metavar="NAME", help="passed to each run (csv, tensorboard, wandb)")
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep in --out (default: the program's latest runs/PROGRAM/sweepN): finished "
-                        "runs are skipped, stopped ones resume from their checkpoints; the --set, --seeds and "
-                        "--steps not given are the sweep's. Rerunning the same command continues it too")
+                        "runs are skipped, stopped ones resume from their checkpoints, an Optuna study is told its "
+                        "finished trials again; the --set, --seeds, --steps and --search not given are the "
+                        "sweep's. Rerunning the same command continues it too")

@@ -3,7 +3,8 @@ each of its points. No torch here.
 
 **What it is.** ``OUT/sweep.json`` is written when the sweep starts, with its
 :data:`DEFINITION`: the program's path, the ``--set`` axes as given, the seeds and
-``--steps``; and ``"status": "running"``. It is rewritten when the sweep ends, with the
+``--steps``, and ``search`` (null for a grid; else ``--search``, ``--trials``,
+``--search-seed`` and Optuna's objective and pruning); and ``"status": "running"``. It is rewritten when the sweep ends, with the
 table's data and ``"status"`` ``finished`` (every run finished), ``failed`` (one did not)
 or ``interrupted`` (Ctrl-C or SIGTERM).
 
@@ -31,6 +32,7 @@ from mloc.cli.output import UsageError, io_error
 
 RECORD = "sweep.json"
 DEFINITION = ("file", "set", "seeds", "steps")      # what a rerun must share to continue a sweep
+OPTIONAL = ("search",)          # ... and this, absent (a grid) from the records of before --search
 DONE = ("finished", "stopped_early")                # a run's summary.json statuses that need nothing more
 
 
@@ -66,12 +68,13 @@ def admit(root: Path, definition: dict, resume: bool) -> dict:
                              help="choose another --out")
         return definition
     if resume:
-        definition = {k: record[k] if definition[k] is None else definition[k] for k in DEFINITION}
-    differ = [k for k in DEFINITION if definition[k] != record[k]]
+        definition = {k: record.get(k) if definition.get(k) is None else definition[k] for k in DEFINITION + OPTIONAL}
+    differ = [k for k in DEFINITION + OPTIONAL if definition.get(k) != record.get(k)]
     if differ:
-        what = "; ".join(f"{_flag(k)}: {_show(record[k])} there, {_show(definition[k])} here" for k in differ)
+        what = "; ".join(f"{_flag(k)}: {_flag_value(k, record.get(k))} there, {_flag_value(k, definition.get(k))} here"
+                         for k in differ)
         raise UsageError(f"{root} holds another sweep ({what})",
-                         help="rerun it with the same program, --set, --seeds and --steps to continue it, "
+                         help="rerun it with the same program, --set, --seeds, --steps and --search to continue it, "
                               "or choose another --out")
     return definition
 
@@ -82,6 +85,10 @@ def _flag(key: str) -> str:
 
 def _show(value) -> str:
     return "the program's" if value in (None, [None]) else json.dumps(value)
+
+
+def _flag_value(key: str, value) -> str:
+    return ("a grid" if value is None else json.dumps(value)) if key == "search" else _show(value)
 
 
 def next_step(run_dir: Path) -> str:
