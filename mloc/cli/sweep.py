@@ -35,6 +35,7 @@ from mloc.cli.output import EXIT_ERRORS, EXIT_OK, Output, UsageError, make_dirs,
 from mloc.cli.search import split_values  # noqa: F401  (its home before: tests import it from here)
 from mloc.cli.sweep_jobs import Job, Source, failed, run_jobs
 from mloc.cli.sweep_table import sweep_table
+from mloc.shared.compile import MODES
 
 
 def grid(sets: list[str]) -> list[tuple[str, ...]]:
@@ -239,6 +240,7 @@ def _job(args, root: Path, i: int, point: tuple[str, ...], seed: int | None, ste
         argv += ["--overwrite"] if action == "overwrite" else []
     argv += ["--steps", str(steps)] if steps else []
     argv += [a for lg in args.logger or () for a in ("--logger", lg)]
+    argv += ["--compile", args.compile] if args.compile != "auto" else []
     return Job(name, point, seed, root / name, argv, action=action, code=0 if action == "skip" else None)
 
 
@@ -290,6 +292,9 @@ def add_command(command) -> None:
     p.add_argument("--steps", type=int, help="outer steps per run (default: the program's)")
     p.add_argument("--out", metavar="DIR", help="the sweep's folder (default: a fresh runs/PROGRAM/sweepN)")
     p.add_argument("--logger", action="append", metavar="NAME", help="passed to each run (csv, tensorboard, wandb)")
+    p.add_argument("--compile", choices=MODES, default="auto",
+                   help="passed to each run (default auto: each run decides by its own step times, so two runs "
+                        "may decide apart on a busy machine; on or off where runs must be comparable bit for bit)")
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep in --out (default: the program's latest runs/PROGRAM/sweepN): finished "
                         "runs are skipped, stopped ones resume from their checkpoints, an Optuna study is told its "

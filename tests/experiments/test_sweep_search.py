@@ -284,3 +284,21 @@ def test_an_interrupted_optuna_sweep_continues_its_stopped_trial_and_asks_for_th
     assert [t["state"] for t in record["trials"]] == ["complete"] * 3
     assert record["trials"][1]["set"] == trials[1]["set"] and record["trials"][2]["number"] == 2
     assert record["trials"][2]["set"] not in (trials[0]["set"], trials[1]["set"])
+
+
+def test_compile_is_passed_to_each_run(tmp_path):
+    """`--compile on|off` reaches every run's command line (auto, the runs' own default,
+    adds nothing); a mode that does not exist is refused by the parser."""
+    import argparse
+
+    from mloc.cli import sweep
+    parser = argparse.ArgumentParser()
+    subparsers = parser.add_subparsers()
+    sweep.add_command(lambda name, help, fn: subparsers.add_parser(name, help=help))
+    program = str(Path(__file__).resolve().parents[1] / "run" / "small.mlo")
+    for mode, expected in (("off", ["--compile", "off"]), ("auto", [])):
+        args = parser.parse_args(["sweep", program, "--compile", mode])
+        argv = sweep._job(args, tmp_path, 0, ("net.optimizer.lr=0.1",), 0, None).argv
+        assert [a for a in argv if a in ("--compile", "off", "on", "auto")] == expected
+    with pytest.raises(SystemExit):
+        parser.parse_args(["sweep", program, "--compile", "maybe"])
