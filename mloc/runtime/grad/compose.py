@@ -41,6 +41,7 @@ from torch import Tensor
 
 from mloc.shared.composition import SEMANTICS, Composition, topo
 from mloc.runtime.base import tree
+from mloc.runtime.base.overlap import averaged_grad
 from mloc.runtime.grad.adjoints import ReducedOp, backward, concat, flat, propagate, split
 from mloc.runtime.grad.problem import LowerOp, Problem
 
@@ -91,6 +92,7 @@ class Hierarchy:
         straight-line two-level shapes are not used then. Unrolled (``itd``) and ``exact``
         nested steps stay per replica (their gradients are differentiated, not averaged)."""
         self.reduce = reduce
+        self.final = None   # an OverlappedSync: the final backward averaged as it runs (engine)
         self.problems = {p.name: p for p in problems}
         for p in self.problems.values():
             p.reduce = reduce
@@ -173,9 +175,10 @@ class Hierarchy:
         if seed is not None:
             loss = seed(loss)
         inputs = plan.seed_inputs or flat(points, plan.seeds)
-        grads = torch.autograd.grad(loss, inputs, allow_unused=True)
-        if self.reduce is not None:
-            grads = self.reduce(tuple(torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)))
+        if self.reduce is not None:     # the upper's direct gradient, averaged as it is made
+            grads = averaged_grad(self.reduce, loss, inputs)
+        else:
+            grads = torch.autograd.grad(loss, inputs, allow_unused=True)
         adj = {}
         split(grads, points, plan.seeds, adj)
         return adj
@@ -210,7 +213,8 @@ class Hierarchy:
         if direct is not None:
             specs.append((params, direct))
         if specs:
-            return backward(*(specs[0] if len(specs) == 1 else concat(specs)), params, accumulate)
+            return backward(*(specs[0] if len(specs) == 1 else concat(specs)), params, accumulate,
+                            self.final if not accumulate else None)
         return None
 
     def _single(self, plan, accumulate=True, seed=None):

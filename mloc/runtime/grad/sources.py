@@ -35,10 +35,15 @@ Source = Callable[[Seed | None], tuple[Params, Tensor | None]]
 
 
 def plain_gradient(params: Params, loss_at_own: Callable[[], Tensor],
-                   autocast: Callable[[], object]) -> Source:
+                   autocast: Callable[[], object], sync=None) -> Source:
     """The gradient of ``loss_at_own()`` (evaluated in the ``autocast`` context) with
-    respect to ``params``, and the loss, detached."""
+    respect to ``params``, and the loss, detached. ``sync``
+    (:class:`~mloc.runtime.base.overlap.OverlappedSync`): the gradient is averaged across
+    replicas as the backward makes it (the pipeline's all-reduce then finds it done)."""
     grad = torch.autograd.grad
+    if sync is not None:
+        def grad(loss, inputs, allow_unused):
+            return sync.grad(loss, inputs, final=True)
     evaluate = loss_at_own
     if autocast() is not NULL_CONTEXT:
         def evaluate() -> Tensor:

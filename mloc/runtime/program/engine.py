@@ -68,7 +68,8 @@ class Program:
         self.guard = FiniteGuard()
         built = build(specs, edges, semantics, build_modules, data, config, self.dist, self.device, compositions)
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
-        self.hierarchy, self._cast = built.hierarchy, built.cast
+        self.hierarchy, self._cast, self.sync = built.hierarchy, built.cast, built.sync
+        self._final = self.sync if self.dist.world > 1 and self.sync.overlap else None
         self._steps: dict[tuple[str, str], Any] = {}    # the step kinds' objects (:meth:`_step`)
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
@@ -117,26 +118,31 @@ class Program:
         step = self._steps.get((kind, name))
         if step is None:
             step = self._steps[kind, name] = make(name)
+        self.sync.owner = name      # whose collectives these are (counted per problem)
         return step
 
     def _stepper(self, name: str) -> Callable[..., None]:
         return _stepper(self.drawer(name), self._source(name), self.pipeline(name))
 
     def _accumulator(self, name: str) -> Accumulator:
-        return Accumulator(self.drawer(name), self._source(name), self.pipeline(name))
+        return Accumulator(self.drawer(name), self._source(name, final=None), self.pipeline(name))
 
-    def _source(self, name: str) -> Source:
+    def _source(self, name: str, final: Any = "step") -> Source:
         """Where `name`'s steps take their gradients: its plain gradient (a lowest problem)
         or its hypergradient, with the buffer rule applied (`mloc.runtime.grad.buffers`),
-        compiled where the run compiles (:mod:`mloc.runtime.program.compiling`)."""
+        compiled where the run compiles (:mod:`mloc.runtime.program.compiling`). Under data
+        parallelism with overlap, a plain gradient is averaged during its backward (``final``
+        None: not, for micro-steps whose sum the pipeline averages once)."""
         lv, wrap = self.live[name], self.compiling.source
+        final = self._final if final == "step" else final
         if not self.hierarchy.lowers.get(name):
             reads = lv.spec.reads
             loss = lv.problem.loss.step_loss(reads.index(name) if name in reads else None)
             others = buffers_of((self.live[r].module for r in reads if r != name), exclude=tuple(lv.module.buffers()))
-            return wrap("lower", name, guard_step(plain_gradient(lv.problem.params, loss, lv.autocast), others))
+            return wrap("lower", name, guard_step(plain_gradient(lv.problem.params, loss, lv.autocast, final),
+                                                  others))
         source = hypergradient(self.hierarchy.hypergrad, name, lv.problem.params, lv.autocast,
-                               into_grad=self.pipeline(name).on_grad)
+                               into_grad=self.pipeline(name).on_grad and self._final is None)
         own = buffers_of((lv.module,))
         return wrap("upper", name, guard_step(source, buffers_of(self.modules.values(), exclude=own), own,
                                               lv.problem.loss))
@@ -166,7 +172,8 @@ class Program:
         precision setting changed before it is taken into account)."""
         lv = self.live[name]
         if lv.pipeline is None:
-            lv.pipeline = build_pipeline(lv, self.dist, self.guard, self, upper=bool(self.hierarchy.lowers.get(name)))
+            lv.pipeline = build_pipeline(lv, self.sync, self.guard, self,
+                                         upper=bool(self.hierarchy.lowers.get(name)))
         return lv.pipeline
 
     # --- reading ------------------------------------------------------------------------
