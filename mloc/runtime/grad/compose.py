@@ -92,7 +92,6 @@ class Hierarchy:
         straight-line two-level shapes are not used then. Unrolled (``itd``) and ``exact``
         nested steps stay per replica (their gradients are differentiated, not averaged)."""
         self.reduce = reduce
-        self.final = None   # an OverlappedSync: the final backward averaged as it runs (engine)
         self.problems = {p.name: p for p in problems}
         for p in self.problems.values():
             p.reduce = reduce
@@ -183,7 +182,8 @@ class Hierarchy:
         split(grads, points, plan.seeds, adj)
         return adj
 
-    def hypergrad(self, name: str, accumulate: bool = True, seed: Callable[[Tensor], Tensor] | None = None):
+    def hypergrad(self, name: str, accumulate: bool = True, seed: Callable[[Tensor], Tensor] | None = None,
+                  sync=None):
         """Accumulate ``dL_name/dθ_name`` (best responses below) into ``.grad``, one backward.
 
         With ``accumulate=False`` nothing is written: the hypergradient is returned, one
@@ -196,7 +196,11 @@ class Hierarchy:
         it is given (linear solves and unrolled sweeps are linear in it; a finite
         difference with ``ε = ε₀/‖q‖`` evaluates the same points and divides by an ``ε``
         scaled alike), so the result is the hypergradient times the scale, exactly so for
-        a power of two when nothing overflows."""
+        a power of two when nothing overflows.
+
+        ``sync`` (:class:`~mloc.runtime.base.overlap.OverlappedSync`, data parallelism, with
+        ``accumulate=False``): the final backward averages the hypergradient across replicas
+        as it runs, and returns it dense, the unreached parameters marked."""
         step = self._steps.get(name)  # a two-level finite-difference step, built once
         if step is not None:
             return step(accumulate, seed)
@@ -214,7 +218,7 @@ class Hierarchy:
             specs.append((params, direct))
         if specs:
             return backward(*(specs[0] if len(specs) == 1 else concat(specs)), params, accumulate,
-                            self.final if not accumulate else None)
+                            sync if not accumulate else None)
         return None
 
     def _single(self, plan, accumulate=True, seed=None):

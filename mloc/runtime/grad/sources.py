@@ -62,19 +62,21 @@ def plain_gradient(params: Params, loss_at_own: Callable[[], Tensor],
 
 
 def hypergradient(hypergrad: Callable, name: str, params: Params, autocast: Callable[[], object],
-                  into_grad: bool = False) -> Source:
+                  into_grad: bool = False, sync=None) -> Source:
     """``name``'s hypergradient, ``hypergrad(name, accumulate, seed)`` in the ``autocast``
     context; the loss is the top loss when a ``seed`` is given (the seed sees it), else
     None. With ``into_grad`` the one final backward accumulates into the cleared
     ``.grad`` (as ``loss.backward()`` lays gradients out), which is returned: for a
-    pipeline whose stages act on ``.grad``."""
+    pipeline whose stages act on ``.grad``. ``sync``: averaged across replicas during the
+    final backward (:meth:`Hierarchy.hypergrad <mloc.runtime.grad.compose.Hierarchy.hypergrad>`;
+    not with ``into_grad``)."""
     fp32 = autocast() is NULL_CONTEXT
 
     def compute(seed: Seed | None):
         if fp32:
-            return hypergrad(name, into_grad, seed)
+            return hypergrad(name, into_grad, seed, sync)
         with autocast():
-            return hypergrad(name, into_grad, seed)
+            return hypergrad(name, into_grad, seed, sync)
 
     def returned(seed: Seed | None) -> Params:
         grads = compute(seed)

@@ -167,8 +167,6 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
     sync = OverlappedSync(dist.world, overlap=config.overlap != "off")
     hierarchy = Hierarchy([lv.problem for lv in live.values()], edges, semantics,
                           sync if dist.world > 1 else None, compositions)
-    if dist.world > 1 and sync.overlap:
-        hierarchy.final = sync
     dist.broadcast_params([t for lv in live.values() for t in lv.problem.params])
     return Built(modules, streams, live, hierarchy, cast, sync)
 

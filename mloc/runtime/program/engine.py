@@ -142,7 +142,7 @@ class Program:
             return wrap("lower", name, guard_step(plain_gradient(lv.problem.params, loss, lv.autocast, final),
                                                   others))
         source = hypergradient(self.hierarchy.hypergrad, name, lv.problem.params, lv.autocast,
-                               into_grad=self.pipeline(name).on_grad and self._final is None)
+                               into_grad=self.pipeline(name).on_grad and final is None, sync=final)
         own = buffers_of((lv.module,))
         return wrap("upper", name, guard_step(source, buffers_of(self.modules.values(), exclude=own), own,
                                               lv.problem.loss))
