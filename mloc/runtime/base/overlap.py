@@ -54,6 +54,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from mloc.runtime.base import tree
 
@@ -135,9 +136,14 @@ class OverlappedSync:
              final: bool = False) -> tuple[Tensor, ...]:
         """``mean over replicas of autograd.grad(outputs, inputs, grad_outputs)``, dense (zeros
         where no gradient reaches). ``final``: these are a step's gradients, which the commit
-        pipeline then finds averaged already (:meth:`reduced`). The inputs no gradient reached
+        pipeline then finds averaged already (:meth:`reduced`), except while a compiled step
+        is captured (``make_fx``: a graph holds no collective), when they are returned as
+        they are, ``None`` where none reached, for the pipeline to average after. The inputs no gradient reached
         on this replica are marked (:func:`~mloc.runtime.base.tree.marked`), as a source marks them."""
         inputs = tuple(inputs)
+        if final and get_proxy_mode() is not None:   # captured into a graph (a compiled step):
+            return torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=retain_graph,
+                                       allow_unused=True)   # no collective there; the pipeline averages
         if not self.overlap or self.world == 1:
             g = torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=retain_graph, allow_unused=True)
             missing = [i for i, x in enumerate(g) if x is None]
