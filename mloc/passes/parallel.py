@@ -4,8 +4,9 @@ Under `--nproc N` a gradient is averaged across the N replicas wherever the step
 linear in the replicas' batches (:mod:`mloc.runtime.base.overlap` averages each as its
 backward runs: a *synchronised backward*, one collective per 25 MiB bucket). Per step kind:
 
-- a plain step (`lower_step`), an optimizer step on accumulated micro-steps (`apply`), each
-  stage of an interlocking step: its gradient, 1;
+- a plain step (`lower_step`, or `commit`: an unrolled step taken for real), an optimizer
+  step on accumulated micro-steps (`apply`), each stage of an interlocking step: its
+  gradient, 1;
 - an upper step: the upper's gradient that seeds the adjoints (1, unless every edge below
   has no indirect term), what each lower's BR-VJP averages (`SyncCaps` in the method's
   descriptor: cg's and neumann's Hessian-vector products, SAMA's lower gradient over an
@@ -58,7 +59,7 @@ def _actions(loop: Loop, times: int):
 
 
 def _of(kind: str, problem: str, per_upper: dict, g: ProgramGraph) -> tuple[int | None, str]:
-    if kind in ("lower_step", "apply"):
+    if kind in ("lower_step", "apply", "commit"):
         return 1, "its gradient"
     if kind == "chain_step":
         stages = next((len(c.stages) for c in _chains(g) if c.stages[0] == problem), 1)
@@ -84,7 +85,7 @@ def _upper(g: ProgramGraph, edges, c: Composition) -> tuple[int | None, list[str
     """An upper step's synchronised backwards, what each averages, and whether the count is exact."""
     by_lower = {e.lower: e for e in edges}
     parts = ["the upper's gradient"] if c.seeds else []
-    n, methods = len(parts), []
+    n, methods = len(parts), [by_lower[d].method for d in c.down if d in by_lower]
     for name, _, _ in c.up:
         e = by_lower.get(name)
         if e is None:
@@ -95,7 +96,6 @@ def _upper(g: ProgramGraph, edges, c: Composition) -> tuple[int | None, list[str
         k, what = d.caps.sync.count(args, getattr(reads, "diag_reads_grad", False))
         n += k
         parts += list(what)
-        methods.append(e.method)
     parts.append("the hypergradient")
     if methods:
         parts[0] = f"{', '.join(dict.fromkeys(methods))}: {parts[0]}"
