@@ -1,14 +1,14 @@
 """Gradient averaging overlapped with the backward, measured with a communication delay.
 
 Two processes (gloo on 127.0.0.1, ``--threads`` torch threads each) train
-``bench/overlap.mlo`` (a 256-1024-1024-1024-10 MLP classifier reweighted by a 1-100-1 weight
-net, batch 100 per process) built with ``mloc.load`` under torchrun's environment. Each
-collective of the run's :class:`~mloc.runtime.base.overlap.OverlappedSync` is wrapped in
-:class:`~mloc.runtime.base.overlap.DelayedAllReduce`: it finishes no earlier than ``D`` ms
-after it started or after the previous one finished (one serial link that takes D per
-message); the compute goes on meanwhile. Buckets are ``--bucket-mb`` (4 MiB: 4 buckets of
-the classifier's 9.5 MB of gradient, so that this small model has several, as a model of
-hundreds of MB has with DDP's 25 MiB).
+``bench/overlap.mlo`` (a 256-W-W-W-10 MLP classifier, W = ``--width`` = 512, reweighted by a
+1-100-1 weight net, batch 100 per process) built with ``mloc.load`` under torchrun's
+environment. Each collective of the run's :class:`~mloc.runtime.base.overlap.OverlappedSync`
+is wrapped in :class:`~mloc.runtime.base.overlap.DelayedAllReduce`: it finishes no earlier
+than ``D`` ms after it started or after the previous one finished (one serial link that
+takes D per message); the compute goes on meanwhile. Buckets are ``--bucket-mb`` (1.5 MiB:
+3 buckets of the classifier's 2.6 MB of gradient, so that this small model has several, as
+a model of hundreds of MB has with DDP's 25 MiB).
 
 Cases: ``plain``, one ``lower_step`` of the classifier; ``sama`` and ``finite_diff``, one outer
 step (the classifier's step, then the weight net's hypergradient step). Each runs with
@@ -22,8 +22,10 @@ average 5-8), a median measures the neighbours.
 (``off`` at D = 0: compute and undelayed communication), ``M = n·D`` the delay a step's
 ``n`` collectives add (``n`` counted at run time), the step takes ``C + M`` when nothing
 overlaps and ``max(C, M)`` at best. The fraction is ``(C + M − T_on(D)) / (C + M − max(C, M))``:
-1 when the overlapped step takes ``max``, 0 when it takes the sum. ``T_off(D)`` is printed
-beside ``C + M`` as a check of the delay model.
+1 when the overlapped step takes ``max``, 0 when it takes the sum (``M`` is the overlapped
+path's: one delay per bucket; the flat path pays one per backward, ``T_off(D)``). Only the
+backward can hide communication: the forward before it and the optimizer after the last
+bucket cannot, so 1 is out of reach when ``M`` exceeds the backward alone.
 
 **Against DistributedDataParallel.** The plain case is also written by hand with
 ``DistributedDataParallel(bucket_cap_mb=--bucket-mb)``, ``loss.backward()``, SGD, on the same
