@@ -121,6 +121,12 @@ class OverlappedSync:
         self._layouts: dict[tuple, Bucketer] = {}
         self._mark: dict[int, Tensor] = {}      # the last averaged final gradients, by id
 
+    def final(self, micro: bool = False) -> OverlappedSync | None:
+        """What a step's source averages its final gradients with during the backward: this
+        sync under data parallelism with overlap; None otherwise, and for a ``micro`` step of
+        ``accumulate`` (their sum is averaged once, by the pipeline)."""
+        return self if self.overlap and self.world > 1 and not micro else None
+
     def _count(self, collectives: int) -> None:
         self.counts[self.owner] = self.counts.get(self.owner, 0) + collectives
 
