@@ -19,7 +19,8 @@ the median: on the 2-core machine this was written on, shared with other jobs (l
 average 5-8), a median measures the neighbours.
 
 **Overlap fraction.** With ``C`` the step's time without delay and without overlap
-(``off`` at D = 0: compute and undelayed communication), ``M = n·D`` the delay a step's
+(off and undelayed, interleaved with the delayed steps: compute and undelayed
+communication, measured under the same load), ``M = n·D`` the delay a step's
 ``n`` collectives add (``n`` counted at run time), the step takes ``C + M`` when nothing
 overlaps and ``max(C, M)`` at best. The fraction is ``(C + M − T_on(D)) / (C + M − max(C, M))``:
 1 when the overlapped step takes ``max``, 0 when it takes the sum (``M`` is the overlapped
@@ -81,25 +82,27 @@ def _mloc_case(args, method: str, kind: str, port: int) -> dict:
     sync.cap_bytes = int(args.bucket_mb * 2**20)
     step = (lambda: program.lower_step("classifier")) if kind == "lower" else program.outer_step
 
-    counted = {True: 0, False: 0}
+    counted = {"on": 0, "off": 0, "base": 0}
 
-    def mode(on: bool):
+    def mode(name: str, on: bool, collective):
         def run():
-            sync.overlap = on
+            sync.overlap, sync.all_reduce = on, collective
             before = sum(sync.counts.values())
             step()
-            counted[on] += sum(sync.counts.values()) - before
+            counted[name] += sum(sync.counts.values()) - before
         return run
     out = {}
     try:
         for d in args.delays:
-            sync.all_reduce = DelayedAllReduce(d / 1000)
-            steps = {"on": mode(True), "off": mode(False)}
+            delayed = DelayedAllReduce(d / 1000)
+            steps = {"on": mode("on", True, delayed), "off": mode("off", False, delayed)}
+            if d > 0:           # C, measured beside them: off, undelayed
+                steps["base"] = mode("base", False, DelayedAllReduce(0))
             if kind == "lower" and d == 0:
                 steps["ddp"] = _ddp_step(args)
-            counted.update({True: 0, False: 0})
+            counted.update(dict.fromkeys(counted, 0))
             t = _timed(steps, args.steps, args.warmup, dist.barrier)
-            n = {k: counted[on] / (args.steps + args.warmup) for k, on in (("on", True), ("off", False))}
+            n = {k: counted[k] / (args.steps + args.warmup) for k in ("on", "off")}
             out[d] = {k: v * 1000 for k, v in t.items()} | {"collectives": n}
     finally:
         program.close()
@@ -147,20 +150,20 @@ def worker(rank: int, args, port: int) -> None:
 def _report(results: dict, args) -> dict:
     lines = [f"2 processes, gloo, {args.threads} thread(s) each, MLP width {args.width}, buckets "
              f"{args.bucket_mb:g} MiB, the fastest of {args.steps} interleaved steps (ms); on/off: collectives per step",
-             f"{'case':12} {'D ms':>5} {'on/off':>7} {'off ms':>8} {'on ms':>8} {'C+M':>8} {'max':>8} {'overlap':>8}"]
+             f"{'case':12} {'D ms':>5} {'on/off':>7} {'off ms':>8} {'on ms':>8} {'C':>8} {'C+M':>8} {'max':>8} {'overlap':>8}"]
     numbers = {"cases": []}
     for name, _, _ in CASES:
         r = results[name]
-        c = r[0]["off"] if 0 in r else None
         for d in args.delays:
+            c = r[d].get("base", r[d]["off"])
             n, n_off = r[d]["collectives"]["on"], r[d]["collectives"]["off"]
             m = n * d
-            frac = (c + m - r[d]["on"]) / (c + m - max(c, m)) if c is not None and m > 0 else None
+            frac = (c + m - r[d]["on"]) / (c + m - max(c, m)) if m > 0 else None
             lines.append(f"{name:12} {d:>5g} {n:>3g}/{n_off:<3g} {r[d]['off']:>8.1f} {r[d]['on']:>8.1f} "
-                         + (f"{c + m:>8.1f} {max(c, m):>8.1f} " if c is not None else " " * 18)
+                         + f"{c:>8.1f} {c + m:>8.1f} {max(c, m):>8.1f} "
                          + (f"{frac:>8.2f}" if frac is not None else f"{'-':>8}"))
             numbers["cases"].append({"case": name, "delay_ms": d, "collectives_on": n, "collectives_off": n_off,
-                                     "off_ms": r[d]["off"],
+                                     "off_ms": r[d]["off"], "c_ms": c,
                                      "on_ms": r[d]["on"], "overlap_fraction": frac})
     plain = results["plain"].get(0)
     if plain:
