@@ -205,7 +205,7 @@ class OverlappedSync:
             g.copy_(m)
 
     def _layout(self, inputs: tuple[Tensor, ...]) -> Bucketer:
-        key = tuple((t.shape, t.dtype, t.device) for t in inputs)
+        key = (self.cap_bytes, *((t.shape, t.dtype, t.device) for t in inputs))
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._layouts[key] = Bucketer.of(inputs, self.cap_bytes)
