@@ -28,12 +28,16 @@ path's: one delay per bucket; the flat path pays one per backward, ``T_off(D)``)
 backward can hide communication: the forward before it and the optimizer after the last
 bucket cannot, so 1 is out of reach when ``M`` exceeds the backward alone.
 
+With ``--per-mib`` the delay is D ms per MiB sent (a link limited by bandwidth, where
+splitting a gradient into buckets costs nothing more), and ``M`` is D times the MiB a step
+sends: the flat and the overlapped path then pay the same communication.
+
 **Against DistributedDataParallel.** The plain case is also written by hand with
 ``DistributedDataParallel(bucket_cap_mb=--bucket-mb)``, ``loss.backward()``, SGD, on the same
 model, batch and loss, in the same run, at D = 0: the difference is mloc's per-step
 overhead under ``--nproc 2``.
 
-    python bench/overlap.py                    # ~2 min on 2 cores; --json FILE writes the numbers
+    python bench/overlap.py [--per-mib]        # ~1 min on 2 cores; --json FILE writes the numbers
 """
 
 from __future__ import annotations
@@ -94,8 +98,8 @@ def _mloc_case(args, method: str, kind: str, port: int) -> dict:
     out = {}
     try:
         for d in args.delays:
-            delayed = DelayedAllReduce(d / 1000)
-            steps = {"on": mode("on", True, delayed), "off": mode("off", False, delayed)}
+            links = {k: DelayedAllReduce(d / 1000, per_mib=args.per_mib) for k in ("on", "off")}
+            steps = {k: mode(k, k == "on", links[k]) for k in ("on", "off")}
             if d > 0:           # C, measured beside them: off, undelayed
                 steps["base"] = mode("base", False, DelayedAllReduce(0))
             if kind == "lower" and d == 0:
@@ -103,7 +107,8 @@ def _mloc_case(args, method: str, kind: str, port: int) -> dict:
             counted.update(dict.fromkeys(counted, 0))
             t = _timed(steps, args.steps, args.warmup, dist.barrier)
             n = {k: counted[k] / (args.steps + args.warmup) for k in ("on", "off")}
-            out[d] = {k: v * 1000 for k, v in t.items()} | {"collectives": n}
+            mib = links["on"].sent / (args.steps + args.warmup) / 2**20
+            out[d] = {k: v * 1000 for k, v in t.items()} | {"collectives": n, "mib": mib}
     finally:
         program.close()
     return out
@@ -149,7 +154,8 @@ def worker(rank: int, args, port: int) -> None:
 
 def _report(results: dict, args) -> dict:
     lines = [f"2 processes, gloo, {args.threads} thread(s) each, MLP width {args.width}, buckets "
-             f"{args.bucket_mb:g} MiB, the fastest of {args.steps} interleaved steps (ms); on/off: collectives per step",
+             f"{args.bucket_mb:g} MiB, D per {'MiB' if args.per_mib else 'collective'}, the fastest of {args.steps} "
+             "interleaved steps (ms); on/off: collectives per step",
              f"{'case':12} {'D ms':>5} {'on/off':>7} {'off ms':>8} {'on ms':>8} {'C':>8} {'C+M':>8} {'max':>8} {'overlap':>8}"]
     numbers = {"cases": []}
     for name, _, _ in CASES:
@@ -157,7 +163,7 @@ def _report(results: dict, args) -> dict:
         for d in args.delays:
             c = r[d].get("base", r[d]["off"])
             n, n_off = r[d]["collectives"]["on"], r[d]["collectives"]["off"]
-            m = n * d
+            m = r[d]["mib"] * d if args.per_mib else n * d
             frac = (c + m - r[d]["on"]) / (c + m - max(c, m)) if m > 0 else None
             lines.append(f"{name:12} {d:>5g} {n:>3g}/{n_off:<3g} {r[d]['off']:>8.1f} {r[d]['on']:>8.1f} "
                          + f"{c:>8.1f} {c + m:>8.1f} {max(c, m):>8.1f} "
@@ -182,6 +188,8 @@ def main() -> None:
     p.add_argument("--bucket-mb", type=float, default=1.5)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--delays", type=float, nargs="+", default=[0, 5, 20])
+    p.add_argument("--per-mib", action="store_true",
+                   help="D ms per MiB sent (a link limited by bandwidth) rather than per collective")
     p.add_argument("--port", type=int, default=29731)
     p.add_argument("--json")
     args = p.parse_args()

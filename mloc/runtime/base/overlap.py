@@ -276,14 +276,19 @@ def averaged_grad(reduce: Any, outputs, inputs: Sequence[Tensor], grad_outputs=N
 class DelayedAllReduce:
     """A benchmark's collective: ``inner``'s, finishing no earlier than ``delay_s`` after
     the previous one finished or after its own start, whichever is later (one serial link
-    that takes ``delay_s`` per message). ``wait()`` sleeps the rest; compute meanwhile goes on."""
+    that takes ``delay_s`` per message, or with ``per_mib`` per MiB sent: a link limited by
+    latency, or by bandwidth). ``wait()`` sleeps the rest; compute meanwhile goes on."""
 
-    def __init__(self, delay_s: float, inner: AllReduce = async_all_reduce):
-        self.delay_s, self.inner, self.free_at = delay_s, inner, 0.0
+    def __init__(self, delay_s: float, inner: AllReduce = async_all_reduce, per_mib: bool = False):
+        self.delay_s, self.inner, self.per_mib, self.free_at = delay_s, inner, per_mib, 0.0
+        self.sent = 0       # bytes, all calls
 
     def __call__(self, t: Tensor) -> Any:
         work = self.inner(t)
-        self.free_at = max(time.perf_counter(), self.free_at) + self.delay_s
+        size = t.numel() * t.element_size()
+        self.sent += size
+        delay = self.delay_s * (size / 2**20 if self.per_mib else 1)
+        self.free_at = max(time.perf_counter(), self.free_at) + delay
         return _Delayed(work, self.free_at)
 
 
