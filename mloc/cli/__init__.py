@@ -42,6 +42,8 @@ _EXAMPLES = {
     "run": "examples:\n  mloc run programs/data_reweighting.mlo --steps 200 --out runs/mwn\n"
            "  mloc run programs/data_reweighting.mlo --set 'weight_net->classifier.hypergrad=neumann(iters=3, alpha=0.1)'\n"
            "  mloc run programs/data_reweighting.mlo --nproc 2 --out runs/mwn2\n"
+           "  mloc run programs/data_reweighting.mlo --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29500 --out runs/mwn\n"
+           "      (and --node-rank 1 on the second machine)\n"
            "  mloc run programs/data_reweighting.mlo --resume runs/data_reweighting/latest",
     "hypergrad": "examples:\n  mloc hypergrad programs/hpo.mlo --check\n  mloc hypergrad programs/hpo.mlo --json --dtype float64\n"
                  "  mloc hypergrad programs/hpo.mlo --after 20 --check   (after 20 outer steps of training)",

@@ -7,6 +7,7 @@ torch and the program's modules; `check`, `graph` and `--help` never get here.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from mloc.codegen.compile import PIPELINE, Compiled, compile_program, load_gener
 from mloc.codegen.overrides import OverrideError
 from mloc.ir.printer import dump_dot
 from mloc.passes.plan import format_bytes, plan_table, plan_to_json
-from mloc.runtime.files.options import add_flags
+from mloc.runtime.files.options import add_flags, add_launch_flags
 
 
 def _compiled(args, out: Output, out_dir: Path | None = None, gate=None) -> Compiled | None:
@@ -104,17 +105,24 @@ def cmd_run(args, out: Output) -> int:
         raise _no_checkpoint(options.resume, runfolder.holds_run(options.resume))
     options, record, set_changes = _resumed(args, options) if options.resume else (options, None, [])
     options = replace(options, nproc=options.nproc or 1)
+    if options.print_torchrun:
+        return _print_torchrun(args, options, out)
     if options.device is not None:      # a device that is not there: refused before the slow trace
         _device_usable(options.device, options.nproc)
     try:
-        choice = runfolder.choose(options.out, options.resume, options.overwrite, Path(args.file).stem)
+        choice = _choice(args, options)
     except (runfolder.RunFolderError, runfolder.RunIOError) as e:
         raise UsageError(str(e), help=getattr(e, "help", None)) from None
     # a fresh runs/NAME/N is created later; any N sits at the same depth, which is all the
     # compiled program's relative import path depends on
-    compiled = _compiled(args, out, choice.fresh_root / "1" if choice.fresh_root else choice.dir,
-                         gate=None if options.device is not None else _file_device_gate(options.nproc))
+    try:
+        compiled = _compiled(args, out, choice.fresh_root / "1" if choice.fresh_root else choice.dir,
+                             gate=None if options.device is not None else _file_device_gate(options.nproc))
+    except BaseException:
+        _drop_scratch(options, choice)
+        raise
     if compiled is None:
+        _drop_scratch(options, choice)
         return EXIT_ERRORS
     if options.steps is not None:       # W105: --steps that ends a schedule early
         from mloc.passes.runlength import short_schedules
@@ -124,6 +132,37 @@ def cmd_run(args, out: Output) -> int:
         return _start(args, out, compiled, choice, options, record, set_changes)
     except _run_errors() as e:
         raise UsageError(str(e), help=getattr(e, "help", None)) from None
+
+
+def _choice(args, options):
+    """Where the run writes: the run folder (`runfolder.choose`), or on a machine other than
+    node 0 of a run on several, a scratch folder of its own (:mod:`mloc.runtime.processes.nodes`)."""
+    from mloc.runtime.files import runfolder
+    if options.multinode and options.node_rank:
+        from mloc.runtime.processes.nodes import scratch_choice
+        return scratch_choice()
+    return runfolder.choose(options.out, options.resume, options.overwrite, Path(args.file).stem)
+
+
+def _drop_scratch(options, choice) -> None:
+    """Remove a machine's scratch folder (not node 0's) when its run does not start."""
+    if options.multinode and options.node_rank:
+        import shutil
+        shutil.rmtree(choice.dir, ignore_errors=True)
+
+
+def _print_torchrun(args, options, out: Output) -> int:
+    """`--print-torchrun`: the commands that run this program on each machine under
+    torchrun instead (compiled by `mloc compile` into `build/`, the ranks numbered as
+    `mloc run --nnodes` numbers them); nothing is compiled or trained."""
+    from mloc.runtime.processes.nodes import of_options, torchrun_commands
+    sets = [x for s in args.set or () for x in ("--set", s)]
+    lines = torchrun_commands(of_options(options), "build/train.py", options.argv())
+    out.out("# on every machine (or once, on a shared file system):\n"
+            + shlex.join(["mloc", "compile", args.file, "-o", "build", *sets]))
+    for rank, line in enumerate(lines):
+        out.out(f"# node {rank}{' (rank 0: logs and writes the checkpoints in --out)' if rank == 0 else ''}:\n{line}")
+    return EXIT_OK
 
 
 def _resumed(args, options):
@@ -256,7 +295,7 @@ def add_commands(command) -> None:
     p.add_argument("--set", action="append", metavar="PATH=VALUE",
                    help="change a field for this run, checked like the file: PROBLEM.FIELD, UPPER->LOWER.FIELD, "
                         "train.FIELD or a setting, or one argument of a call (PROBLEM.optimizer.lr); repeatable")
-    p.add_argument("--nproc", type=int, help="data-parallel processes (gloo or nccl), started and watched by mloc; rank 0 shows its progress (default 1)")
+    add_launch_flags(p)
     p.add_argument("--pipeline", action="store_true",
                    help="an interlocking chain as a real pipeline: one process per stage (gloo on 127.0.0.1)")
     p.add_argument("--pipeline-delay", type=float, default=0.0, metavar="SECONDS",

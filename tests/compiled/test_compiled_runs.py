@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import ROOT
 from tests.run.helpers import same_state
@@ -78,3 +79,51 @@ def test_auto_on_a_short_run_stays_eager_and_says_why(mloc_here, tmp_path):
     assert "steps left ×" not in said, said
     resumes = json.loads((out / "config.json").read_text())["resumes"]
     assert "compile_decision" not in resumes[-1]
+
+
+def test_fp16_loss_scaling_runs_its_steps_eagerly_with_the_reason():
+    """A loss scaler seeds the loss with its current scale, step by step: the scaled step
+    runs eagerly and says so; the commit is still compiled (which rounds differently from
+    the eager commit: within float32's 1e-5)."""
+    import mloc
+    from mloc.runtime.compiled.step import StepReport
+
+    def run(mode):
+        session = mloc.load(SMALL, compile=mode)
+        lv = session.program.live["net"]
+        lv.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)     # fp16's logic, on the CPU
+        for _ in range(3):
+            session.program.lower_step("net")
+        return session, lv
+    eager, _ = run("off")
+    compiled, lv = run("on")
+    for a, b in zip(eager.program.live["net"].problem.params, lv.problem.params):
+        assert ((a - b).abs().max() / a.abs().max()).item() <= 1e-5
+    report = compiled.program.compiling.reports["lower", "net"]
+    assert isinstance(report, StepReport) and not report.compiled
+    assert report.line() == "lower step of net: eager (loss scaling seeds the loss with the scaler's current scale)"
+    assert compiled.program.compiling.reports["commit", "net"].compiled
+
+
+@pytest.mark.slow
+def test_nproc_compiles_its_lower_steps_and_says_why_the_upper_runs_eagerly(tmp_path):
+    """`--nproc 2 --compile on`: the lower step is compiled, the upper (whose hypergradient
+    averages its Hessian-vector products across processes inside the step) runs eagerly
+    with that reason; the run equals `--compile off` within float32's 1e-5."""
+    from tests.run.helpers import params
+    runs = {}
+    for mode in ("on", "off"):
+        out = tmp_path / mode
+        done = _mloc("run", SMALL, "--compile", mode, "--nproc", 2, "--threads", 1, "--steps", 8, "--out", out,
+                     hashseed="1")
+        assert done.returncode == 0, done.stderr
+        runs[mode] = out
+    config = json.loads((runs["on"] / "config.json").read_text())["run"]
+    steps = {c["step"]: c for c in config["compiled"]}
+    assert steps["lower net"]["compiled"] and steps["commit net"]["compiled"], steps
+    assert not steps["upper weights"]["compiled"]
+    assert "averages its Hessian-vector products across processes" in steps["upper weights"]["reason"]
+    a, b = params(runs["on"]), params(runs["off"])
+    assert a.keys() == b.keys()
+    for k in a:
+        assert ((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)).item() <= 1e-5, k

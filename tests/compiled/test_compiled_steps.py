@@ -186,8 +186,49 @@ def test_a_guarded_number_answers_comparisons_from_its_value_and_records_them():
 
 
 def test_auto_compiles_only_when_the_saving_exceeds_the_compile_time():
-    long = decide(steps_left=100_000, eager_step_seconds=2e-3, kinds=2)
-    short = decide(steps_left=100, eager_step_seconds=2e-3, kinds=2)
-    assert long.compile and not short.compile
-    assert "100000 steps left × 2.00 ms" in long.reason and "> 20 s" in long.reason
-    assert "≤ 20 s" in short.reason
+    long = decide(steps_left=100_000, eager_step_seconds=2e-3, kinds=2, operations=400)
+    short = decide(steps_left=100, eager_step_seconds=2e-3, kinds=2, operations=400)
+    big = decide(steps_left=100_000, eager_step_seconds=2e-3, kinds=2, operations=10_000)
+    assert long.compile and not short.compile and not big.compile
+    # 8 s start-up + 2 × 1 s per graph + 400 × 15 ms per operation = 16 s
+    assert "100000 steps left × 2.00 ms" in long.reason and "> 16 s expected to compile 2 step kinds of 400" \
+        in long.reason
+    assert "≤ 16 s" in short.reason and "≤ 160 s" in big.reason
+
+
+def test_the_operations_counted_are_those_a_capture_records():
+    """`auto` estimates the compile time from the operations an eager outer step's gradient
+    sources dispatch (`Compiling.counting`: not the data draws, nor the commits); they
+    are, within views, what the capture of the same steps records."""
+    eager, compiled = (mloc.load(SMALL, compile=mode) for mode in ("off", "on"))
+    eager.program.compiling.mode = "auto"     # as `mloc run` has it (the API has no warm-up to decide by)
+    with eager.program.compiling.counting() as ops:
+        eager.program.outer_step()
+    compiled.program.outer_step()
+    captured = sum(r.operations for (kind, _), r in compiled.program.compiling.reports.items() if kind != "commit")
+    assert captured > 100 and 0.8 * captured <= ops.n <= 1.5 * captured, (ops.n, captured)
+
+
+def test_under_data_parallelism_every_rank_decides_by_rank_0s_step_time(tmp_path):
+    """The ranks' replicas must run the same kind of step (a compiled one rounds
+    differently): `auto` decides by rank 0's median eager step, broadcast to every rank.
+    Here this rank timed slow steps (it would compile) and rank 0 fast ones (it does not)."""
+    from types import SimpleNamespace
+
+    from mloc.runtime.run.compiling import CompileWatch
+
+    class Dist:
+        world, device, is_main = 2, torch.device("cpu"), False
+
+        def broadcast_params(self, tensors):
+            for t in tensors:
+                t.fill_(1e-4)                       # rank 0's median: 0.1 ms
+
+    switched = []
+    compiling = SimpleNamespace(mode="auto", kinds=2, decision=None, counting=None,
+                                switch=lambda on, decision: switched.append((on, decision)))
+    watch = CompileWatch(SimpleNamespace(dist=Dist(), compiling=compiling), tmp_path, 0, 100_000, None)
+    for done in range(1, 7):
+        watch.after(done, 1.0)                      # this rank: 1 s per step
+    ((on, decision),) = switched
+    assert on is False and "99994 steps left × 0.10 ms per eager step" in decision["reason"]

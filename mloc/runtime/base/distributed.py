@@ -16,6 +16,15 @@ the same methods either way.
   averages its gradients through :class:`mloc.runtime.base.overlap.OverlappedSync` instead
   (bucketed, during the backward; its ``overlap=False`` is this flat path).
 
+Where a process learns its place (:func:`launch_env`): torchrun's variables (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), set by torchrun, by
+``mloc run --nproc/--nnodes`` and by hand; else a task of a SLURM job step started by
+``srun`` (``SLURM_PROCID`` the rank, ``SLURM_STEP_NUM_TASKS`` the world, ``SLURM_LOCALID``
+the local rank, with ``MASTER_ADDR`` and ``MASTER_PORT`` exported by the job script). Only a
+step's task count says that srun launched this process: a batch script itself also sees
+``SLURM_PROCID=0`` and the allocation's ``SLURM_NTASKS``, and a ``python train.py`` run
+there directly is one process, not rank 0 of a job waiting for the others.
+
 :func:`launched_rank` says whether this process is one of several (and which), before any
 process group exists; :func:`is_peer_failure` tells a collective that failed because another rank died from
 a failure of this rank's own.
@@ -26,7 +35,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -55,7 +64,7 @@ class DistContext:
         ``MASTER_ADDR`` and ``MASTER_PORT``; a single-process context when ``WORLD_SIZE``
         is unset or 1. ``device``: where this process trains (:meth:`connect`). This
         module is the runtime's only reader of ``os.environ``."""
-        env = os.environ
+        env = launch_env(os.environ)
         world = int(env.get("WORLD_SIZE", "1") or 1)
         if world <= 1:
             if device is None:
@@ -63,8 +72,8 @@ class DistContext:
             return cls(device=device)
         missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in env]
         if missing:
-            raise RuntimeError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set; "
-                               "launch with torchrun")
+            raise LaunchError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set: this process cannot find "
+                              "the others", _LAUNCH_HELP)
         return cls.connect(int(env["RANK"]), world, env["MASTER_ADDR"], int(env["MASTER_PORT"]),
                            local_rank=int(env.get("LOCAL_RANK", env["RANK"])), timeout_s=timeout_s,
                            device=device)
@@ -122,6 +131,25 @@ class DistContext:
             dist.broadcast(flat, src=0)
             _unflatten_into(flat, group)
 
+    def check_same(self, what: Mapping[str, object]) -> None:
+        """Raise :class:`LaunchError` on every rank unless every rank passes the same
+        ``what`` (the program and the options it trains with). Ranks started by separate
+        commands (the machines of ``mloc run --nnodes``, torchrun's, srun's) that train a
+        different number of steps or another program would wait on each other's
+        collectives, or average unrelated gradients. One ``all_gather_object`` at start."""
+        if self.world == 1:
+            return
+        seen: list = [None] * self.world
+        dist.all_gather_object(seen, dict(what))
+        other = next((r for r, w in enumerate(seen) if w != seen[0]), None)
+        if other is None:
+            return
+        keys = sorted(k for k in {*seen[0], *seen[other]} if seen[0].get(k) != seen[other].get(k))
+        said = "; ".join(f"{k} {seen[0].get(k)!r} on rank 0, {seen[other].get(k)!r} on rank {other}" for k in keys)
+        raise LaunchError(f"the ranks of this run were not started alike: {said}",
+                          "start every machine with the same command (the same program, --set, --steps, --seed, "
+                          "--precision, --dtype, --compile and --resume), only --node-rank differing")
+
     def barrier(self) -> None:
         """Wait for every process."""
         if self.world > 1:
@@ -160,11 +188,40 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+class LaunchError(RuntimeError):
+    """A launch whose variables do not say how to reach the other processes (exit 2)."""
+
+    def __init__(self, message: str, help: str | None = None):
+        super().__init__(message)
+        self.help = help
+
+
+_LAUNCH_HELP = ("launch with torchrun (it sets them), `mloc run --nproc N [--nnodes M ...]`, or under SLURM srun "
+                "with MASTER_ADDR (e.g. the first host of `scontrol show hostnames $SLURM_JOB_NODELIST`) and "
+                "MASTER_PORT exported in the job script")
+
+_TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launch_env(env: Mapping[str, str]) -> dict[str, str]:
+    """This process's place as torchrun's variables (those of ``_TORCHRUN`` that ``env``
+    gives): torchrun's own when ``WORLD_SIZE`` is set, else a srun task's mapped from
+    SLURM's (see the module docstring), else none (one process). Pure: the tests call it
+    with dictionaries."""
+    if "WORLD_SIZE" in env or "SLURM_STEP_NUM_TASKS" not in env or "SLURM_PROCID" not in env:
+        return {k: env[k] for k in _TORCHRUN if k in env}
+    mapped = {"RANK": env["SLURM_PROCID"], "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"],
+              "LOCAL_RANK": env.get("SLURM_LOCALID", "0")}
+    if env.get("SLURM_NTASKS_PER_NODE", "").isdigit():      # set by --ntasks-per-node
+        mapped["LOCAL_WORLD_SIZE"] = env["SLURM_NTASKS_PER_NODE"]
+    return {**mapped, **{k: env[k] for k in ("MASTER_ADDR", "MASTER_PORT") if k in env}}
+
+
 def launched_slot() -> tuple[int, int]:
     """``(local rank, world size)`` of this process in a launched job (``LOCAL_RANK``, else
     ``RANK``; ``WORLD_SIZE``), ``(0, 1)`` for a single process: what picks its device before
     any process group exists."""
-    env = os.environ
+    env = launch_env(os.environ)
     try:
         world = int(env.get("WORLD_SIZE", "1") or 1)
         return (int(env.get("LOCAL_RANK", env.get("RANK", "0"))), world) if world > 1 else (0, 1)
@@ -172,9 +229,18 @@ def launched_slot() -> tuple[int, int]:
         return 0, 1
 
 
+def local_processes(world: int) -> int:
+    """How many processes of this job share this machine (``LOCAL_WORLD_SIZE``; ``world``
+    when the launch does not say): what divides its cores among them."""
+    try:
+        return max(1, int(launch_env(os.environ).get("LOCAL_WORLD_SIZE", world)))
+    except ValueError:
+        return world
+
+
 def launched_rank() -> int | None:
     """``RANK`` when this process is one of several (``WORLD_SIZE`` > 1), else None."""
-    env = os.environ
+    env = launch_env(os.environ)
     try:
         return int(env["RANK"]) if int(env.get("WORLD_SIZE", "1") or 1) > 1 and "RANK" in env else None
     except ValueError:

@@ -67,6 +67,10 @@ class RunOptions:
     pipeline_delay: float = 0.0
     compile: str | None = None          # on, off, auto (mloc.runtime.compiled.decision)
     overlap: str | None = None          # on, off (mloc.runtime.base.overlap)
+    nnodes: int | None = None           # mloc run --nnodes: machines, each with its own launcher
+    node_rank: int | None = None        # mloc run --node-rank: this machine's place, 0 .. nnodes - 1
+    rdzv_endpoint: str | None = None    # mloc run --rdzv-endpoint HOST:PORT: where rank 0 (node 0) listens
+    print_torchrun: bool = False        # mloc run --print-torchrun: print each node's torchrun command, run nothing
 
     @classmethod
     def parsed(cls, args: argparse.Namespace) -> RunOptions:
@@ -76,7 +80,7 @@ class RunOptions:
         for key in ("out", "resume"):
             given[key] = Path(given[key]) if given.get(key) is not None else None
         options = cls(**given)
-        for flag in ("steps", "threads", "nproc"):
+        for flag in ("steps", "threads", "nproc", "nnodes"):
             value = getattr(options, flag)
             if value is not None and value < 1:
                 raise OptionError(f"--{flag} must be at least 1, got {value}")
@@ -85,7 +89,13 @@ class RunOptions:
             raise OptionError(bad)
         if options.pipeline and (options.nproc or 1) > 1:
             raise OptionError("--pipeline runs one process per stage: it does not take --nproc")
+        check_nodes(options)
         return replace(options, logger=usable_loggers(options.logger) or None)
+
+    @property
+    def multinode(self) -> bool:
+        """Whether this run spans machines (`--nnodes` above 1)."""
+        return (self.nnodes or 1) > 1
 
     def config(self, defaults: RunConfig) -> RunConfig:
         given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
@@ -102,6 +112,47 @@ class RunOptions:
                 out += [f"--{flag.replace('_', '-')}", str(getattr(self, flag))]
         out += ["--logger", ",".join(self.logger)] if self.logger else []
         return out + (["--overwrite"] if self.overwrite else []) + (["--quiet"] if self.quiet else [])
+
+
+def check_nodes(options: RunOptions) -> None:
+    """An :class:`OptionError` for node flags that cannot start a multi-node run: each
+    says what to pass instead (:mod:`mloc.runtime.processes.nodes` says how nodes meet).
+    An explicit ``--nnodes 1`` takes ``--node-rank 0`` and an endpoint (a script written for
+    M machines runs on one), and trains on this machine alone."""
+    nnodes, rank, endpoint = options.nnodes, options.node_rank, options.rdzv_endpoint
+    if nnodes is None:
+        given = [f for f, v in (("--node-rank", rank), ("--rdzv-endpoint", endpoint)) if v is not None]
+        if given or options.print_torchrun:
+            raise OptionError(f"{' and '.join(given) or '--print-torchrun'} only applies to a run on several "
+                              "machines", "add --nnodes M, the number of machines (the same on each), or drop it")
+        return
+    if options.pipeline and nnodes > 1:
+        raise OptionError("--pipeline runs on one machine: it does not take --nnodes")
+    if rank is None and nnodes > 1 and not options.print_torchrun:
+        others = "1" if nnodes == 2 else f"1 .. {nnodes - 1}"
+        raise OptionError(f"--nnodes {nnodes} needs --node-rank: which of the {nnodes} machines this one is",
+                          f"pass --node-rank 0 on the machine that holds the run folder, {others} on the "
+                          f"other{'s' * (nnodes > 2)} (the same command otherwise)")
+    if rank is not None and not 0 <= rank < nnodes:
+        raise OptionError(f"--node-rank must be between 0 and {nnodes - 1} (the machines are numbered from 0 "
+                          f"for --nnodes {nnodes}), got {rank}", "give each machine its own number, 0 on the "
+                          "machine that holds the run folder")
+    if endpoint is None and (nnodes > 1 or options.print_torchrun):
+        raise OptionError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT, where the machines meet",
+                          "pass the same HOST:PORT on every machine: an address of the --node-rank 0 machine "
+                          "that the others can reach, and a free port there (e.g. --rdzv-endpoint node0:29500)")
+    if endpoint is not None:
+        endpoint_of(endpoint)
+
+
+def endpoint_of(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[IPv6]:PORT`` too) as (host, port); an :class:`OptionError` otherwise."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise OptionError(f"--rdzv-endpoint must be HOST:PORT with a port from 1 to 65535, got {text!r}",
+                          "e.g. --rdzv-endpoint node0:29500 (or 127.0.0.1:29500 to try it on one machine)")
+    return host, int(port)
 
 
 def usable_loggers(values) -> tuple[str, ...]:
@@ -149,3 +200,24 @@ def add_flags(p: argparse.ArgumentParser, defaults: RunConfig | None = None) -> 
     p.add_argument("--logger", action="append", metavar="NAME",
                    help="also log to csv (metrics.csv), tensorboard (tb/, needs mloc[tensorboard]) or wandb "
                         "(needs mloc[wandb]; WANDB_MODE=offline works without a network); a comma list or repeated")
+
+
+def add_launch_flags(p: argparse.ArgumentParser) -> None:
+    """`mloc run`'s flags that start processes: `--nproc` on one machine, and the machines
+    of a multi-node run (:mod:`mloc.runtime.processes.nodes`)."""
+    p.add_argument("--nproc", type=int, metavar="N",
+                   help="data-parallel processes on this machine (gloo or nccl), started and watched by mloc; rank 0 "
+                        "shows its progress (default 1)")
+    p.add_argument("--nnodes", type=int, metavar="M",
+                   help="machines in the run (default 1): run the same command on each, with its own --node-rank "
+                        "and the same --rdzv-endpoint; the run has M x N ranks")
+    p.add_argument("--node-rank", type=int, metavar="R",
+                   help="with --nnodes: this machine's number, 0 .. M-1; node 0 holds the run folder, logs and "
+                        "writes the checkpoints, the others write nothing there")
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                   help="with --nnodes: where the machines meet, the same on each: an address of node 0 the "
+                        "others can reach and a free port there (rank 0 listens on it)")
+    p.add_argument("--print-torchrun", action="store_true",
+                   help="with --nnodes: print the commands that run this program under torchrun instead of mloc "
+                        "(mloc compile, then one torchrun per machine, the ranks numbered alike); compiles and "
+                        "trains nothing")

@@ -37,7 +37,7 @@ from mloc.runtime.files import resumption
 from mloc.runtime.program.build import resolve_device
 from mloc.runtime.program.checkpoint import CheckpointError, load_checkpoint
 from mloc.runtime.run.declaration import Declaration
-from mloc.runtime.base.distributed import is_peer_failure, launched_rank
+from mloc.runtime.base.distributed import LaunchError, is_peer_failure, launched_rank, local_processes
 from mloc.runtime.program.engine import Program, RunConfig
 from mloc.runtime.grad.finite import NonFiniteError
 from mloc.runtime.files.loggers import LoggerError
@@ -157,6 +157,11 @@ def start(declaration: Declaration, options: RunOptions, about: dict, record: di
     `--pipeline`. `shown`: how to name the program file in a note (default: its path)."""
     config, nproc = options.config(declaration.defaults), options.nproc or 1
     resolve_device(config.device, 0, nproc)     # before the folder: a device that is not there leaves nothing
+    if options.multinode and options.node_rank:     # another machine than node 0: nothing in the run folder
+        from mloc.runtime.processes.nodes import start_node
+        resumed = options.resume
+        return start_node(options, choice, files, lambda: resumed and check_resume(resumed, declaration.name,
+                                                                                    config.steps))
     changed = None
     if options.resume is not None:
         check_resume(options.resume, declaration.name, config.steps)
@@ -175,7 +180,7 @@ def start(declaration: Declaration, options: RunOptions, about: dict, record: di
         for name, text in files.items():
             write_text(folder.dir / name, text)
         write_config(folder.dir, run_record(config, about, options.resume, nproc, options.threads,
-                                            options.logger or (), changes=changed))
+                                            options.logger or (), changes=changed, nnodes=options.nnodes or 1))
         options = replace(options, out=folder.dir, resume=folder.dir if options.resume else None)
         return _launch(declaration, options, config, folder.owner)
 
@@ -187,16 +192,28 @@ def _launch(declaration: Declaration, options: RunOptions, config: RunConfig, ow
         from mloc.runtime.processes import pipeline
         return pipeline.run(options.out / "train.py", declaration, config, options.out, options.pipeline_delay,
                             options.quiet, options.resume)
-    if (options.nproc or 1) > 1:
-        from mloc.runtime.processes.workers import exit_code, launch
-        if not options.quiet:
-            print(f"training {options.out} with {options.nproc} processes", file=sys.stderr)
-        outcome = launch(options.out / "train.py", options.nproc, options.argv())
-        if outcome.report:              # rank 0's banner, progress and summary were shown live
-            print(outcome.report, file=sys.stderr)
-        return exit_code(outcome.code)
+    if options.multinode or (options.nproc or 1) > 1:
+        return _workers(options)
     return run(declaration, config, options.out, options.resume, quiet=options.quiet, owner=owner,
                threads=options.threads, loggers=options.logger or ())
+
+
+def _workers(options: RunOptions) -> int:
+    """Train in this machine's `--nproc` workers; on several machines, node 0's
+    (:mod:`mloc.runtime.processes.nodes`). The run's exit code, after its one report."""
+    from mloc.runtime.processes import nodes, workers
+    place = nodes.of_options(options) if options.multinode else None
+    if not options.quiet:
+        said = (f"on {place.nnodes} machines: node 0 here ({place.held()}), meeting at {place.endpoint}"
+                if place else f"with {options.nproc} processes")
+        print(f"training {options.out} {said}", file=sys.stderr)
+    if place is not None:
+        outcome = nodes.launch(options.out / "train.py", place, options.argv(), out=options.out)
+    else:
+        outcome = workers.launch(options.out / "train.py", options.nproc, options.argv())
+    if outcome.report:              # rank 0's banner, progress and summary were shown live
+        print(outcome.report, file=sys.stderr)
+    return workers.exit_code(outcome.code)
 
 
 def check_resume(directory: Path, name: str, steps: int) -> int:
@@ -222,10 +239,12 @@ def program_record(declaration: Declaration, **fields) -> dict:
 
 
 def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: int = 1,
-               threads: int | None = None, loggers: tuple[str, ...] = (), changes: list[str] | None = None) -> dict:
+               threads: int | None = None, loggers: tuple[str, ...] = (), changes: list[str] | None = None,
+               nnodes: int = 1) -> dict:
     """What `config.json` records about one start of a run; a resume's also has `changes`,
     what it changed from the run's last start (:mod:`mloc.runtime.files.resumption`). `threads`
-    is None until the run has chosen them (:func:`run` adds the count and its reason)."""
+    is None until the run has chosen them (:func:`run` adds the count and its reason).
+    `nproc` is per machine; a run on several (`nnodes`) records their number too."""
     import torch
 
     from mloc.shared.version import __version__
@@ -235,7 +254,8 @@ def run_record(config: RunConfig, program: dict, resumed: Path | None, nproc: in
     return {"program": program, **asdict(config), "nproc": nproc, "threads": threads,
             "loggers": list(loggers), "resumed_from": str(Path(resumed).resolve()) if resumed else None,
             "mloc": __version__, "torch": torch.__version__, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **({"changes": list(changes)} if resumed and changes is not None else {})}
+            **({"changes": list(changes)} if resumed and changes is not None else {}),
+            **({"nnodes": nnodes} if nnodes > 1 else {})}
 
 
 def _rank(program: Program) -> str:
@@ -254,7 +274,7 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
         torch.set_num_threads(threads)
     try:
         program = build(declaration, config)
-    except DeviceError as e:
+    except (DeviceError, LaunchError) as e:
         _say(e)
         return 2
     except ScheduleError as e:
@@ -265,7 +285,10 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
             return EXIT_PEER
         rank = launched_rank()
         return user_error(err, "building the program" + (f" on rank {rank}" if rank is not None else ""))
-    chosen = decide_threads(program.modules.values(), threads, program.dist.world)
+    refused = _alike(program, _identity(declaration, config, resume_dir))
+    if refused is not None:
+        return refused
+    chosen = decide_threads(program.modules.values(), threads, local_processes(program.dist.world))
     if threads is None and program.dist.is_main:
         amend_config(Path(out), threads=chosen.count, threads_reason=chosen.reason)
     launched = launched_rank() is not None     # a worker: its launcher says it is stopping, and sends SIGINT
@@ -281,6 +304,30 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
         return 130
     finally:
         program.close()
+
+
+def _alike(program: Program, identity: dict) -> int | None:
+    """None when every rank trains what this one does (`identity`); else the exit code,
+    the program closed: 2 after saying how they differ, 3 when another rank is gone."""
+    try:
+        program.dist.check_same(identity)
+        return None
+    except LaunchError as e:
+        _say(e)
+        code = 2
+    except Exception as err:
+        if not is_peer_failure(err):
+            raise
+        code = EXIT_PEER
+    program.close()
+    return code
+
+
+def _identity(declaration: Declaration, config: RunConfig, resume_dir: Path | None) -> dict:
+    """What every rank of a run must train alike (checked across ranks once built)."""
+    return {"program": declaration.name, "--set": list(declaration.overrides), "--steps": config.steps,
+            "--seed": config.seed, "--precision": config.precision, "--dtype": config.dtype,
+            "--compile": config.compile, "--resume": resume_dir is not None}
 
 
 def _kept(out: Path) -> str:

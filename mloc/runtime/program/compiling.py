@@ -19,12 +19,14 @@ and the batches' numbers; an optimizer state's numbers are lifted into inputs.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.utils._pytree as pytree
 
 from mloc.runtime.base import tree
+from mloc.runtime.compiled.decision import OpCount
 from mloc.runtime.compiled.step import CommitReport, CompiledSource, StepReport, flatten_each, rebuild_each
 
 DATA_PARALLEL = ("under data parallelism the hypergradient averages its Hessian-vector products across "
@@ -39,6 +41,7 @@ class Compiling:
         self.program, self.mode, self.steps = program, mode, steps
         self.reports: dict[tuple[str, str], Any] = {}
         self.decision: dict | None = None
+        self.counter: OpCount | None = None                  # see `counting`
         self._fixed: tuple[list, frozenset] | None = None     # see `_fixed_ids`
         self._submodules: list | None = None                 # every module's submodules, for their modes
         if mode == "on":
@@ -90,7 +93,7 @@ class Compiling:
         """``source`` (of a ``lower`` or ``upper`` step of ``name``), compiled where the run
         compiles."""
         if self.mode != "on":
-            return source
+            return self._counted(source)
         report = self.reports[kind, name] = StepReport(kind, name)
         if kind == "upper" and self.program.dist.world > 1:
             report.reason = DATA_PARALLEL
@@ -107,7 +110,7 @@ class Compiling:
         :class:`~mloc.runtime.grad.interlock.ChainStep`), compiled as one graph where the
         run compiles; each stage then commits through its own (compiled) optimizer."""
         if self.mode != "on":
-            return gradients
+            return self._counted(gradients)
         report = self.reports["chain", first] = StepReport("chain", first)
         stages = self.program.chains[first].stages
         return CompiledSource(gradients, lambda: self._tensors(stages, ()), lambda: self._numbers(stages[:1]),
@@ -120,11 +123,34 @@ class Compiling:
         upper's parameters) besides the program's tensors. The upper's commit is compiled
         apart."""
         if self.mode != "on":
-            return None
+            return self._counted(solve) if self.mode == "auto" else None
         report = self.reports["meta_batch", upper] = StepReport("meta_batch", upper)
         names = tuple(self.program.live)
         return CompiledSource(solve, lambda: [*args(), *self._tensors((), names)], lambda: self._numbers(()),
                               report, outputs=(_pytree_flatten, _pytree_rebuild_like))
+
+    @contextmanager
+    def counting(self) -> Iterator[OpCount]:
+        """Count the operations of the gradient sources (the work a capture would
+        record; not the data draws, nor the commits) while active: `auto`'s estimate of
+        the compile time (:mod:`mloc.runtime.compiled.decision`)."""
+        self.counter = OpCount()
+        try:
+            yield self.counter
+        finally:
+            self.counter = None
+
+    def _counted(self, source: Any) -> Any:
+        """``source``, its operations counted while :meth:`counting` (under `auto`)."""
+        if self.mode != "auto":
+            return source
+
+        def run(*args):
+            if self.counter is None:
+                return source(*args)
+            with self.counter:
+                return source(*args)
+        return run
 
     def _commits(self) -> None:
         for name, lv in self.program.live.items():

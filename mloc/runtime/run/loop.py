@@ -43,7 +43,7 @@ from mloc.runtime.run.records import log_train
 from mloc.runtime.files.runfiles import truncate_metrics
 from mloc.runtime.run.compiling import CompileWatch
 from mloc.runtime.files.runfolder import RunIOError, check_owner
-from mloc.runtime.run.selection import Selection, Watch, agree
+from mloc.runtime.run.selection import Selection, Watch, anyone
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -94,10 +94,11 @@ class Stop:
                 signal.signal(s, handler)
 
     def due(self, dist, logged: bool) -> bool:
-        """Stop now? One process: when asked. Several: at a log step, when rank 0 was asked."""
+        """Stop now? One process: when asked. Several: at a log step, when any rank was
+        asked (on several machines, Ctrl-C reaches one machine's workers only)."""
         if dist.world == 1:
             return self.requested
-        return logged and agree(dist, self.requested)
+        return logged and anyone(dist, self.requested)
 
 
 def save(program: Program, out: Path, owner: int | None = None, extra: dict | None = None) -> Path:
@@ -198,7 +199,8 @@ def train(program: Program, steps: int, out: Path, intervals: Intervals, progres
         where.text = f"step {done}"
         logged = guard.norms.sampling = done % intervals.log_every == 0 or done == steps
         began = time.perf_counter()
-        program.outer_step()
+        with compiling.around(done):
+            program.outer_step()
         compiling.after(done, time.perf_counter() - began)
         if logged:
             guard.check()

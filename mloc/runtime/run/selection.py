@@ -156,6 +156,19 @@ def agree(dist, flag: bool) -> bool:
     return bool(t.item())
 
 
+def anyone(dist, flag: bool) -> bool:
+    """Whether ``flag`` is set on any rank, on every rank (one ``all_reduce`` of the
+    maximum; nothing on a single process)."""
+    if dist.world == 1:
+        return flag
+    import torch
+    import torch.distributed as tdist
+    device = f"cuda:{torch.cuda.current_device()}" if tdist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64, device=device)
+    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def summary(selection: Selection, status: str, steps_done: int, error: str | None = None) -> dict:
     out = {"status": status, "steps_done": steps_done, "best": selection.summary_best(),
            "final": {k: v if math.isfinite(v) else None for k, v in selection.final.items()}}
