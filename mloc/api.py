@@ -101,11 +101,13 @@ class Session:
 
 def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int | None = None,
          device: str = "cpu", precision: str | None = None, dtype: str | None = None,
-         compile: str = "off") -> Session:
+         compile: str = "off", overlap: str = "on") -> Session:
     """Compile and instantiate the program at `path` (raises ProgramError on errors).
     `compile="on"` runs the training steps compiled with torch.compile
     (:mod:`mloc.runtime.compiled`; `session.program.compiling.reports` says how each step ran);
-    "auto" is decided by `mloc run`'s loop, so here it is "off"."""
+    "auto" is decided by `mloc run`'s loop, so here it is "off". `overlap`: under torchrun's
+    environment (data parallelism), whether gradients are averaged as the backward runs
+    (:mod:`mloc.runtime.base.overlap`)."""
     compiled = compile_program(str(path), tuple(set))
     if not compiled.ok:
         raise ProgramError(compiled.diagnostics)
@@ -114,5 +116,5 @@ def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int |
     defaults = declaration.defaults
     config = replace(defaults, seed=defaults.seed if seed is None else seed, device=device,
                      precision=precision or defaults.precision, dtype=dtype,
-                     compile="off" if compile == "auto" else compile)
+                     compile="off" if compile == "auto" else compile, overlap=overlap)
     return Session(compiled, build(declaration, config), declaration)

@@ -90,6 +90,9 @@ class OptimizerCaps:
     """`differentiable`: its update is a differentiable function of the gradient and state,
     so `itd` can unroll it. `sama_diag`: it offers the diagonal ∂update/∂grad SAMA needs.
     `state_per_param`: floats of optimizer state per trained parameter (at most).
+    `diag_reads_grad`: its diagonal (`sama_diag`) reads the current gradient (Adam's
+    moments do; SGD's rate does not), so SAMA takes, and under data parallelism averages,
+    the lower gradient first (the runtime's `Optimizer.diag_uses_grad`, checked equal).
     `task_vmap`: its update runs under `torch.func` transforms and `vmap` (pure tensor
     code, no data-dependent Python branch), so a vectorized meta-batch can step with it."""
 
@@ -97,6 +100,7 @@ class OptimizerCaps:
     sama_diag: bool = False
     task_vmap: bool = False
     state_per_param: int = 0
+    diag_reads_grad: bool = False
     opaque: str = ""
     """Why a method cannot look inside its update, where it says more than the missing
     capability (the checker's E401 adds it as a note)."""
@@ -120,6 +124,32 @@ class AutoRank:
 
 
 @dataclass(frozen=True)
+class SyncCaps:
+    """What a method's BR-VJP averages across data-parallel replicas in one upper step,
+    besides what every upper step averages (the upper's gradient that seeds it, unless the
+    method has no indirect term, and the final hypergradient): each average is one
+    synchronised backward (`mloc.runtime.base.overlap`). `hvps`: the argument that counts
+    its Hessian-vector products, each averaged (cg's and neumann's `iters`). `lower_grad`:
+    the lower gradient its direction reads, when the lower optimizer's diagonal reads it
+    (`OptimizerCaps.diag_reads_grad`: SAMA over Adam). A method that unrolls differentiates
+    per replica: nothing of its own is averaged."""
+
+    hvps: str | None = None
+    lower_grad: bool = False
+
+    def count(self, args: dict, diag_reads_grad: bool) -> tuple[int, tuple[str, ...]]:
+        """The synchronised backwards of one BR-VJP with arguments `args`, and what each averages."""
+        parts: list[str] = []
+        if self.hvps is not None:
+            k = int(args[self.hvps])
+            parts.append(f"{k} Hessian-vector product{'s' * (k != 1)}")
+        if self.lower_grad and diag_reads_grad:
+            parts.append("the lower gradient its diagonal reads")
+        n = (int(args[self.hvps]) if self.hvps is not None else 0) + (self.lower_grad and diag_reads_grad)
+        return n, tuple(parts)
+
+
+@dataclass(frozen=True)
 class MethodCaps:
     """`unrolls`: differentiates through the edge's unrolled lower steps (its `steps`
     default to the edge's `unroll`). `implicit`: solves with the lower Hessian.
@@ -138,7 +168,8 @@ class MethodCaps:
     runtime object offers `solve(op, v) -> q ≈ H⁻¹v` on Hessian-vector products, or the
     method has no indirect term (`no_indirect`); declared here, checked at `mloc check`
     (E219 for `vmap` with a method without it) and by the registry tests (`solve` exists).
-    `auto`: that the planner's `auto` may choose it, and how it ranks (`AutoRank`)."""
+    `auto`: that the planner's `auto` may choose it, and how it ranks (`AutoRank`).
+    `sync`: what it averages across data-parallel replicas (`SyncCaps`)."""
 
     unrolls: bool = False
     implicit: bool = False
@@ -151,6 +182,7 @@ class MethodCaps:
     two_level: bool = False
     task_vmap: bool = False
     auto: AutoRank | None = None
+    sync: SyncCaps = SyncCaps()
 
     @property
     def reads_lower_state(self) -> bool:

@@ -59,7 +59,7 @@ tests/test_plan_memory.py as soon as it is in the registry.
 
 from __future__ import annotations
 
-from mloc.builtins.descriptor import Alias, AutoRank, Descriptor, MethodCaps, Param, Shape, signature
+from mloc.builtins.descriptor import Alias, AutoRank, Descriptor, MethodCaps, Param, Shape, SyncCaps, signature
 from mloc.builtins.registry import Registry
 from mloc.lang.types import Enum, Float
 from mloc.lang.vocabulary import ITD_MODES, REPEATS
@@ -202,7 +202,7 @@ ITD = Descriptor(
 CG = Descriptor(
     signature("cg", "implicit differentiation, H⁻¹v by conjugate gradients",
               Param("iters", REPEATS, 10), Param("tol", Float(0), 1e-10)),
-    MethodCaps(implicit=True, differentiable=True, task_vmap=True,
+    MethodCaps(implicit=True, differentiable=True, task_vmap=True, sync=SyncCaps(hvps="iters"),
                auto=AutoRank(0, "the most accurate implicit method (10 CG steps) fits the budget")),
     "mloc.runtime.methods:cg", _implicit(_CG_VECTORS),
     (Alias("imaml", "cg", "iMAML's implicit hypergradient by conjugate gradients (Rajeswaran et al., 2019)"),
@@ -211,7 +211,7 @@ CG = Descriptor(
 NEUMANN = Descriptor(
     signature("neumann", "implicit differentiation, H⁻¹v by a truncated Neumann series",
               Param("iters", REPEATS, 5), Param("alpha", POSITIVE, 0.1)),
-    MethodCaps(implicit=True, differentiable=True, task_vmap=True),
+    MethodCaps(implicit=True, differentiable=True, task_vmap=True, sync=SyncCaps(hvps="iters")),
     "mloc.runtime.methods:neumann", _implicit(_NEUMANN_VECTORS))
 
 FINITE_DIFF = Descriptor(
@@ -225,7 +225,7 @@ FINITE_DIFF = Descriptor(
 SAMA = Descriptor(
     signature("sama", "SAMA: finite differences on the optimizer-adjusted direction",
               Param("eps", POSITIVE, 0.01)),
-    MethodCaps(needs=frozenset({"sama_diag"}), two_level=True,
+    MethodCaps(needs=frozenset({"sama_diag"}), two_level=True, sync=SyncCaps(lower_grad=True),
                auto=AutoRank(1, "CG's Hessian-vector graphs exceed the budget; SAMA needs no second order")),
     "mloc.runtime.methods:sama", _finite_difference)
 

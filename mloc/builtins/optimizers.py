@@ -29,12 +29,12 @@ _ADAM_TYPES = dict(lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
 
 ADAM = optimizer(
     AdamHyper, "adam", "Adam (Kingma & Ba, 2015), L2 weight decay added to the gradient",
-    OptimizerCaps(differentiable=True, sama_diag=True, task_vmap=True, state_per_param=2),   # first, second moment
+    OptimizerCaps(differentiable=True, sama_diag=True, task_vmap=True, state_per_param=2, diag_reads_grad=True),   # first, second moment
     "mloc.runtime.optim:adam", **_ADAM_TYPES)
 
 ADAMW = optimizer(
     AdamWHyper, "adamw", "AdamW (Loshchilov & Hutter, 2019), decoupled weight decay",
-    OptimizerCaps(differentiable=True, sama_diag=True, task_vmap=True, state_per_param=2),
+    OptimizerCaps(differentiable=True, sama_diag=True, task_vmap=True, state_per_param=2, diag_reads_grad=True),
     "mloc.runtime.optim:adamw", **_ADAM_TYPES)
 
 # Differentiable with the roots held constant between refreshes (itd unrolls through
@@ -44,7 +44,7 @@ ADAMW = optimizer(
 SHAMPOO = optimizer(
     ShampooHyper, "shampoo", "Shampoo (Gupta et al. 2018; Anil et al. 2020): Kronecker-factored "
     "preconditioning with matrix inverse roots, grafting and blocking",
-    OptimizerCaps(differentiable=True, sama_diag=True, state_per_param=6),
+    OptimizerCaps(differentiable=True, sama_diag=True, state_per_param=6, diag_reads_grad=True),
     "mloc.runtime.optim:shampoo",
     lr=LR, beta2=Float(0, 1, open_lo=True), momentum=UNIT, nesterov=Bool(), epsilon=EPS,
     weight_decay=WD, decoupled_weight_decay=Bool(), update_every=Int(1),

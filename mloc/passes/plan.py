@@ -28,6 +28,7 @@ from mloc.ir.composition import compose_all, feedback, step_caps
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.interlock import chains_of
 from mloc.ir.payloads import HierarchyEdge
+from mloc.passes.parallel import sync_lines
 from mloc.passes.schedule import (Action, Loop, compile_lines, periods_of, schedule_json, schedule_lines,
                                   schedule_of)
 from mloc.shared.composition import Composition
@@ -90,6 +91,7 @@ class Plan:
     compositions: dict[str, Composition] = field(default_factory=dict)
     warmup: tuple[Action, ...] = ()   # before the first outer step: lowers training alone
     chains: tuple[Interlock, ...] = ()  # interlocking chains: which head's loss trains each stage
+    sync: tuple[str, ...] = ()          # what `--nproc` synchronises per outer step (passes.parallel)
 
     def edge(self, upper: str, lower: str) -> EdgePlan:
         return next(e for e in self.edges if (e.upper, e.lower) == (upper, lower))
@@ -113,9 +115,9 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
     order = tuple(reversed(g.topological_order()))
     warmup = tuple(Action("lower_step", e.lower, e.warmup, f"warm-up: `{e.lower}` trains alone first")
                    for e in g.hierarchy_edges() if e.warmup)
-    return Plan(g.info.semantics, semantics, reason, edges, order, periods,
-                schedule, budget, g.names(), compositions_of(g, edges, semantics),
-                warmup, chains_of(g))
+    compositions = compositions_of(g, edges, semantics)
+    return Plan(g.info.semantics, semantics, reason, edges, order, periods, schedule, budget, g.names(),
+                compositions, warmup, chains_of(g), sync_lines(g, edges, schedule, compositions))
 
 
 # A vectorized meta-batch (`vmap = true`) holds every task's hypergradient step at once, each
@@ -365,6 +367,7 @@ def plan_table(plan: Plan) -> str:
     lines.append("schedule, one outer step:")
     lines += schedule_lines(plan.schedule, 1)
     lines += compile_lines(plan.schedule)
+    lines += plan.sync
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,9 @@ the same methods either way.
   ``all_reduce``, divided by the world size and copied back. (Tensors of different dtypes
   need one buffer, hence one collective, per dtype.) With the shards of
   :mod:`mloc.runtime.program.data` (equal batch sizes on every rank), the average of the ranks'
-  mean-loss gradients is the gradient of the mean loss over the global batch.
+  mean-loss gradients is the gradient of the mean loss over the global batch. Training
+  averages its gradients through :class:`mloc.runtime.base.overlap.OverlappedSync` instead
+  (bucketed, during the backward; its ``overlap=False`` is this flat path).
 
 Where a process learns its place (:func:`launch_env`): torchrun's variables (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), set by torchrun, by

@@ -115,7 +115,7 @@ def dense(grads: Sequence[Tensor | None], like: Sequence[Tensor]) -> Params:
         if g is None:
             break
     else:
-        return tuple(grads)
+        return grads if type(grads) is Dense else tuple(grads)    # already dense: kept, marks too
     return marked([torch.zeros_like(p) if g is None else g for g, p in zip(grads, like)],
                   [i for i, g in enumerate(grads) if g is None])
 

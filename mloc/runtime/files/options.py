@@ -32,6 +32,7 @@ class RunConfig:
     precision: str
     dtype: str | None = None          # e.g. "float64" for exact checks
     compile: str = "auto"             # on, off, auto (mloc.runtime.compiled.decision)
+    overlap: str = "on"               # on, off: gradient averaging overlapped (mloc.runtime.base.overlap)
 
 
 class OptionError(Exception):
@@ -65,6 +66,7 @@ class RunOptions:
     pipeline: bool = False              # mloc run --pipeline: one process per chain stage
     pipeline_delay: float = 0.0
     compile: str | None = None          # on, off, auto (mloc.runtime.compiled.decision)
+    overlap: str | None = None          # on, off (mloc.runtime.base.overlap)
     nnodes: int | None = None           # mloc run --nnodes: machines, each with its own launcher
     node_rank: int | None = None        # mloc run --node-rank: this machine's place, 0 .. nnodes - 1
     rdzv_endpoint: str | None = None    # mloc run --rdzv-endpoint HOST:PORT: where rank 0 (node 0) listens
@@ -97,14 +99,15 @@ class RunOptions:
 
     def config(self, defaults: RunConfig) -> RunConfig:
         given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
-                                    ("precision", self.precision), ("compile", self.compile)) if v is not None}
+                                    ("precision", self.precision), ("compile", self.compile),
+                                    ("overlap", self.overlap)) if v is not None}
         return replace(defaults, dtype=self.dtype, **given)
 
     def argv(self) -> list[str]:
         """The same options as `train.py` arguments (what a `--nproc` launch passes on)."""
         out = []
         for flag in ("steps", "seed", "device", "precision", "dtype", "out", "resume", "launched_by", "threads",
-                     "compile"):
+                     "compile", "overlap"):
             if getattr(self, flag) is not None:
                 out += [f"--{flag.replace('_', '-')}", str(getattr(self, flag))]
         out += ["--logger", ",".join(self.logger)] if self.logger else []
@@ -175,6 +178,9 @@ def add_flags(p: argparse.ArgumentParser, defaults: RunConfig | None = None) -> 
                    help="compile the training steps with torch.compile (TorchInductor): on, off, or auto (the "
                         "default: after 5 eager steps, compile when the steps left are expected to save more time "
                         "than compiling costs; the run says which and why)")
+    p.add_argument("--overlap", choices=("on", "off"),
+                   help="under --nproc: average gradients across processes in buckets while the backward runs (on, "
+                        "the default) or after it, in one flat collective (off); the numbers are the same")
     p.add_argument("--out", metavar="DIR",
                    help="where config.json, metrics.jsonl and checkpoint.pt go (and, under mloc run, train.py); "
                         "it must not hold another run (default: a fresh runs/PROGRAM/N, linked from "

@@ -71,16 +71,23 @@ def concat(specs):
     return [t for s in specs for t in s[0]], [t for s in specs for t in s[1]]
 
 
-def backward(outs, cots, params, accumulate=True):
+def backward(outs, cots, params, accumulate=True, sync=None):
     """The one final backward into ``params``: accumulated into their ``.grad`` (as
     ``loss.backward()`` does), or, with ``accumulate=False``, returned (``None`` for a
-    parameter no output reaches, and ``None`` instead of the tuple when none does)."""
+    parameter no output reaches, and ``None`` instead of the tuple when none does).
+    ``sync`` (:class:`~mloc.runtime.base.overlap.OverlappedSync`, data parallelism with
+    overlap): the gradients are averaged across replicas during the backward and returned
+    dense, the unreached marked (``accumulate`` must be False)."""
     for t in outs:
         if not t.requires_grad:
             outs, cots = reaching(outs, cots)
             break
     if not outs:
         return None
+    if sync is not None:
+        if accumulate:
+            raise ValueError("an overlapped final backward returns its gradients (accumulate=False)")
+        return sync.grad(outs, params, cots, final=True)
     if accumulate:
         torch.autograd.backward(outs, cots, inputs=params)
         return None

@@ -10,7 +10,8 @@ stage      what it does                                                         
 .grad      puts ``grads`` into the parameters' ``.grad`` (the next three act on  any of the
            it, in place) and frees it after the commit, as a hand-written loop   next three
            drops its gradients
-all-reduce averages ``.grad`` across processes                                  world > 1
+all-reduce averages ``.grad`` across processes (nothing when the source       world > 1
+           averaged them during its backward: :mod:`mloc.runtime.base.overlap`)
 unscale    ``GradScaler.unscale_``: divides by the loss scale the source         fp16 (CUDA)
            applied through ``seed`` (dynamic loss scaling, Micikevicius et al.,
            ICLR 2018)
@@ -68,7 +69,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from mloc.runtime.base.distributed import DistContext
+from mloc.runtime.base.overlap import OverlappedSync
 from mloc.runtime.grad.finite import COMMITTED, FiniteGuard
 from mloc.runtime.optim.base import commit_present
 from mloc.runtime.base.precision import ScaledStep
@@ -97,17 +98,19 @@ class Pipeline:
     run: Run
 
 
-def build_pipeline(lv: Any, dist: DistContext, guard: FiniteGuard, clock: Any, upper: bool) -> Pipeline:
+def build_pipeline(lv: Any, dist: OverlappedSync, guard: FiniteGuard, clock: Any, upper: bool) -> Pipeline:
     """The pipeline of the problem whose runtime state is ``lv``
     (:class:`mloc.runtime.program.build.Live`: its ``problem``, ``spec``, ``scaler``, ``commit``;
     ``last_loss`` and ``steps`` are written). ``clock.step_count + 1`` is the step a
     watch records (1-based, as logged); ``upper``: the problem has lower problems (its
-    gradients' norm is logged as ``hypergrad_norm``)."""
+    gradients' norm is logged as ``hypergrad_norm``). ``dist`` averages across replicas:
+    the all-reduce stage skips gradients it averaged already, during the backward
+    (:meth:`~mloc.runtime.base.overlap.OverlappedSync.reduced`)."""
     params, scaler, clip = lv.problem.params, lv.scaler, lv.spec.clip_grad_norm
     commit, seed = lv.commit, None
     acts: dict[str, Callable[[], None]] = {}        # the stages acting on .grad, in order
     if dist.world > 1:
-        acts["all-reduce"] = lambda: dist.allreduce_grads(params)
+        acts["all-reduce"] = lambda: dist.reduced([p.grad for p in params]) or dist.allreduce_grads(params)
     if scaler is not None:
         proxy = ScaledStep(params, lambda: lv.commit(tuple(p.grad for p in params)))
         acts["unscale"] = lambda: scaler.unscale_(proxy)

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from mloc.shared.composition import SEMANTICS, Composition, topo
 from mloc.runtime.base import tree
+from mloc.runtime.base.overlap import averaged_grad
 from mloc.runtime.grad.adjoints import ReducedOp, backward, concat, flat, propagate, split
 from mloc.runtime.grad.problem import LowerOp, Problem
 
@@ -173,14 +174,16 @@ class Hierarchy:
         if seed is not None:
             loss = seed(loss)
         inputs = plan.seed_inputs or flat(points, plan.seeds)
-        grads = torch.autograd.grad(loss, inputs, allow_unused=True)
-        if self.reduce is not None:
-            grads = self.reduce(tuple(torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)))
+        if self.reduce is not None:     # the upper's direct gradient, averaged as it is made
+            grads = averaged_grad(self.reduce, loss, inputs)
+        else:
+            grads = torch.autograd.grad(loss, inputs, allow_unused=True)
         adj = {}
         split(grads, points, plan.seeds, adj)
         return adj
 
-    def hypergrad(self, name: str, accumulate: bool = True, seed: Callable[[Tensor], Tensor] | None = None):
+    def hypergrad(self, name: str, accumulate: bool = True, seed: Callable[[Tensor], Tensor] | None = None,
+                  sync=None):
         """Accumulate ``dL_name/dθ_name`` (best responses below) into ``.grad``, one backward.
 
         With ``accumulate=False`` nothing is written: the hypergradient is returned, one
@@ -193,7 +196,11 @@ class Hierarchy:
         it is given (linear solves and unrolled sweeps are linear in it; a finite
         difference with ``ε = ε₀/‖q‖`` evaluates the same points and divides by an ``ε``
         scaled alike), so the result is the hypergradient times the scale, exactly so for
-        a power of two when nothing overflows."""
+        a power of two when nothing overflows.
+
+        ``sync`` (:class:`~mloc.runtime.base.overlap.OverlappedSync`, data parallelism, with
+        ``accumulate=False``): the final backward averages the hypergradient across replicas
+        as it runs, and returns it dense, the unreached parameters marked."""
         step = self._steps.get(name)  # a two-level finite-difference step, built once
         if step is not None:
             return step(accumulate, seed)
@@ -210,7 +217,8 @@ class Hierarchy:
         if direct is not None:
             specs.append((params, direct))
         if specs:
-            return backward(*(specs[0] if len(specs) == 1 else concat(specs)), params, accumulate)
+            return backward(*(specs[0] if len(specs) == 1 else concat(specs)), params, accumulate,
+                            sync if not accumulate else None)
         return None
 
     def _single(self, plan, accumulate=True, seed=None):

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from mloc.runtime import optim
 from mloc.runtime.base import tree
+from mloc.runtime.base.overlap import averaged_grad
 from mloc.runtime.base.tree import Params
 
 
@@ -102,12 +103,14 @@ class LowerOp:
                 keep = [i for i, t in enumerate(g) if t.requires_grad]
                 outs, cots = [g[i] for i in keep], [p[i] for i in keep]
                 break
+        reduce = self.problem.reduce
         if not outs:
             hp = tree.zeros(self.theta)
+        elif reduce is not None and not create_graph:   # averaged as the backward makes it
+            return averaged_grad(reduce, outs, self.theta, cots, retain_graph=True)
         else:
             hp = tree.dense(torch.autograd.grad(outs, self.theta, cots, retain_graph=True,
                                                 create_graph=create_graph, allow_unused=True), self.theta)
-        reduce = self.problem.reduce
         return hp if reduce is None or create_graph else reduce(hp)
 
     def mixed(self, q: Params, create_graph: bool = False):

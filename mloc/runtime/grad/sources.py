@@ -35,10 +35,15 @@ Source = Callable[[Seed | None], tuple[Params, Tensor | None]]
 
 
 def plain_gradient(params: Params, loss_at_own: Callable[[], Tensor],
-                   autocast: Callable[[], object]) -> Source:
+                   autocast: Callable[[], object], sync=None) -> Source:
     """The gradient of ``loss_at_own()`` (evaluated in the ``autocast`` context) with
-    respect to ``params``, and the loss, detached."""
+    respect to ``params``, and the loss, detached. ``sync``
+    (:class:`~mloc.runtime.base.overlap.OverlappedSync`): the gradient is averaged across
+    replicas as the backward makes it (the pipeline's all-reduce then finds it done)."""
     grad = torch.autograd.grad
+    if sync is not None:
+        def grad(loss, inputs, allow_unused):
+            return sync.grad(loss, inputs, final=True)
     evaluate = loss_at_own
     if autocast() is not NULL_CONTEXT:
         def evaluate() -> Tensor:
@@ -57,19 +62,21 @@ def plain_gradient(params: Params, loss_at_own: Callable[[], Tensor],
 
 
 def hypergradient(hypergrad: Callable, name: str, params: Params, autocast: Callable[[], object],
-                  into_grad: bool = False) -> Source:
+                  into_grad: bool = False, sync=None) -> Source:
     """``name``'s hypergradient, ``hypergrad(name, accumulate, seed)`` in the ``autocast``
     context; the loss is the top loss when a ``seed`` is given (the seed sees it), else
     None. With ``into_grad`` the one final backward accumulates into the cleared
     ``.grad`` (as ``loss.backward()`` lays gradients out), which is returned: for a
-    pipeline whose stages act on ``.grad``."""
+    pipeline whose stages act on ``.grad``. ``sync``: averaged across replicas during the
+    final backward (:meth:`Hierarchy.hypergrad <mloc.runtime.grad.compose.Hierarchy.hypergrad>`;
+    not with ``into_grad``)."""
     fp32 = autocast() is NULL_CONTEXT
 
     def compute(seed: Seed | None):
         if fp32:
-            return hypergrad(name, into_grad, seed)
+            return hypergrad(name, into_grad, seed, sync)
         with autocast():
-            return hypergrad(name, into_grad, seed)
+            return hypergrad(name, into_grad, seed, sync)
 
     def returned(seed: Seed | None) -> Params:
         grads = compute(seed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from mloc.runtime.base import tree
+from mloc.runtime.base.overlap import averaged_grad
 
 
 def _not_differentiable(name):
@@ -290,9 +291,10 @@ def _preconditioned(problem, args, theta, v):
                          "(optim.Optimizer.diag); this optimizer has none")
     grads = None
     if opt.diag_uses_grad:
-        grads = torch.autograd.grad(problem.loss(*args), theta)
         if problem.reduce is not None:   # the gradient of the whole data-parallel batch
-            grads = problem.reduce(grads)
+            grads = averaged_grad(problem.reduce, problem.loss(*args), theta)
+        else:
+            grads = torch.autograd.grad(problem.loss(*args), theta)
     return tree.mul(opt.diag(grads, problem.state, theta), v)
 
 

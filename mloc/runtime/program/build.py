@@ -30,6 +30,7 @@ from mloc.runtime.grad.commit import Pipeline, optimizer_commit
 from mloc.runtime.grad.compose import Edge, Hierarchy
 from mloc.runtime.program.data import DataStream
 from mloc.runtime.base.distributed import DistContext
+from mloc.runtime.base.overlap import OverlappedSync
 from mloc.runtime.optim import Optimizer
 from mloc.runtime.files.options import RunConfig
 from mloc.runtime.base.precision import DeviceError, autocast_factory, grad_scaler_for
@@ -143,6 +144,7 @@ class Built:
     live: dict[str, Live]
     hierarchy: Hierarchy
     cast: torch.dtype | None             # the floating dtype of a `dtype` run, else None
+    sync: OverlappedSync                 # every average across replicas (mloc.runtime.base.overlap)
 
 
 def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
@@ -162,10 +164,11 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
     for lv in live.values():    # every problem's parameters exist now: bind the losses
         lv.problem = _problem(lv, live, device, cast)
         lv.commit = optimizer_commit(lv)
-    reduce = dist.mean if dist.world > 1 else None
-    hierarchy = Hierarchy([lv.problem for lv in live.values()], edges, semantics, reduce, compositions)
+    sync = OverlappedSync(dist.world, overlap=config.overlap != "off")
+    hierarchy = Hierarchy([lv.problem for lv in live.values()], edges, semantics,
+                          sync if dist.world > 1 else None, compositions)
     dist.broadcast_params([t for lv in live.values() for t in lv.problem.params])
-    return Built(modules, streams, live, hierarchy, cast)
+    return Built(modules, streams, live, hierarchy, cast, sync)
 
 
 def _live(spec: ProblemSpec, module: nn.Module, precision: str, device: torch.device,

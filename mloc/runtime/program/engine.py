@@ -68,7 +68,7 @@ class Program:
         self.guard = FiniteGuard()
         built = build(specs, edges, semantics, build_modules, data, config, self.dist, self.device, compositions)
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
-        self.hierarchy, self._cast = built.hierarchy, built.cast
+        self.hierarchy, self._cast, self.sync = built.hierarchy, built.cast, built.sync
         self._steps: dict[tuple[str, str], Any] = {}    # the step kinds' objects (:meth:`_step`)
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
@@ -114,7 +114,7 @@ class Program:
     def _step(self, kind: str, name: str, make: Callable[[str], Any]) -> Any:
         """The step of kind `kind` of problem `name`, ``make(name)`` at its first use and
         kept: one object per step kind and problem, owned here."""
-        step = self._steps.get((kind, name))
+        self.sync.owner, step = name, self._steps.get((kind, name))    # owner: whose collectives run now
         if step is None:
             step = self._steps[kind, name] = make(name)
         return step
@@ -123,20 +123,20 @@ class Program:
         return _stepper(self.drawer(name), self._source(name), self.pipeline(name))
 
     def _accumulator(self, name: str) -> Accumulator:
-        return Accumulator(self.drawer(name), self._source(name), self.pipeline(name))
+        return Accumulator(self.drawer(name), self._source(name, micro=True), self.pipeline(name))
 
-    def _source(self, name: str) -> Source:
-        """Where `name`'s steps take their gradients: its plain gradient (a lowest problem)
-        or its hypergradient, with the buffer rule applied (`mloc.runtime.grad.buffers`),
-        compiled where the run compiles (:mod:`mloc.runtime.program.compiling`)."""
-        lv, wrap = self.live[name], self.compiling.source
+    def _source(self, name: str, micro: bool = False) -> Source:
+        """Where `name`'s steps take their gradients: its plain gradient (a lowest problem) or its
+        hypergradient, with the buffer rule applied (`mloc.runtime.grad.buffers`), compiled where the run
+        compiles (:mod:`mloc.runtime.program.compiling`), averaged as it runs (``OverlappedSync.final``)."""
+        lv, wrap, final = self.live[name], self.compiling.source, self.sync.final(micro)
         if not self.hierarchy.lowers.get(name):
             reads = lv.spec.reads
             loss = lv.problem.loss.step_loss(reads.index(name) if name in reads else None)
             others = buffers_of((self.live[r].module for r in reads if r != name), exclude=tuple(lv.module.buffers()))
-            return wrap("lower", name, guard_step(plain_gradient(lv.problem.params, loss, lv.autocast), others))
+            return wrap("lower", name, guard_step(plain_gradient(lv.problem.params, loss, lv.autocast, final), others))
         source = hypergradient(self.hierarchy.hypergrad, name, lv.problem.params, lv.autocast,
-                               into_grad=self.pipeline(name).on_grad)
+                               into_grad=self.pipeline(name).on_grad and final is None, sync=final)
         own = buffers_of((lv.module,))
         return wrap("upper", name, guard_step(source, buffers_of(self.modules.values(), exclude=own), own,
                                               lv.problem.loss))
@@ -166,7 +166,7 @@ class Program:
         precision setting changed before it is taken into account)."""
         lv = self.live[name]
         if lv.pipeline is None:
-            lv.pipeline = build_pipeline(lv, self.dist, self.guard, self, upper=bool(self.hierarchy.lowers.get(name)))
+            lv.pipeline = build_pipeline(lv, self.sync, self.guard, self, upper=bool(self.hierarchy.lowers.get(name)))
         return lv.pipeline
 
     # --- reading ------------------------------------------------------------------------

@@ -15,7 +15,10 @@ train    ``problem``; ``loss``: the mean of the problem's training losses over t
          schedule applied); ``grad_norm`` (a lowest problem) or ``hypergrad_norm`` (an upper
          one): the 2-norm of the gradient its optimizer stepped on at this step (after
          all-reduce, unscaling and clipping); what its optimizer reports about itself
-         (``Optimizer.report``: Shampoo's ``roots_rejected``, ``root_failures``)
+         (``Optimizer.report``: Shampoo's ``roots_rejected``, ``root_failures``); under
+         ``--nproc``, ``collectives``: the all-reduces its steps ran per outer step since
+         the last train record (:mod:`mloc.runtime.base.overlap`; ``mloc plan`` says how
+         many synchronised backwards to expect, one collective per bucket each)
 speed    ``problem: "*"``, ``steps_per_s``: outer steps per second since the run (re)started
 eval     ``problem: "*"``, ``eval``: the metric's name, ``value``: its value
 summary  ``problem: "*"``, ``steps_per_s``, ``seconds``, ``final``: {metric: value} (each

@@ -25,6 +25,8 @@ def log_train(metrics: MetricsWriter, program: Any, step: int, rate: float) -> d
     problem, at log boundaries only)."""
     guard = program.guard
     means, norms, current = guard.means(), guard.norms.read(), None
+    sync = getattr(program, "sync", None)
+    collectives = sync.take(step) if sync is not None and sync.world > 1 else {}
     losses = {}
     for name, lv in program.live.items():
         mean = means.get((name, "loss"))
@@ -42,6 +44,8 @@ def log_train(metrics: MetricsWriter, program: Any, step: int, rate: float) -> d
             if (name, what) in norms:
                 values[what] = norms[(name, what)]
         values.update(optimizer_report(lv))
+        if name in collectives:           # data parallelism: collectives per outer step
+            values["collectives"] = collectives[name]
         reports = [r for (_, n), r in program.compiling.reports.items() if n == name]
         if reports:                       # a compiled step: its recompiles so far (0 in steady state)
             values["recompiles"] = sum(r.recompiles for r in reports)
