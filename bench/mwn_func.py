@@ -41,6 +41,7 @@ for _p in (_ROOT / "programs", _ROOT / "tests" / "reference"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+import mwn_hand  # noqa: E402  (tests/reference: the hand loop this one mirrors)
 import reweighting as lib  # noqa: E402
 
 METHODS = ("finite_diff", "sama", "neumann", "cg")
@@ -91,18 +92,8 @@ class FuncMWN:
         self._lower, self._upper = lower, upper
         self.compile_seconds = {"lower": None, "upper": None}
 
-    def _next(self, name: str):
-        it = self.iters_[name]
-        if it is None:
-            it = self.iters_[name] = iter(self.loaders[name])
-        try:
-            batch = next(it)
-        except StopIteration:
-            it = self.iters_[name] = iter(self.loaders[name])
-            batch = next(it)
-        if self.dtype is not None:
-            batch = tuple(b.to(self.dtype) if b.is_floating_point() else b for b in batch)
-        return batch
+    # the hand loop's own batch drawing (the same loaders, the same order)
+    _next = mwn_hand.MWNLoop._next
 
     def _timed(self, kind, fn, *args):
         if self.compile_seconds[kind] is not None or not self.compiled:
