@@ -1,0 +1,223 @@
+"""mloc against Betty 0.2.1 on every program in ``programs/`` (issue 27): one table.
+
+    python3 bench/programs_vs_betty.py [--programs a,b] [--quick] [--seeds 1,2,3] [--no-seeds]
+                                       [--reps 30] [--warmup 3] [--json OUT]
+
+Each row is one module of ``bench/betty_programs/`` (its docstring has the interface): Betty's
+version of the program, built from the program's own Python module (its ``lib.*`` modules,
+losses, loaders), or the reason Betty cannot express it with the evidence. Per row:
+
+1. **First-step hypergradient agreement, float64.** ``mloc.load(program, dtype="float64")``
+   with each upper problem's optimizer made plain SGD with rate 1 (``AGREE``), Betty's
+   program built around deep copies of mloc's initial modules; one outer step of each;
+   each upper's ``θ₀ − θ₁`` is its hypergradient; the figure is ``‖g_Betty − g_mloc‖ /
+   ‖g_mloc‖`` over all upper parameters, per check (``CHECKS``: the method as written and,
+   where Betty's differs, a method both compute alike). Also the largest relative
+   difference of every module's parameters and buffers (BatchNorm statistics) after the step.
+2. **Time per outer step and peak memory**, float32, the program as written: both systems in
+   one process, one thread, stepped in a fresh random order each round; the median of the
+   thread's CPU time per outer step (``--reps`` after ``--warmup``); peak memory as
+   ``bench/run_vs_betty.py`` measures it (the CPU allocator's largest running total within
+   one outer step, median of 5 after one; parameters and optimizer state not counted).
+3. **Final metric over seeds** (mean ± sample std): mloc's by ``mloc sweep --seeds S
+   --steps N --jobs 2 --threads 1 --compile off``; Betty's by its own runs from the same
+   seed's initial modules (``mloc.load(seed=s)``), N outer steps, then the program's
+   evaluation on Betty's modules. N is the row's ``SEED_STEPS``: the program's own step
+   count unless the table says otherwise.
+
+``--quick``: a smoke run (tiny modules for step 1, 3 + 5 timed steps, one seed of 5 steps).
+Betty is an optional benchmark dependency (shared/reference/peers.md: ``pip download
+--no-deps --ignore-requires-python betty-ml==0.2.1``, then ``pip install --no-deps
+--ignore-requires-python <wheel> numpy``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import betty_programs  # noqa: E402
+from betty_programs.common import betty_missing  # noqa: E402
+
+import mloc  # noqa: E402
+
+
+def path_of(row) -> Path:
+    return ROOT / "programs" / f"{row.PROGRAM}.mlo"
+
+
+def _flat(module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def _buffers(module) -> torch.Tensor | None:
+    bs = [b.detach().reshape(-1).double() for b in module.buffers() if b.is_floating_point()]
+    return torch.cat(bs) if bs else None
+
+
+def _rel(a, b) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def first_step(row, check, tiny: bool = False) -> dict:
+    """One outer step of both systems in float64 from the same modules (module docstring, 1)."""
+    sets = [*row.AGREE, *check.mloc_set, *(row.TINY if tiny else ())]
+    prog = mloc.load(path_of(row), set=sets, dtype="float64")
+    init = {n: copy.deepcopy(prog.module(n)) for n in prog.program.live}
+    betty = row.build(init, dtype=torch.float64, agree=True, lower=dict(check.betty) or None)
+    prog.step()
+    betty.step()
+    out = {"check": check.label, "same": check.same}
+    if row.UPPERS:
+        g_m = torch.cat([_flat(init[u]) - _flat(prog.module(u)) for u in row.UPPERS])
+        g_b = torch.cat([_flat(init[u]) - _flat(betty.modules[u]) for u in row.UPPERS])
+        out.update(hyper=_rel(g_b, g_m), hyper_norm=float(g_m.norm()), betty_norm=float(g_b.norm()))
+    out["params"] = max(_rel(_flat(betty.modules[n]), _flat(prog.module(n))) for n in init)
+    bufs = [(n, _buffers(prog.module(n)), _buffers(betty.modules[n])) for n in init]
+    bufs = [_rel(b, m) for _, m, b in bufs if m is not None]
+    out["buffers"] = max(bufs) if bufs else None
+    return out
+
+
+def _peak(step) -> float:
+    from run_vs_betty import steady_peak
+    return steady_peak(step) / 2**20
+
+
+def timing(row, reps: int, warmup: int, tiny: bool = False) -> dict:
+    """Median thread-CPU and wall ms per outer step, float32, as written (docstring, 2)."""
+    prog = mloc.load(path_of(row), set=list(row.TINY) if tiny else [])
+    betty = row.build({n: prog.module(n) for n in prog.program.live})
+    systems = {"mloc": prog.step, "betty": betty.step}
+    cpu, wall = {k: [] for k in systems}, {k: [] for k in systems}
+    names, rng = list(systems), random.Random(0)
+    for i in range(warmup + reps):
+        rng.shuffle(names)
+        for k in names:
+            c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+            systems[k]()
+            c1, t1 = time.thread_time_ns(), time.perf_counter_ns()
+            if i >= warmup:
+                cpu[k].append((c1 - c0) / 1e6)
+                wall[k].append((t1 - t0) / 1e6)
+    return {"cpu": {k: statistics.median(v) for k, v in cpu.items()},
+            "wall": {k: statistics.median(v) for k, v in wall.items()},
+            "peak": {k: _peak(step) for k, step in systems.items()}}
+
+
+def mloc_seeds(row, seeds: list[int], steps: int, out: Path) -> dict:
+    """``mloc sweep`` over ``seeds``: the final ``METRIC`` per seed and the sweep's wall s."""
+    cmd = [sys.executable, "-m", "mloc", "sweep", str(path_of(row)), "--seeds", ",".join(map(str, seeds)),
+           "--steps", str(steps), "--jobs", "2", "--threads", "1", "--compile", "off", "--out", str(out)]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    record = json.loads((out / "sweep.json").read_text())
+    final = record["summary"][0]["final"]
+    if row.METRIC not in final:
+        raise KeyError(f"{row.PROGRAM}: the sweep has no metric {row.METRIC!r} (it has {sorted(final)})")
+    return {"values": final[row.METRIC], "wall": wall}
+
+
+def betty_seeds(row, seeds: list[int], steps: int) -> dict:
+    """Betty's runs from each seed's initial modules: the final metric per seed, and the
+    mean wall seconds of a run's training."""
+    values, walls = [], []
+    for s in seeds:
+        prog = mloc.load(path_of(row), seed=s)
+        betty = row.build({n: prog.module(n) for n in prog.program.live}, steps=steps)
+        start = time.perf_counter()
+        for _ in range(steps):
+            betty.step()
+        walls.append(time.perf_counter() - start)
+        values.append(row.metric(betty.modules))
+    return {"values": values, "wall": statistics.mean(walls)}
+
+
+def measure(row, args) -> dict:
+    result = {"program": row.PROGRAM, "betty": row.BETTY, "method": row.METHOD}
+    if row.BETTY is not None:
+        result["evidence"] = row.evidence()
+        return result
+    result["checks"] = [first_step(row, c, tiny=args.quick) for c in row.CHECKS]
+    print(f"  {row.PROGRAM}: first step done", file=sys.stderr, flush=True)
+    result["timing"] = timing(row, args.reps, args.warmup, tiny=args.quick)
+    print(f"  {row.PROGRAM}: timing done", file=sys.stderr, flush=True)
+    if hasattr(row, "evidence"):
+        result["evidence"] = row.evidence()
+    if args.seeds:
+        steps = args.steps or row.SEED_STEPS
+        result["steps"] = steps
+        with tempfile.TemporaryDirectory() as tmp:
+            result["mloc_seeds"] = mloc_seeds(row, args.seeds, steps, Path(tmp) / "sweep")
+        result["betty_seeds"] = betty_seeds(row, args.seeds, steps)
+        print(f"  {row.PROGRAM}: seeds done", file=sys.stderr, flush=True)
+    return result
+
+
+def _ms(values) -> str:
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return f"{values[0]:.4g}"
+    return f"{statistics.mean(values):.4g} ± {statistics.stdev(values):.2g}"
+
+
+def report(results: list[dict], args) -> None:
+    from betty_programs_report import table
+    print(table(results, args))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--programs", default=None, help=f"comma list (default all: {', '.join(betty_programs.names())})")
+    p.add_argument("--quick", action="store_true", help="smoke run: tiny modules, few steps, one seed")
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--no-seeds", action="store_true", help="skip the final-metric runs")
+    p.add_argument("--steps", type=int, default=None, help="outer steps of the seed runs (default: each row's)")
+    p.add_argument("--reps", type=int, default=30, help="timed outer steps per system")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--json", default=None, help="also write the results here")
+    args = p.parse_args(argv)
+    missing = betty_missing()
+    if missing:
+        print(f"Betty is not installed ({missing}); see this file's docstring", file=sys.stderr)
+        return 2
+    try:
+        rows = [betty_programs.row(n) for n in (args.programs.split(",") if args.programs else betty_programs.names())]
+    except KeyError as e:
+        p.error(str(e.args[0]))
+    if args.quick:
+        args.reps, args.warmup, args.steps = 5, 3, args.steps or 5
+        args.seeds = "1"
+    args.seeds = [] if args.no_seeds else [int(s) for s in args.seeds.split(",")]
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    results = []
+    for row in rows:
+        print(f"{row.PROGRAM} ...", file=sys.stderr, flush=True)
+        results.append(measure(row, args))
+    args.total = time.perf_counter() - start
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    report(results, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
