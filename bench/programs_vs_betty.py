@@ -34,7 +34,6 @@ Betty is an optional benchmark dependency (shared/reference/peers.md: ``pip down
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import random
 import statistics
@@ -50,17 +49,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 import betty_programs  # noqa: E402
-from betty_programs.common import betty_missing  # noqa: E402
+from betty_programs.common import betty_missing, flat, hypergradient, one_step  # noqa: E402
 
 import mloc  # noqa: E402
 
 
 def path_of(row) -> Path:
     return ROOT / "programs" / f"{row.PROGRAM}.mlo"
-
-
-def _flat(module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
 def _buffers(module) -> torch.Tensor | None:
@@ -74,20 +69,14 @@ def _rel(a, b) -> float:
 
 def first_step(row, check, tiny: bool = False) -> dict:
     """One outer step of both systems in float64 from the same modules (module docstring, 1)."""
-    sets = [*row.AGREE, *check.mloc_set, *(row.TINY if tiny else ())]
-    prog = mloc.load(path_of(row), set=sets, dtype="float64")
-    init = {n: copy.deepcopy(prog.module(n)) for n in prog.program.live}
-    betty = row.build(init, dtype=torch.float64, agree=True, lower=dict(check.betty) or None)
-    prog.step()
-    betty.step()
+    init, m, b = one_step(row, [*check.mloc_set, *(row.TINY if tiny else ())], dict(check.betty) or None)
     out = {"check": check.label, "same": check.same}
     if row.UPPERS:
-        g_m = torch.cat([_flat(init[u]) - _flat(prog.module(u)) for u in row.UPPERS])
-        g_b = torch.cat([_flat(init[u]) - _flat(betty.modules[u]) for u in row.UPPERS])
+        g_m, g_b = hypergradient(row, init, m), hypergradient(row, init, b)
         out.update(hyper=_rel(g_b, g_m), hyper_norm=float(g_m.norm()), betty_norm=float(g_b.norm()))
-    out["params"] = max(_rel(_flat(betty.modules[n]), _flat(prog.module(n))) for n in init)
-    bufs = [(n, _buffers(prog.module(n)), _buffers(betty.modules[n])) for n in init]
-    bufs = [_rel(b, m) for _, m, b in bufs if m is not None]
+    out["params"] = max(_rel(flat(b[n]), flat(m[n])) for n in init)
+    bufs = [(_buffers(m[n]), _buffers(b[n])) for n in init]
+    bufs = [_rel(y, x) for x, y in bufs if x is not None]
     out["buffers"] = max(bufs) if bufs else None
     return out
 

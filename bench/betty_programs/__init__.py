@@ -51,8 +51,15 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
+from pathlib import Path
 
 __all__ = ["names", "row"]
+
+_ROOT = Path(__file__).resolve().parents[2]
+for _p in (_ROOT / "programs", _ROOT / "bench"):   # the programs' modules (lib.*), the bench's
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 
 def names() -> list[str]:

@@ -95,7 +95,13 @@ def engine(problems: list, u2l: dict, l2u: dict, calls: int) -> Callable[[], Non
 
 
 def copies(modules: dict) -> dict:
-    return {k: copy.deepcopy(m) for k, m in modules.items()}
+    """Deep copies, every parameter trainable (mloc may hold a lower problem's parameters
+    without ``requires_grad`` between its steps, e.g. under ``init``)."""
+    out = {k: copy.deepcopy(m) for k, m in modules.items()}
+    for m in out.values():
+        for p in m.parameters():
+            p.requires_grad_(True)
+    return out
 
 
 def evaluated(fn, *modules):
@@ -114,6 +120,28 @@ def evaluated(fn, *modules):
 def sgd1(module):
     """Plain SGD with rate 1: one step moves the parameters by minus their gradient."""
     return torch.optim.SGD(module.parameters(), lr=1.0)
+
+
+def flat(module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def one_step(row, sets=(), lower=None):
+    """One outer step of mloc and of Betty in float64 from the same initial modules, each
+    upper problem's optimizer plain SGD with rate 1 (``row.AGREE``): ``(init, mloc, betty)``,
+    the initial modules and each system's after the step (``{problem: module}``)."""
+    import mloc
+    prog = mloc.load(ROOT / "programs" / f"{row.PROGRAM}.mlo", set=[*row.AGREE, *sets], dtype="float64")
+    init = {n: copy.deepcopy(prog.module(n)) for n in prog.program.live}
+    betty = row.build(init, dtype=torch.float64, agree=True, lower=lower)
+    prog.step()
+    betty.step()
+    return init, {n: prog.module(n) for n in init}, betty.modules
+
+
+def hypergradient(row, init, after) -> torch.Tensor:
+    """``θ₀ − θ₁`` of every upper problem, concatenated (the hypergradient under SGD rate 1)."""
+    return torch.cat([flat(init[u]) - flat(after[u]) for u in row.UPPERS])
 
 
 def failure(fn) -> str:
