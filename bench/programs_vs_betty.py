@@ -117,7 +117,7 @@ def mloc_seeds(row, seeds: list[int], steps: int, out: Path) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
     record = json.loads((out / "sweep.json").read_text())
-    final = record["summary"][0]["final"]
+    final = record["points"][0]["final"]
     if row.METRIC not in final:
         raise KeyError(f"{row.PROGRAM}: the sweep has no metric {row.METRIC!r} (it has {sorted(final)})")
     return {"values": final[row.METRIC], "wall": wall}
@@ -138,37 +138,106 @@ def betty_seeds(row, seeds: list[int], steps: int) -> dict:
     return {"values": values, "wall": statistics.mean(walls)}
 
 
+def _phase(result: dict, key: str, fn) -> None:
+    """``result[key] = fn()``; a failure is recorded (``result["errors"]``), not raised, so that
+    one row's failure does not lose a long run."""
+    try:
+        result[key] = fn()
+    except Exception as e:  # noqa: BLE001
+        result.setdefault("errors", []).append(f"{key}: {type(e).__name__}: {str(e)[:300]}")
+    print(f"  {result['program']}: {key} done", file=sys.stderr, flush=True)
+
+
 def measure(row, args) -> dict:
     result = {"program": row.PROGRAM, "betty": row.BETTY, "method": row.METHOD}
     if row.BETTY is not None:
-        result["evidence"] = row.evidence()
+        _phase(result, "evidence", row.evidence)
         return result
-    result["checks"] = [first_step(row, c, tiny=args.quick) for c in row.CHECKS]
-    print(f"  {row.PROGRAM}: first step done", file=sys.stderr, flush=True)
-    result["timing"] = timing(row, args.reps, args.warmup, tiny=args.quick)
-    print(f"  {row.PROGRAM}: timing done", file=sys.stderr, flush=True)
+    _phase(result, "checks", lambda: [first_step(row, c, tiny=args.quick) for c in row.CHECKS])
+    _phase(result, "timing", lambda: timing(row, args.reps, args.warmup, tiny=args.quick))
     if hasattr(row, "evidence"):
-        result["evidence"] = row.evidence()
+        _phase(result, "evidence", row.evidence)
     if args.seeds:
-        steps = args.steps or row.SEED_STEPS
-        result["steps"] = steps
+        result["steps"] = steps = args.steps or row.SEED_STEPS
         with tempfile.TemporaryDirectory() as tmp:
-            result["mloc_seeds"] = mloc_seeds(row, args.seeds, steps, Path(tmp) / "sweep")
-        result["betty_seeds"] = betty_seeds(row, args.seeds, steps)
-        print(f"  {row.PROGRAM}: seeds done", file=sys.stderr, flush=True)
+            _phase(result, "mloc_seeds", lambda: mloc_seeds(row, args.seeds, steps, Path(tmp) / "sweep"))
+        _phase(result, "betty_seeds", lambda: betty_seeds(row, args.seeds, steps))
     return result
 
 
-def _ms(values) -> str:
+def _ms(values, spec=".4f") -> str:
     if not values:
         return "–"
     if len(values) == 1:
-        return f"{values[0]:.4g}"
-    return f"{statistics.mean(values):.4g} ± {statistics.stdev(values):.2g}"
+        return format(values[0], spec)
+    return f"{format(statistics.mean(values), spec)} ± {format(statistics.stdev(values), spec)}"
+
+
+def _agreement_cell(r) -> str:
+    checks = r.get("checks") or []
+    if not checks or "hyper" not in checks[0]:
+        return f"n/a; weights {checks[0]['params']:.1e}" if checks else "–"
+    first, rest = checks[0], [c for c in checks[1:] if c["same"]]
+    cell = f"{first['hyper']:.1e}" + ("" if first["same"] else " (differs)")
+    if rest:
+        cell += "; " + ", ".join(f"{c['check'].split(' / ')[0]}: {c['hyper']:.1e}" for c in rest)
+    return cell
+
+
+def main_row(r) -> str:
+    name = f"`{r['program']}`"
+    if r["betty"] is not None:
+        return f"| {name} | no: {r['betty']} | {r['method']} | – | – | – | – | – | – |"
+    t = r.get("timing")
+    ms, mb = r.get("mloc_seeds"), r.get("betty_seeds")
+    steps = f"{r['steps']} × {len(ms['values'])}" if ms else "–"
+    fin_m = _ms(ms["values"]) if ms else "–"
+    fin_b = _ms(mb["values"]) if mb else "–"
+    cpu = f"{t['cpu']['mloc']:.2f} / {t['cpu']['betty']:.2f}" if t else "–"
+    peak = f"{t['peak']['mloc']:.2f} / {t['peak']['betty']:.2f}" if t else "–"
+    return f"| {name} | yes | {r['method']} | {_agreement_cell(r)} | {cpu} | {peak} | {fin_m} | {fin_b} | {steps} |"
+
+
+def table(results: list[dict], args) -> str:
+    lines = [f"torch {torch.__version__}, 1 thread; first step float64; time and memory float32, {args.reps} outer "
+             f"steps per system after {args.warmup}; seeds {','.join(map(str, args.seeds)) or 'none'}; "
+             f"{args.total:.0f} s in all", "",
+             "| program | Betty expresses it | method, mloc → Betty | first-step hypergradient, rel. diff (as written; "
+             "same method) | CPU ms / outer step, mloc / Betty | peak MiB, mloc / Betty | final metric, mloc | "
+             "final metric, Betty | steps × seeds |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [main_row(r) for r in results]
+    lines += ["", "First outer step, float64, every check (‖g_Betty − g_mloc‖ / ‖g_mloc‖; parameters and floating "
+              "buffers of every module after the step, largest relative difference):", "",
+              "| program | check (mloc / Betty) | same method | hypergradient | ‖g‖ mloc / Betty | parameters | buffers |",
+              "|---|---|---|---|---|---|---|"]
+    for r in results:
+        for c in r.get("checks") or []:
+            hyper = (f"{c['hyper']:.1e} | {c['hyper_norm']:.4g} / {c['betty_norm']:.4g}" if "hyper" in c else "n/a | –")
+            buffers = "–" if c["buffers"] is None else f"{c['buffers']:.1e}"
+            lines.append(f"| `{r['program']}` | {c['check']} | {'yes' if c['same'] else 'no'} | {hyper} | "
+                         f"{c['params']:.1e} | {buffers} |")
+    lines += ["", "Time per outer step, wall ms (median, same steps), and the seed runs' wall s (mloc: the "
+              "whole sweep, 2 runs at a time; Betty: one run's training, mean):", "",
+              "| program | wall ms mloc / Betty | CPU mloc/Betty | sweep s (mloc) | run s (Betty) |", "|---|---|---|---|---|"]
+    for r in results:
+        if "timing" in r:
+            t, ms, mb = r["timing"], r.get("mloc_seeds"), r.get("betty_seeds")
+            sweep = f"{ms['wall']:.0f}" if ms else "–"
+            run = f"{mb['wall']:.1f}" if mb else "–"
+            lines.append(f"| `{r['program']}` | {t['wall']['mloc']:.2f} / {t['wall']['betty']:.2f} | "
+                         f"{t['cpu']['mloc'] / t['cpu']['betty']:.3f} | {sweep} | {run} |")
+    errors = [(r["program"], e) for r in results for e in r.get("errors", [])]
+    if errors:
+        lines += ["", "Failures of this run:", ""] + [f"- `{p}`: {e}" for p, e in errors]
+    ev = [(r["program"], what, value) for r in results for what, value in r.get("evidence") or []]
+    if ev:
+        lines += ["", "Evidence (measured in this run):", ""]
+        lines += [f"- `{p}`: {what}: **{value}**" for p, what, value in ev]
+    return "\n".join(lines)
 
 
 def report(results: list[dict], args) -> None:
-    from betty_programs_report import table
     print(table(results, args))
 
 
@@ -201,9 +270,9 @@ def main(argv=None) -> int:
     for row in rows:
         print(f"{row.PROGRAM} ...", file=sys.stderr, flush=True)
         results.append(measure(row, args))
+        if args.json:   # after every row: a long run's finished rows survive a later failure
+            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     args.total = time.perf_counter() - start
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     report(results, args)
     return 0
 
