@@ -53,3 +53,53 @@ def metric(modules) -> float:
     model = modules["model"]
     data = Cast(hp.sparse_logistic(split="test", n=1000, batch_size=1000), next(model.parameters()).dtype)
     return evaluated(lambda: hp.test_loss(model, data), model)
+
+
+def _dot(a, b) -> torch.Tensor:
+    return sum((x * y).sum() for x, y in zip(a, b))
+
+
+def fixed_cg(vector, curr, prev, sync):
+    """Betty's ``cg`` BR-VJP with the textbook recurrence (Hestenes & Stiefel 1952): the next
+    direction from the *new* residual. Same calling convention as betty/hypergradient/cg.py
+    (``sync``: accumulate into the upper problem's ``.grad`` instead of returning)."""
+    params = curr.trainable_parameters()
+    g = torch.autograd.grad(curr.training_step_exec(curr.cur_batch), params, create_graph=True)
+    x = [torch.zeros_like(v) for v in vector]
+    r = [v.detach().clone() for v in vector]
+    p = [t.clone() for t in r]
+    rr = _dot(r, r)
+    for _ in range(curr.config.cg_iterations):
+        hp = torch.autograd.grad(g, params, grad_outputs=p, retain_graph=True)
+        alpha = rr / _dot(hp, p)
+        x = [a + alpha * b for a, b in zip(x, p)]
+        r = [a - alpha * b for a, b in zip(r, hp)]
+        rr, rr_old = _dot(r, r), rr
+        p = [a + (rr / rr_old) * b for a, b in zip(r, p)]
+    ups = prev.trainable_parameters()
+    cross = torch.autograd.grad(g, ups, grad_outputs=x, allow_unused=True)
+    out = [torch.zeros_like(u) if c is None else -c for c, u in zip(cross, ups)]
+    if sync:
+        prev.set_grads(ups, out)
+        return None
+    return out
+
+
+def evidence() -> list[tuple[str, str]]:
+    """Betty's cg(10) against mloc's, as released and with :func:`fixed_cg` patched in."""
+    import sys
+
+    import betty.hypergradient as bh
+    from betty_programs.common import hypergradient, one_step
+    row, sets, cfg = sys.modules[__name__], ("decay->model.hypergrad=cg(iters=10)",), dict(type="cg", cg_iterations=10)
+    out = []
+    for label, fn in (("as released", bh.jvp_fn_mapping["cg"]), ("direction from the new residual", fixed_cg)):
+        saved, bh.jvp_fn_mapping["cg"] = bh.jvp_fn_mapping["cg"], fn
+        try:
+            init, m, b = one_step(row, sets, cfg)
+        finally:
+            bh.jvp_fn_mapping["cg"] = saved
+        g_m, g_b = hypergradient(row, init, m), hypergradient(row, init, b)
+        out.append((f"first hypergradient, float64, cg(10): Betty's CG {label} against mloc's",
+                    f"{float((g_b - g_m).norm() / g_m.norm()):.1e}"))
+    return out
