@@ -159,6 +159,7 @@ def measure(row, args) -> dict:
         _phase(result, "evidence", row.evidence)
     if args.seeds:
         result["steps"] = steps = args.steps or row.SEED_STEPS
+        result["program_steps"] = mloc.load(path_of(row)).declaration.defaults.steps
         with tempfile.TemporaryDirectory() as tmp:
             _phase(result, "mloc_seeds", lambda: mloc_seeds(row, args.seeds, steps, Path(tmp) / "sweep"))
         _phase(result, "betty_seeds", lambda: betty_seeds(row, args.seeds, steps))
@@ -191,6 +192,8 @@ def main_row(r) -> str:
     t = r.get("timing")
     ms, mb = r.get("mloc_seeds"), r.get("betty_seeds")
     steps = f"{r['steps']} × {len(ms['values'])}" if ms else "–"
+    if ms and r.get("program_steps") not in (None, r["steps"]):
+        steps += f" (reduced; the program: {r['program_steps']})"
     fin_m = _ms(ms["values"]) if ms else "–"
     fin_b = _ms(mb["values"]) if mb else "–"
     cpu = f"{t['cpu']['mloc']:.2f} / {t['cpu']['betty']:.2f}" if t else "–"

@@ -30,7 +30,7 @@ CHECKS = (
 )
 METRIC = "zero_shot_error"
 BIGGER = "min"
-SEED_STEPS = 500
+SEED_STEPS = 100   # reduced for the shared 2-core machine (the table says so)
 TINY = ("meta.module=tasks.SineNet(hidden=8)", "adapt.module=tasks.SineNet(hidden=8)")
 AS_WRITTEN = dict(type="cg", cg_iterations=10)
 UNROLL, TASKS = 5, 4
