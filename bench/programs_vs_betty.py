@@ -230,6 +230,15 @@ def table(results: list[dict], args) -> str:
             run = f"{mb['wall']:.1f}" if mb else "–"
             lines.append(f"| `{r['program']}` | {t['wall']['mloc']:.2f} / {t['wall']['betty']:.2f} | "
                          f"{t['cpu']['mloc'] / t['cpu']['betty']:.3f} | {sweep} | {run} |")
+    seeded = [r for r in results if r.get("mloc_seeds") or r.get("betty_seeds")]
+    if seeded:
+        lines += ["", f"Final metric per seed ({', '.join(map(str, args.seeds))}):", "",
+                  "| program | metric | mloc | Betty |", "|---|---|---|---|"]
+        for r in seeded:
+            per = [", ".join(f"{v:.4f}" for v in (r.get(k) or {}).get("values", [])) or "–"
+                   for k in ("mloc_seeds", "betty_seeds")]
+            metric = betty_programs.row(r["program"]).METRIC
+            lines.append(f"| `{r['program']}` | {metric} | {per[0]} | {per[1]} |")
     errors = [(r["program"], e) for r in results for e in r.get("errors", [])]
     if errors:
         lines += ["", "Failures of this run:", ""] + [f"- `{p}`: {e}" for p, e in errors]
