@@ -163,7 +163,9 @@ def ce(model: nn.Module, batch) -> torch.Tensor:
 
 # --- evaluation ------------------------------------------------------------------------------------
 @torch.no_grad()
-def accuracy(model: nn.Module, name: str = "test", pool: int = 1) -> float:
+def accuracy(model: nn.Module, name: str = "test") -> float:
+    """The accuracy of ``model`` (a :class:`Net`) on a split, pooled to the model's inputs."""
+    pool = round(8 / model.net[0].in_features ** 0.5)
     x, y = split(name, pool=pool)
     return (model(x).argmax(-1) == y).float().mean().item()
 
