@@ -2,6 +2,7 @@
 
     python3 bench/lbi_compare.py            # runs the two sweeps below (if not there), then the table
     python3 bench/lbi_compare.py --table    # the table from the sweeps' folders only
+    python3 bench/lbi_compare.py --semantics  # exact against per_edge: the top hypergradient, seed 1
 
 The sweeps (3 seeds each, one thread per run, two runs at a time):
 
@@ -76,7 +77,31 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def semantics(steps: int = 100) -> str:
+    """‖exact − per_edge‖ / ‖per_edge‖ for the top level's hypergradient (seed 1), at the
+    initial state and after ``steps`` outer steps (the program as written, μ = 0.01)."""
+    import torch
+
+    import mloc
+    torch.set_num_threads(1)
+    program = ROOT / "programs" / "lbi.mlo"
+    run, lines = mloc.load(program, seed=1), []
+    for done in (0, steps):
+        run.run(done - run.steps_done) if done else None
+        grads = {}
+        for sem in ("exact", "per_edge"):
+            probe = mloc.load(program, seed=1, set=[f"semantics={sem}"])
+            probe.program.load_state_dict(run.program.state_dict())
+            grads[sem] = probe.hypergradients()["ignore"]["logits"]
+        rel = (grads["exact"] - grads["per_edge"]).norm() / grads["per_edge"].norm()
+        lines.append(f"after {run.steps_done} steps: |exact - per_edge| / |per_edge| = {rel:.2e}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--semantics"]:
+        print(semantics())
+        return 0
     if argv not in ([], ["--table"]):
         print(__doc__, file=sys.stderr)
         return 2
