@@ -80,18 +80,20 @@ def _per_class() -> list[torch.Tensor]:
                                                                  for c in range(CLASSES))]
 
 
-def split(name: str, imbalance: float = 100.0, n_max: int = N_MAX) -> tuple[torch.Tensor, ...]:
+def split(name: str, imbalance: float = 100.0, n_max: int = N_MAX, with_meta: bool = False) -> tuple[torch.Tensor, ...]:
     """``test`` (50 per class), ``meta`` (10 per class), both (x, y); or ``train``, (x, y, n_y)
     with :func:`class_counts` images of each class, n_y the count of each example's class.
-    The three never share an image."""
+    The three never share an image, except that ``with_meta`` adds the meta set's images to
+    ``train`` (n_c + 10 per class: a baseline given the images Meta-Weight-Net's upper
+    problem sees)."""
     x, _ = _digits()
     if name == "test":
         take = [idx[:TEST_PER_CLASS] for idx in _per_class()]
     elif name == "meta":
         take = [idx[TEST_PER_CLASS:TEST_PER_CLASS + META_PER_CLASS] for idx in _per_class()]
     elif name == "train":
-        start = TEST_PER_CLASS + META_PER_CLASS
-        counts = class_counts(imbalance, n_max)
+        start = TEST_PER_CLASS if with_meta else TEST_PER_CLASS + META_PER_CLASS
+        counts = [n + META_PER_CLASS * with_meta for n in class_counts(imbalance, n_max)]
         take = [idx[start:start + n] for idx, n in zip(_per_class(), counts)]
         y = torch.cat([torch.full((n,), c) for c, n in enumerate(counts)])
         return x[torch.cat(take)], y, torch.tensor(counts)[y]
@@ -107,9 +109,11 @@ def _loader(tensors: tuple[torch.Tensor, ...], batch_size: int, seed: int) -> Da
                       drop_last=True, generator=torch.Generator().manual_seed(seed))
 
 
-def longtail_digits(imbalance: float = 100.0, batch_size: int = 100, n_max: int = N_MAX, seed: int = 1):
-    """Batches (x, y, n_y) of the long-tailed training set."""
-    return _loader(split("train", imbalance, n_max), batch_size, seed)
+def longtail_digits(imbalance: float = 100.0, batch_size: int = 100, n_max: int = N_MAX, with_meta: bool = False,
+                    seed: int = 1):
+    """Batches (x, y, n_y) of the long-tailed training set (with the meta set's images if
+    ``with_meta``)."""
+    return _loader(split("train", imbalance, n_max, with_meta), batch_size, seed)
 
 
 def meta_digits(batch_size: int = 100, seed: int = 2):
