@@ -49,12 +49,12 @@ def sweep_command(program: str, axes: list[str], seeds: str, jobs: int, out: Pat
 
 
 def run_sweep(cmd: list[str], out: Path) -> None:
-    """Run (or continue) one sweep; its stderr also goes to ``out``/sweep.err, where the
-    per-run wall times are read from."""
+    """Run (or continue) one sweep; its stderr also goes to ``out``.err (beside the sweep's
+    folder, which the sweep wants fresh), where the per-run wall times are read from."""
     print("$ " + " ".join(["mloc", *cmd[3:]]), file=sys.stderr, flush=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "sweep.err", "a") as log:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(_err(out), "a") as log:
         proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         for line in proc.stderr:
             sys.stderr.write(line)
@@ -63,9 +63,13 @@ def run_sweep(cmd: list[str], out: Path) -> None:
             raise SystemExit(f"the sweep failed (exit {proc.returncode}): see {out}/logs")
 
 
+def _err(sweep: Path) -> Path:
+    return sweep.parent / f"{sweep.name}.err"
+
+
 def walls(sweep: Path) -> dict[str, float]:
     """Each run's wall seconds, from the sweep's stderr (the last report of each run)."""
-    err = sweep / "sweep.err"
+    err = _err(sweep)
     found = {}
     for line in err.read_text().splitlines() if err.exists() else []:
         m = DONE.match(line.strip())

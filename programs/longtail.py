@@ -80,27 +80,34 @@ def _per_class() -> list[torch.Tensor]:
                                                                  for c in range(CLASSES))]
 
 
-def split(name: str, imbalance: float = 100.0, n_max: int = N_MAX, with_meta: bool = False) -> tuple[torch.Tensor, ...]:
-    """``test`` (50 per class), ``meta`` (10 per class), both (x, y); or ``train``, (x, y, n_y)
-    with :func:`class_counts` images of each class, n_y the count of each example's class.
-    The three never share an image, except that ``with_meta`` adds the meta set's images to
+def indices(name: str, imbalance: float = 100.0, n_max: int = N_MAX, with_meta: bool = False) -> list[torch.Tensor]:
+    """The images of split ``name``, one index tensor per class (into scikit-learn's order):
+    ``test`` 50 per class, ``meta`` 10 per class, ``train`` :func:`class_counts` per class.
+    They never share an image, except that ``with_meta`` adds the meta set's images to
     ``train`` (n_c + 10 per class: a baseline given the images Meta-Weight-Net's upper
     problem sees)."""
-    x, _ = _digits()
-    if name == "test":
-        take = [idx[:TEST_PER_CLASS] for idx in _per_class()]
-    elif name == "meta":
-        take = [idx[TEST_PER_CLASS:TEST_PER_CLASS + META_PER_CLASS] for idx in _per_class()]
-    elif name == "train":
-        start = TEST_PER_CLASS if with_meta else TEST_PER_CLASS + META_PER_CLASS
-        counts = [n + META_PER_CLASS * with_meta for n in class_counts(imbalance, n_max)]
-        take = [idx[start:start + n] for idx, n in zip(_per_class(), counts)]
-        y = torch.cat([torch.full((n,), c) for c, n in enumerate(counts)])
-        return x[torch.cat(take)], y, torch.tensor(counts)[y]
-    else:
+    first = {"test": 0, "meta": TEST_PER_CLASS, "train": TEST_PER_CLASS + META_PER_CLASS}
+    if name not in first:
         raise ValueError(f"split must be train, meta or test, got {name!r}")
-    y = torch.cat([torch.full((len(t),), c) for c, t in enumerate(take)])
-    return x[torch.cat(take)], y
+    if name == "train":
+        counts = class_counts(imbalance, n_max)
+        start = TEST_PER_CLASS if with_meta else first["train"]
+        counts = [n + META_PER_CLASS * with_meta for n in counts]
+    else:
+        start, counts = first[name], [META_PER_CLASS if name == "meta" else TEST_PER_CLASS] * CLASSES
+    return [idx[start:start + n] for idx, n in zip(_per_class(), counts)]
+
+
+def split(name: str, imbalance: float = 100.0, n_max: int = N_MAX, with_meta: bool = False) -> tuple[torch.Tensor, ...]:
+    """The images of :func:`indices` as tensors: (x, y) for ``test`` and ``meta``; (x, y, n_y)
+    for ``train``, n_y the training-set count of each example's class."""
+    x, y = _digits()
+    take = indices(name, imbalance, n_max, with_meta)
+    rows = torch.cat(take)
+    if name != "train":
+        return x[rows], y[rows]
+    counts = torch.tensor([len(t) for t in take])
+    return x[rows], y[rows], counts[y[rows]]
 
 
 def _loader(tensors: tuple[torch.Tensor, ...], batch_size: int, seed: int) -> DataLoader:
