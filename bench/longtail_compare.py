@@ -1,6 +1,6 @@
 """Long-tailed digits: Meta-Weight-Net against plain and class-balanced cross-entropy.
 
-    python3 bench/longtail_compare.py [--out DIR] [--seeds 0,1,2] [--jobs 2] [--json FILE]
+    python3 bench/longtail_compare.py [--out DIR] [--seeds 0,1,2] [--jobs 2] [--report-only] [--weights]
 
 Two ``mloc sweep``s (the commands are printed; a rerun of this script continues them, and
 finished runs are skipped), eager steps pinned (``--compile off``) so that all runs are the
@@ -19,7 +19,8 @@ for Meta-Weight-Net whether its mean beats plain cross-entropy and class-balance
 on the same training images and the better of the two baselines trained on the meta images
 too, and the time per run: the run's own training seconds (its ``summary``
 record) and its wall time as ``mloc sweep`` reported it (process start to end, imports
-and compilation included).
+and compilation included). ``--report-only`` tabulates finished sweeps; ``--weights`` also
+prints each Meta-Weight-Net run's learned weight function w(ℓ) at a few losses.
 """
 
 from __future__ import annotations
@@ -146,6 +147,25 @@ def report(rows: list[dict]) -> None:
                   f"{pct(r['tail'])} | {' | '.join(verdicts)} | {statistics.fmean(r['train_s']):.0f} | {wall} |")
 
 
+def weight_functions(sweep: Path, losses=(0.01, 0.1, 0.5, 1.0, 2.0)) -> None:
+    """Each Meta-Weight-Net run's learned w(ℓ) at a few losses: the run's program rebuilt
+    with ``mloc.load`` (its ``--set``s and seed, from ``config.json``), its last checkpoint
+    restored."""
+    import torch
+
+    import mloc
+
+    torch.set_num_threads(1)
+    print(f"\nw(loss) at loss = {', '.join(map(str, losses))}, each Meta-Weight-Net run's checkpoint.pt:")
+    for name in json.loads((sweep / "sweep.json").read_text())["runs"]:
+        config = json.loads((sweep / name / "config.json").read_text())["run"]
+        session = mloc.load(config["program"]["file"], set=config["program"]["set"], seed=config["seed"])
+        session.restore(sweep / name / "checkpoint.pt")
+        with torch.no_grad():
+            w = session.module("weight_net")(torch.tensor(losses))
+        print(f"  {name}: {' '.join(f'{v:.3f}' for v in w.tolist())}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "longtail_compare")
@@ -153,6 +173,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--report-only", action="store_true", help="tabulate the sweeps in --out, run nothing")
     p.add_argument("--json", type=Path, help="also write the rows here")
+    p.add_argument("--weights", action="store_true", help="also print each MWN run's learned weight function")
     args = p.parse_args(argv)
     sweeps = {"baseline": ("longtail_baseline.mlo", BASELINE_AXES), "mwn": ("longtail.mlo", MWN_AXES)}
     if not args.report_only:
@@ -160,6 +181,8 @@ def main(argv=None) -> int:
             run_sweep(sweep_command(program, axes, args.seeds, args.jobs, args.out / name), args.out / name)
     rows = [row for name in sweeps for row in points(args.out / name)]
     report(rows)
+    if args.weights:
+        weight_functions(args.out / "mwn")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

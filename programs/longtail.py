@@ -10,7 +10,11 @@ al. (2019), rounded to the nearest integer::
     n_c = round(n_max · IF^(−c/(C−1))),   c = 0..C−1,  n_max = 100, C = 10,
 
 so class 0 keeps 100 images and class 9 keeps 100 / IF (IF = 10: 409 images in all; IF = 100:
-250, the rarest three classes with 3, 2 and 1). :func:`class_counts` is the profile.
+250, the rarest three classes with 3, 2 and 1). :func:`class_counts` is the profile,
+:func:`indices` the images of each split. ``longtail_digits(with_meta=True)`` adds the meta
+set's 100 images to the training set: the baseline that spends on training what
+Meta-Weight-Net spends on its upper problem. The loaders shuffle from fixed seeds, so a run's
+seed changes the initial weights only, never the data.
 
 Three losses for the same classifier (``reweighting.MLP``), on batches ``(x, y, n_y)`` whose
 third entry is the training-set size of each example's class:
