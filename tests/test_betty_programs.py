@@ -39,10 +39,17 @@ SAME = [(n, c) for n in EXPRESSED for c in betty_programs.row(n).CHECKS if c.sam
 SLOW = {"darts"}   # the DARTS supernet's float64 step: ~10 s of CPU even with 4 channels
 
 
+# Programs merged after the Betty table was measured, without a builder yet (docs/programs.md,
+# "mloc and Betty, program by program", says so). Remove a name when its builder lands.
+PENDING = {"lbi", "longtail", "longtail_baseline"}
+
+
 def test_every_program_has_a_row():
     programs = sorted(p.stem for p in (ROOT / "programs").glob("*.mlo"))
-    missing = [p for p in programs if p not in betty_programs.names()]
-    assert not missing, f"add bench/betty_programs/<program>.py for {missing} (see its __init__ docstring)"
+    missing = {p for p in programs if p not in betty_programs.names()}
+    assert missing <= PENDING, f"add bench/betty_programs/<program>.py for {sorted(missing - PENDING)} " \
+                               "(see its __init__ docstring)"
+    assert not PENDING - missing, f"{sorted(PENDING - missing)} now have rows or are gone: drop them from PENDING"
 
 
 @pytest.mark.parametrize("name,check", [pytest.param(n, c, marks=[pytest.mark.slow] if n in SLOW else [])
