@@ -344,8 +344,9 @@ def banner(program: Program, config: RunConfig, out: Path, chosen: Threads | Non
     import torch
     threads = torch.get_num_threads()
     why = f" ({chosen.reason})" if chosen is not None and chosen.reason else ""
+    strategy = f" (strategy {program.strategy[0]}: {program.strategy[1]})" if program.dist.world > 1 else ""
     return (f"training {program.name} on {program.device}, precision {config.precision}, dtype "
-            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}{why}, nproc {program.dist.world}, "
+            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}{why}, nproc {program.dist.world}{strategy}, "
             f"compile {config.compile} -> {out}")
 
 
