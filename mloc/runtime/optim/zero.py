@@ -161,7 +161,7 @@ class Zero(Optimizer):
         """Each rank's tensors (its owned parameters' entries) to every rank, one broadcast
         per rank and dtype, in place."""
         owners = self.owners(params if params is not None else tensors)
-        for r in range(self.world):
+        for r in range(self.world if self.world > 1 else 0):      # one rank: nothing to send
             group = [t for t, o in zip(tensors, owners) if o == r]
             for same in _by_dtype(group):
                 flat = torch.cat([t.reshape(-1) for t in same])
@@ -174,8 +174,9 @@ class Zero(Optimizer):
         """The whole state as a plain tree (:func:`~mloc.runtime.base.tree.to_plain`), what a
         replicated run's checkpoint holds: every rank's shard, gathered (every rank calls)."""
         mine = (self.owned(params), tree.to_plain(tree.map_tensors(self.local(state, params), lambda t: t.cpu())))
-        parts: list = [None] * self.world
-        dist.all_gather_object(parts, mine)
+        parts: list = [mine] * self.world
+        if self.world > 1:
+            dist.all_gather_object(parts, mine)
         return shards.join(parts, len(params))
 
     def whole(self, state: Any, params: Params) -> Any:
