@@ -31,6 +31,7 @@ from mloc.runtime.grad.compose import Edge, Hierarchy
 from mloc.runtime.program.data import DataStream
 from mloc.runtime.base.distributed import DistContext
 from mloc.runtime.base.overlap import OverlappedSync
+from mloc.runtime.program.strategy import apply_strategy
 from mloc.runtime.optim import Optimizer
 from mloc.runtime.files.options import RunConfig
 from mloc.runtime.base.precision import DeviceError, autocast_factory, grad_scaler_for
@@ -145,6 +146,7 @@ class Built:
     hierarchy: Hierarchy
     cast: torch.dtype | None             # the floating dtype of a `dtype` run, else None
     sync: OverlappedSync                 # every average across replicas (mloc.runtime.base.overlap)
+    strategy: tuple[str, str] = ("ddp", "")  # the data-parallel strategy and why (mloc.runtime.program.strategy)
 
 
 def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
@@ -163,12 +165,14 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
     live = {spec.name: _live(spec, modules[spec.name], config.precision, device, cast) for spec in specs}
     for lv in live.values():    # every problem's parameters exist now: bind the losses
         lv.problem = _problem(lv, live, device, cast)
+    strategy = apply_strategy(live, config.strategy, dist.rank, dist.world)
+    for lv in live.values():
         lv.commit = optimizer_commit(lv)
     sync = OverlappedSync(dist.world, overlap=config.overlap != "off")
     hierarchy = Hierarchy([lv.problem for lv in live.values()], edges, semantics,
                           sync if dist.world > 1 else None, compositions)
     dist.broadcast_params([t for lv in live.values() for t in lv.problem.params])
-    return Built(modules, streams, live, hierarchy, cast, sync)
+    return Built(modules, streams, live, hierarchy, cast, sync, strategy)
 
 
 def _live(spec: ProblemSpec, module: nn.Module, precision: str, device: torch.device,
