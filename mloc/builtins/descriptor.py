@@ -169,7 +169,10 @@ class MethodCaps:
     method has no indirect term (`no_indirect`); declared here, checked at `mloc check`
     (E219 for `vmap` with a method without it) and by the registry tests (`solve` exists).
     `auto`: that the planner's `auto` may choose it, and how it ranks (`AutoRank`).
-    `sync`: what it averages across data-parallel replicas (`SyncCaps`)."""
+    `sync`: what it averages across data-parallel replicas (`SyncCaps`). `shards`: its
+    hypergradient takes only first-order gradients by `backward()` through forward passes of
+    the modules, so it runs on modules sharded by FSDP2 (`strategy = fsdp`,
+    `mloc.runtime.base.fsdp`, whose `refusal` says why another method cannot)."""
 
     unrolls: bool = False
     implicit: bool = False
@@ -183,6 +186,7 @@ class MethodCaps:
     task_vmap: bool = False
     auto: AutoRank | None = None
     sync: SyncCaps = SyncCaps()
+    shards: bool = False
 
     @property
     def reads_lower_state(self) -> bool:
