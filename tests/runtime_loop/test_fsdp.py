@@ -67,9 +67,10 @@ def test_two_sharded_processes_equal_one_process_with_the_combined_batch():
 def test_the_methods_that_shard_are_the_registry_first_order_ones():
     shards = sorted(n for n, d in METHODS.items() if d.caps.shards)
     assert shards == ["finite_diff", "first_order", "sama"]
+    assert all(METHODS[n].caps.unsharded_reason is None for n in shards)
     for name, d in METHODS.items():
         if d.runtime is not None and not d.caps.shards:
-            why = fsdp.refusal(d.caps)
+            why = d.caps.unsharded_reason
             assert "backward() into .grad" in why
             assert ("unrolled" in why) == d.caps.unrolls, name
             assert ("Hessian-vector" in why) == (d.caps.implicit and not d.caps.unrolls), name

@@ -26,7 +26,8 @@ Hence the rules here:
   bit for bit afterwards (:func:`perturbed`), not by substituting tensors into the module
   (FSDP installs its own unsharded parameters at every forward);
 - only methods without Hessian-vector products or unrolled differentiation apply: the
-  registry's ``MethodCaps.shards`` (one home); the planner refuses the others.
+  registry's ``MethodCaps.shards`` (one home, with ``MethodCaps.unsharded_reason``); the
+  planner refuses the others.
 
 **The hypergradient** of an upper ``x`` over a lower ``θ`` (:func:`hypergradient`), with
 ``F`` the upper's loss and ``L`` the lower's, every gradient averaged over the ranks:
@@ -202,7 +203,7 @@ def hypergradient(method: Any, caps: Any, upper: Sharded, lower: Sharded,
     ``no_indirect`` keeps ``∇_x F``; a lower optimizer ``diag`` in ``caps.needs``
     (``sama_diag``) preconditions ``q``; ``method.eps`` is ``ε₀``."""
     if not caps.shards:
-        raise ValueError(f"{type(method).__name__} cannot run on sharded modules: {refusal(caps)}")
+        raise ValueError(f"{type(method).__name__} cannot run on sharded modules: {caps.unsharded_reason}")
     if caps.no_indirect:
         return gradients(upper.loss, [upper], everyone)[0]
     direct, v = gradients(upper.loss, [upper, lower], everyone)
@@ -226,18 +227,6 @@ def _preconditioned(lower: Sharded, v: Sequence[Tensor], everyone: Sequence[Shar
     grads = gradients(lower.loss, [lower], everyone)[0] if opt.diag_uses_grad else None
     with torch.no_grad():
         return tuple(s * x for s, x in zip(opt.diag(grads, lower.state, lower.local), v))
-
-
-def refusal(caps: Any) -> str:
-    """Why a method whose ``MethodCaps`` do not ``shard`` cannot run under ``strategy = fsdp``."""
-    if caps.unrolls:
-        why = "it differentiates through the lower's unrolled optimizer steps"
-    elif caps.implicit:
-        why = "it solves with Hessian-vector products of the lower's whole loss"
-    else:
-        why = "it needs second-order products of the lower's loss"
-    return (f"{why}, and a parameter sharded by FSDP2 gets its gradient only through backward() "
-            "into .grad, which cannot be differentiated again")
 
 
 @torch.no_grad()
