@@ -28,7 +28,7 @@ from mloc.ir.composition import compose_all, feedback, step_caps
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.interlock import chains_of
 from mloc.ir.payloads import HierarchyEdge
-from mloc.passes.parallel import sync_lines
+from mloc.passes.parallel import state_floats as _state_floats, sync_lines
 from mloc.passes.schedule import (Action, Loop, compile_lines, periods_of, schedule_json, schedule_lines,
                                   schedule_of)
 from mloc.shared.composition import Composition
@@ -117,7 +117,7 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
                    for e in g.hierarchy_edges() if e.warmup)
     compositions = compositions_of(g, edges, semantics)
     return Plan(g.info.semantics, semantics, reason, edges, order, periods, schedule, budget, g.names(),
-                compositions, warmup, chains_of(g), sync_lines(g, edges, schedule, compositions))
+                compositions, warmup, chains_of(g), sync_lines(g, edges, schedule, compositions, sizes))
 
 
 # A vectorized meta-batch (`vmap = true`) holds every task's hypergradient step at once, each
@@ -214,16 +214,6 @@ def _nested(g: ProgramGraph, middle: str, planned: dict, sizes: Sizes) -> int:
         if upper == middle:
             total += _cost(g, e.method, dict(e.args), sizes, lower, upper, differentiable=True)[1] or 0
     return total
-
-
-def _state_floats(g: ProgramGraph, name: str) -> int:
-    """Floats of optimizer state per trained parameter of problem `name`: its optimizer's
-    `state_per_param` (at most), but none for SGD without momentum (no buffer is made;
-    unless a schedule, which may cycle a momentum in, drives it)."""
-    p = g.problem(name)
-    if p.optimizer.name == "sgd" and dict(p.optimizer.args).get("momentum") == 0 and p.schedule is None:
-        return 0
-    return OPTIMIZERS[p.optimizer.name].caps.state_per_param
 
 
 def _with_state(g: ProgramGraph, e: EdgePlan, sizes: Sizes) -> EdgePlan:
