@@ -61,6 +61,7 @@ def infer_dataflow(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str
     _check_links(g, r, uncertain, diags)
     _check_problems(r, h, uncertain, diags)
     _check_vmap(g, diags)
+    _check_sharded(g, diags)
     _check_chains(r, diags)
     if g.info.semantics == "exact":
         _check_exact(g, h, feedback_middles(r, h), diags)
@@ -155,6 +156,22 @@ def _check_vmap(g: ProgramGraph, diags: Diagnostics) -> None:
         if why:
             diags.error("E219", f"`vmap = true` cannot apply to `{node.name}`: {why}", node.vmap,
                         help=help or "drop `vmap` (the tasks are then solved one after another)")
+
+
+def _check_sharded(g: ProgramGraph, diags: Diagnostics) -> None:
+    """`strategy = fsdp` shards every module (:mod:`mloc.runtime.base.fsdp`): each edge's
+    method must say so in the registry (`MethodCaps.shards`; its `unsharded_reason` is the
+    message). `auto` is the planner's to resolve (E220)."""
+    if g.info.train.strategy != "fsdp":
+        return
+    able = _either(n for n, d in METHODS.items() if d.caps.shards)
+    for edge in g.hierarchy_edges():
+        caps = METHODS[edge.method.name].caps
+        if caps.unsharded_reason and not caps.planned:
+            diags.error("E220", f"`{edge.method.name}` on `{edge.upper} -> {edge.lower}` cannot run under "
+                        f"`strategy = fsdp`: {caps.unsharded_reason}", edge.span,
+                        help=f"use {able} on this edge, or `strategy = zero` (sharded optimizer state, "
+                             "whole modules)")
 
 
 def _vmap_obstacle(g: ProgramGraph, node, lowers) -> tuple[str | None, str | None]:
