@@ -29,6 +29,7 @@ from mloc.ir.graph import ProgramGraph
 from mloc.ir.interlock import chains_of
 from mloc.ir.payloads import HierarchyEdge
 from mloc.passes.parallel import state_floats as _state_floats, sync_lines
+from mloc.passes.recompute import decide as recompute_decision
 from mloc.passes.schedule import (Action, Loop, compile_lines, periods_of, schedule_json, schedule_lines,
                                   schedule_of)
 from mloc.shared.composition import Composition
@@ -92,6 +93,7 @@ class Plan:
     warmup: tuple[Action, ...] = ()   # before the first outer step: lowers training alone
     chains: tuple[Interlock, ...] = ()  # interlocking chains: which head's loss trains each stage
     sync: tuple[str, ...] = ()          # what `--nproc` synchronises per outer step (passes.parallel)
+    recompute: tuple[bool, str] | None = None   # activation checkpointing and why (passes.recompute)
 
     def edge(self, upper: str, lower: str) -> EdgePlan:
         return next(e for e in self.edges if (e.upper, e.lower) == (upper, lower))
@@ -117,7 +119,8 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
                    for e in g.hierarchy_edges() if e.warmup)
     compositions = compositions_of(g, edges, semantics)
     return Plan(g.info.semantics, semantics, reason, edges, order, periods, schedule, budget, g.names(),
-                compositions, warmup, chains_of(g), sync_lines(g, edges, schedule, compositions, sizes))
+                compositions, warmup, chains_of(g), sync_lines(g, edges, schedule, compositions, sizes),
+                recompute_decision(edges, budget))
 
 
 # A vectorized meta-batch (`vmap = true`) holds every task's hypergradient step at once, each
@@ -376,6 +379,8 @@ def _edge_lines(plan: Plan) -> list[str]:
                      "device; within 1.5x of measured on the examples (docs/runtime.md)")
     lines.append(f"semantics: {plan.runtime_semantics} ({plan.semantics_reason})")
     lines.append(f"memory budget: {format_bytes(plan.memory_budget) if plan.memory_budget else 'none'}")
+    if plan.recompute:
+        lines.append(f"activation checkpointing: {plan.recompute[1]}")
     lines.append("composition order (adjoints, bottom-up): " + " -> ".join(plan.order))
     return lines
 
