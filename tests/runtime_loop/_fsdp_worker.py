@@ -9,7 +9,9 @@ upper step with the method. Both modules sharded (:mod:`mloc.runtime.base.fsdp`)
 per rank; the reference, computed on every rank in-process, is mloc's one-process path on
 batch 2B (``torch.autograd.grad`` on the whole modules and :func:`two_level_step`, the
 methods' own code). Prints one JSON line: the largest relative difference per method, and
-whether a resume from a gathered state equals the uninterrupted run bitwise.
+whether a resume from a gathered state equals the uninterrupted run bitwise. One case
+checkpoints the modules' children's activations (:mod:`mloc.runtime.base.recompute`)
+under the shards.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from torch.func import functional_call
 from mloc.builtins import METHODS
 from mloc.runtime import methods, optim
 from mloc.runtime.base import fsdp
+from mloc.runtime.base.recompute import recompute_children
 from mloc.runtime.grad.problem import Problem
 from mloc.runtime.methods.finite import two_level_step
 
@@ -70,8 +73,10 @@ def make_optimizers(kind):
     return optim.sgd(0.1, momentum=0.9), optim.sgd(0.05)
 
 
-def run_sharded(name, kind, rank, world, streams, steps, resume_at=None):
+def run_sharded(name, kind, rank, world, streams, steps, resume_at=None, recompute=False):
     net, weights = modules()
+    if recompute:       # activation checkpointing under the shards (children wrapped first)
+        recompute_children(net), recompute_children(weights)
     fsdp.shard(net), fsdp.shard(weights)
     lo_opt, up_opt = make_optimizers(kind)
     sl = slice(rank * B, (rank + 1) * B)
@@ -138,17 +143,17 @@ def rel(a, b):
 
 
 CASES = [("plain", "sgd"), ("plain", "adam"), ("first_order", "sgd"), ("finite_diff", "sgd"),
-         ("sama", "sgd"), ("sama", "adam")]
+         ("sama", "sgd"), ("sama", "adam"), ("sama", "sgd", "recompute")]
 
 
 def errors(rank, world, dtype):
     """The largest relative difference from the one-process reference, per case, in ``dtype``."""
     torch.set_default_dtype(dtype)
     streams, out = data(world), {}
-    for name, kind in CASES:
-        got, _, _ = run_sharded(name, kind, rank, world, streams, STEPS)
+    for name, kind, *recompute in CASES:
+        got, _, _ = run_sharded(name, kind, rank, world, streams, STEPS, recompute=bool(recompute))
         ref = run_reference(name, kind, world, streams, STEPS)
-        out[f"{name}/{kind}"] = max(rel(g["params"], r) for g, r in zip(got, ref))
+        out["/".join([name, kind, *recompute])] = max(rel(g["params"], r) for g, r in zip(got, ref))
     return out
 
 

@@ -3,7 +3,8 @@
 Slow tier: two gloo processes, each with batch B and both problems' modules sharded, equal
 mloc's one-process path on batch 2B (``_fsdp_worker.py`` says what is run), for plain steps
 and each method whose registry capabilities say it ``shards``; a run resumed from a gathered
-state equals the uninterrupted one bitwise. Default tier: the refusal comes from the
+state equals the uninterrupted one bitwise; with activation checkpointing under the shards
+too. Default tier: the refusal comes from the
 registry's capabilities (one home), and the pieces that need no process group.
 """
 
@@ -60,6 +61,7 @@ def test_two_sharded_processes_equal_one_process_with_the_combined_batch():
         # float64: the same within 1e-12 (measured <= 3e-14; FSDP's reduce-scatter averages
         # in another order than one process's batch mean)
         assert max(r["float64"].values()) <= 1e-12, r["float64"]
+        assert "sama/sgd/recompute" in r["float64"]
         assert r["resume_bitwise"] is True
         assert "neumann cannot run on sharded modules" in r["refused"]
 
