@@ -327,6 +327,7 @@ def plan_to_json(plan: Plan) -> dict:
         "schedule": schedule_json(plan.schedule),
         "warmup": [{"action": a.kind, "problem": a.problem, "count": a.count} for a in plan.warmup],
         **({"chains": [_chain_json(c) for c in plan.chains]} if plan.chains else {}),
+        **({"recompute": {"on": plan.recompute[0], "reason": plan.recompute[1]}} if plan.recompute else {}),
     }
 
 

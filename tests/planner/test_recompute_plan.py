@@ -5,6 +5,7 @@ Hessian-vector products and the substituted points go through them)."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace as E
 
 from mloc.passes.recompute import decide
@@ -28,6 +29,8 @@ def test_a_small_budget_checkpoints_and_trains_to_the_same_bits(mloc_here, tmp_p
     assert plan.returncode == 0, plan.stderr
     assert "activation checkpointing: on: the estimated step peak" in plan.stdout
     assert "activation checkpointing" not in mloc_here("plan", SMALL).stdout
+    data = json.loads(mloc_here("plan", SMALL, "--json", *budget).stdout)
+    assert data["recompute"]["on"] is True and data["recompute"]["reason"].startswith("on: the estimated")
     common = ["--steps", "6", "--quiet", "--compile", "off", "--threads", "1"]
     ran = mloc_here("run", SMALL, *common, "--out", tmp_path / "ck", *budget)
     assert ran.returncode == 0, ran.stderr
