@@ -33,12 +33,12 @@ from mloc.runtime.grad.compose import Edge, Hierarchy
 from mloc.runtime.program.data import DataStream
 from mloc.runtime.base.distributed import DistContext
 from mloc.runtime.base.overlap import OverlappedSync
-from mloc.runtime.base.recompute import recompute_children
 from mloc.runtime.optim import Optimizer
 from mloc.runtime.files.options import RunConfig
 from mloc.runtime.base.precision import DeviceError, autocast_factory, grad_scaler_for
 from mloc.runtime.grad.problem import Problem
 from mloc.runtime.program.schedules import bind
+from mloc.runtime.base.recompute import recompute_children
 
 
 @dataclass(frozen=True)
