@@ -278,7 +278,8 @@ def _itd_reason(mode: str, m: int | None, k: int, truncate: int | None, why: str
 
 def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics, nested: int = 0) -> EdgePlan:
     """`auto`'s choice among the methods whose descriptors declare an `AutoRank` and that
-    apply (the lower optimizer provides what they need; `exact` semantics: differentiable):
+    apply (the lower optimizer provides what they need; `exact` semantics: differentiable;
+    `strategy = fsdp`: `shards`):
     of those that fit the budget, the lowest tier, then the fastest; else the smallest."""
     lower = g.problem(e.lower)
     init_only = lower.init is not None and lower.init[0] == e.upper and \
@@ -290,7 +291,8 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics, ne
     options = []
     for name, d in METHODS.items():
         caps = d.caps
-        applies = caps.needs <= provides and (semantics != "exact" or caps.differentiable)
+        applies = caps.needs <= provides and (semantics != "exact" or caps.differentiable) \
+            and (g.info.train.strategy != "fsdp" or caps.shards)    # sharded modules: first order only
         if caps.auto is None or not applies:
             continue
         args = {p.name: p.default for p in d.signature.params}     # `auto` gives the defaults
