@@ -161,14 +161,20 @@ def _check_vmap(g: ProgramGraph, diags: Diagnostics) -> None:
 def _check_sharded(g: ProgramGraph, diags: Diagnostics) -> None:
     """`strategy = fsdp` shards every module (:mod:`mloc.runtime.base.fsdp`): each edge's
     method must say so in the registry (`MethodCaps.shards`; its `unsharded_reason` is the
-    message). `auto` is the planner's to resolve (E220)."""
+    message). `auto` is the planner's to resolve among those that shard, except where only
+    itd applies (the upper enters only through `init`) (E220)."""
     if g.info.train.strategy != "fsdp":
         return
     able = _either(n for n, d in METHODS.items() if d.caps.shards)
     for edge in g.hierarchy_edges():
-        caps = METHODS[edge.method.name].caps
+        name, caps = edge.method.name, METHODS[edge.method.name].caps
+        low = g.problem(edge.lower)
+        if caps.planned and low.init is not None and low.init[0] == edge.upper \
+                and edge.upper not in low.loss.read_names():      # the planner's `auto` picks itd here
+            name, caps = "auto", METHODS["itd"].caps
         if caps.unsharded_reason and not caps.planned:
-            diags.error("E220", f"`{edge.method.name}` on `{edge.upper} -> {edge.lower}` cannot run under "
+            said = "`auto` (itd: the upper enters only through `init`)" if name == "auto" else f"`{name}`"
+            diags.error("E220", f"{said} on `{edge.upper} -> {edge.lower}` cannot run under "
                         f"`strategy = fsdp`: {caps.unsharded_reason}", edge.span,
                         help=f"use {able} on this edge, or `strategy = zero` (sharded optimizer state, "
                              "whole modules)")

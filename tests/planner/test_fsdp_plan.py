@@ -28,6 +28,14 @@ def test_neumann_is_refused_with_the_registry_reason(mloc_here, fsdp_available):
     assert "use `finite_diff`, `sama` or `first_order` on this edge" in ran.stderr
 
 
+def test_auto_where_only_itd_applies_is_refused(mloc_here, fsdp_available):
+    maml = SMALL.parents[2] / "programs" / "maml.mlo"
+    ran = mloc_here("plan", maml, *FSDP, "--set", "meta->adapt.hypergrad=auto")
+    assert ran.returncode == 1
+    assert ("`auto` (itd: the upper enters only through `init`) on `meta -> adapt` cannot run under "
+            "`strategy = fsdp`: it differentiates through the lower's unrolled optimizer steps") in ran.stderr
+
+
 def test_auto_chooses_a_method_that_shards(mloc_here, fsdp_available):
     whole = mloc_here("plan", SMALL, *AUTO)
     sharded = mloc_here("plan", SMALL, *AUTO, *FSDP)
