@@ -120,9 +120,8 @@ def _only(wanted: Sequence[Sharded], everyone: Sequence[Sharded]) -> Iterator[No
             p.requires_grad_(rg)
 
 
-def gradients(loss: Loss, of: Sequence[Sharded], everyone: Sequence[Sharded],
-              scale: float = 1.0) -> list[tuple[Tensor, ...]]:
-    """``scale ∇ loss()`` with respect to each problem of ``of``, as local shards averaged
+def gradients(loss: Loss, of: Sequence[Sharded], everyone: Sequence[Sharded]) -> list[tuple[Tensor, ...]]:
+    """``∇ loss()`` with respect to each problem of ``of``, as local shards averaged
     over the ranks: one ``backward()`` (FSDP reduce-scatters; a parameter that is not a
     ``DTensor`` is all-reduced here), with the other problems' parameters held constant.
     Zeros where the loss does not reach. ``.grad`` is left cleared."""
@@ -132,7 +131,7 @@ def gradients(loss: Loss, of: Sequence[Sharded], everyone: Sequence[Sharded],
     with _only(of, everyone):
         value = loss()
         if value.requires_grad:
-            (value * scale if scale != 1.0 else value).backward()
+            value.backward()
     out = []
     for s in of:
         out.append(tuple(_taken(p) for p in s.params))
