@@ -217,7 +217,7 @@ NEUMANN = Descriptor(
 FINITE_DIFF = Descriptor(
     signature("finite_diff", "identity Hessian, mixed product by central differences (DARTS)",
               Param("eps", POSITIVE, 0.01)),
-    MethodCaps(two_level=True,
+    MethodCaps(two_level=True, shards=True,
                auto=AutoRank(2, "second-order methods exceed the budget; finite differences")),
     "mloc.runtime.methods:finite_diff", _finite_difference,
     (Alias("darts", "finite_diff", "DARTS's second-order approximation (Liu et al., 2019)"),))
@@ -225,13 +225,13 @@ FINITE_DIFF = Descriptor(
 SAMA = Descriptor(
     signature("sama", "SAMA: finite differences on the optimizer-adjusted direction",
               Param("eps", POSITIVE, 0.01)),
-    MethodCaps(needs=frozenset({"sama_diag"}), two_level=True, sync=SyncCaps(lower_grad=True),
+    MethodCaps(needs=frozenset({"sama_diag"}), two_level=True, sync=SyncCaps(lower_grad=True), shards=True,
                auto=AutoRank(1, "CG's Hessian-vector graphs exceed the budget; SAMA needs no second order")),
     "mloc.runtime.methods:sama", _finite_difference)
 
 FIRST_ORDER = Descriptor(
     signature("first_order", "drop the indirect term (first-order MAML)"),
-    MethodCaps(reads_init=True, differentiable=True, no_indirect=True, task_vmap=True),
+    MethodCaps(reads_init=True, differentiable=True, no_indirect=True, task_vmap=True, shards=True),
     "mloc.runtime.methods:first_order", _first_order,
     (Alias("fomaml", "first_order", "first-order MAML (Finn et al., 2017)"),))
 

@@ -91,7 +91,7 @@ def resolve_train(module: ast.Module, scope: Scope, diags: Diagnostics) -> Train
     values = {k: check_value(f, V.TRAIN_FIELDS[k], scope, f"`{k}`", diags) for k, f in fields.items()}
     values = {k: v for k, v in values.items() if v is not INVALID}
     if unavailable(values.get("strategy")):
-        diags.error("E305", f"`strategy = {values['strategy']}`: {unavailable(values.pop('strategy'))}",
+        diags.error("E305", f"`strategy = {values['strategy']}`: {unavailable(values['strategy'])}",
                     fields["strategy"].value.span, label="not yet available", help=UNAVAILABLE_HELP)
     every = _every(block.body, scope, diags)
     return TrainSpec(**values, **every, **resolve_selection(block.body, every["evals"], diags),

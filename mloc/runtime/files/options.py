@@ -35,6 +35,7 @@ class RunConfig:
     compile: str = "auto"             # on, off, auto (mloc.runtime.compiled.decision)
     overlap: str = "on"               # on, off: gradient averaging overlapped (mloc.runtime.base.overlap)
     strategy: str = "auto"            # auto, ddp, zero, fsdp (mloc.shared.strategy)
+    recompute: bool = False           # activation checkpointing, the planner's (mloc.passes.recompute)
 
 
 class OptionError(Exception):

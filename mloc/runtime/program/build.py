@@ -4,7 +4,9 @@ Generated code declares each problem as a :class:`ProblemSpec` and the run as a
 :class:`RunConfig`; :func:`build` makes, in this order (the order fixes every random draw):
 
 1. the seed (Python's ``random`` and torch's generators);
-2. the modules, in source order, moved to the device (and cast for ``dtype`` runs);
+2. the modules, in source order, moved to the device (and cast for ``dtype`` runs), their
+   children checkpointed when the planner chose to (``config.recompute``:
+   :mod:`mloc.runtime.base.recompute`);
 3. one :class:`~mloc.runtime.program.data.DataStream` per problem with data;
 4. per problem, its trainable parameters (the module's own, or a zero ``δ`` for a problem
    with ``init``: its parameters are ``θ_init + δ``), its precision context and loss
@@ -37,6 +39,7 @@ from mloc.runtime.files.options import RunConfig
 from mloc.runtime.base.precision import DeviceError, autocast_factory, grad_scaler_for
 from mloc.runtime.grad.problem import Problem
 from mloc.runtime.program.schedules import bind
+from mloc.runtime.base.recompute import recompute_children
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,8 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
     modules = build_modules()
     for m in modules.values():
         m.to(device=device, dtype=cast) if cast else m.to(device)
+        if config.recompute:
+            recompute_children(m)
     streams = {n: DataStream(n, f, device=device, rank=dist.rank, world=dist.world)
                for n, f in data.items()}
     live = {spec.name: _live(spec, modules[spec.name], config.precision, device, cast) for spec in specs}
