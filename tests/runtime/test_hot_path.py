@@ -21,7 +21,11 @@ ALLOWED = {("torch_optim.py", "_host_lr"),
            ("pipeline_stage.py", "recv"),   # the shape header of a message between pipeline workers (CPU, gloo)
            # Shampoo's rejected-root counts: read at log boundaries (Optimizer.report) and
            # when a refresh was rejected (the warning), never on a healthy step
-           ("rootwork.py", "failure_counts")}
+           ("rootwork.py", "failure_counts"),
+           # strategy zero: the whole optimizer state gathered to the host (all_gather_object)
+           # for a checkpoint, and by itd's unroll once per hypergradient step (docs/runtime.md,
+           # "Strategies": the one place zero pays a host round trip per step)
+           ("zero.py", "gathered")}
 
 
 def test_runtime_never_reads_tensors_back_to_the_host():
