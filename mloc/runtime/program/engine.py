@@ -120,16 +120,23 @@ class Program:
         return step
 
     def _stepper(self, name: str) -> Callable[..., None]:
-        return _stepper(self.drawer(name), self._source(name), self.pipeline(name))
+        pipeline = self.pipeline(name)
+        source = self._source(name, pipeline=pipeline)
+        run = pipeline.fusion.after if getattr(source, "fused", False) else pipeline.run   # it committed
+        return _stepper(self.drawer(name), source, pipeline.seed, run)
 
     def _accumulator(self, name: str) -> Accumulator:
         return Accumulator(self.drawer(name), self._source(name, micro=True), self.pipeline(name))
 
-    def _source(self, name: str, micro: bool = False) -> Source:
+    def _source(self, name: str, micro: bool = False, pipeline: Pipeline | None = None) -> Source:
         """Where `name`'s steps take their gradients: its plain gradient (a lowest problem) or its
         hypergradient, with the buffer rule applied (`mloc.runtime.grad.buffers`), compiled where the run
-        compiles (:mod:`mloc.runtime.program.compiling`), averaged as it runs (``OverlappedSync.final``)."""
-        lv, wrap, final = self.live[name], self.compiling.source, self.sync.final(micro)
+        compiles (:mod:`mloc.runtime.program.compiling`; with the optimizer's update where ``pipeline``
+        allows), averaged as it runs (``OverlappedSync.final``)."""
+        lv, final = self.live[name], self.sync.final(micro)
+
+        def wrap(kind: str, name: str, source: Source) -> Source:
+            return self.compiling.source(kind, name, source, pipeline)
         if not self.hierarchy.lowers.get(name):
             reads = lv.spec.reads
             loss = lv.problem.loss.step_loss(reads.index(name) if name in reads else None)
@@ -293,10 +300,9 @@ def _start_of(lv: Live):
     return lambda: lv.spec.reinit(lv.module)
 
 
-def _stepper(draw: Callable[[], None], source: Source, pipeline: Pipeline) -> Callable[..., None]:
+def _stepper(draw: Callable[[], None], source: Source, seed, run) -> Callable[..., None]:
     """A problem's step: draw its next batch (unless told not to), take the gradients from
-    ``source``, commit them through ``pipeline``."""
-    seed, run = pipeline.seed, pipeline.run
+    ``source`` (``seed``: the pipeline's), commit them through ``run`` (the pipeline's)."""
 
     def step(fresh: bool = True) -> None:
         if fresh:
