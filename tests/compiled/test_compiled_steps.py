@@ -32,7 +32,7 @@ import pytest
 import torch
 
 import mloc
-from mloc.builtins import METHODS
+from mloc.builtins import METHODS, OPTIMIZERS
 from mloc.runtime.compiled.decision import decide
 from mloc.runtime.compiled.step import _compare, _Number
 from tests.conftest import ROOT
@@ -88,11 +88,41 @@ def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bo
         if i + 1 == warmup:
             compiles = [r.graphs + r.recompiles for r in compiled.program.compiling.ran()]
     reports = compiled.program.compiling.ran()
-    assert reports and all(r.compiled for r in reports), [r.line() for r in reports]
+    assert reports and all(r.compiled or r.kind == "commit" and r.reason == _refused(compiled, r.name)
+                           for r in reports), [r.line() for r in reports]
+    _fused_where_allowed(compiled)
     assert [r.graphs + r.recompiles for r in reports] == compiles, [r.line() for r in reports]   # steady
     assert worst <= bound, f"{method}: a compiled step differs from the eager one by {worst / bound:.3g} × its bound"
     assert all(math.isfinite(v) for v in compiled.losses().values())
     return worst
+
+
+def _refused(session, name: str) -> str | None:
+    """Why ``name``'s optimizer refuses a compiled commit (``torch.optim``'s), else None."""
+    commit = session.program.live[name].compiled_step
+    return commit.refused if commit is not None else None
+
+
+FUSED = {"sgd", "adam", "adamw"}
+"""The registry's optimizers whose functional update a compiled step runs in its graph."""
+
+
+def _fused_where_allowed(session) -> None:
+    """Every compiled plain or hypergradient step that commits through a pipeline without a
+    stage between gradient and update (no clip, fp16 or all-reduce here) ran its problem's
+    optimizer update in its graph where the optimizer is one of :data:`FUSED`, and said
+    why not otherwise; steps of an accumulation, a chain or a meta-batch commit apart."""
+    for r in session.program.compiling.ran():
+        if r.kind not in ("lower", "upper") or not r.compiled:
+            continue
+        optimizer = session.program.live[r.name].problem.optimizer
+        kind = type(optimizer).__name__.lower().replace("torchoptimizer", "torch")
+        if kind == "adam" and optimizer.decoupled:
+            kind = "adamw"
+        if r.split is not None and "accumulate" in r.split:
+            continue
+        assert r.fused == (kind in FUSED), r.line()
+        assert r.fused or r.split, r.line()
 
 
 def test_a_compiled_program_equals_its_eager_run_in_float64():
@@ -102,10 +132,20 @@ def test_a_compiled_program_equals_its_eager_run_in_float64():
 
 
 SGD, ADAM = "sgd(lr=0.1, momentum=0.9)", "adam(lr=0.01)"
-PAIRS = [(m, SGD) for m in CASES] + [("sama", ADAM), ("itd(steps=2, mode=reverse)", ADAM)]
+OPTIMIZERS_RUN = {"sgd": "sgd(lr=0.1)", "adam": "adam(lr=0.01)", "adamw": "adamw(lr=0.01)",
+                  "shampoo": "shampoo(lr=0.01, update_every=3, start_preconditioning_step=2)",
+                  "torch": "torch(lr=0.1, cls='torch.optim:RMSprop')"}
+PAIRS = ([(m, SGD) for m in CASES] + [("sama", ADAM), ("itd(steps=2, mode=reverse)", ADAM)]
+         + [("neumann(iters=3, alpha=0.1)", OPTIMIZERS_RUN[o]) for o in sorted(OPTIMIZERS) if o in OPTIMIZERS_RUN])
 """Every method over SGD with momentum; over Adam, the methods that read the lower's optimizer
 (SAMA's diagonal, an unroll: Adam's step count is a lifted number, its bias corrections in the
-graph)."""
+graph); every optimizer of the registry under the lower (its update in the lower step's graph,
+or its commit apart, :data:`FUSED`)."""
+
+
+def test_every_registry_optimizer_has_a_compiled_case():
+    """A new optimizer in the registry needs its case here (and a decision in :data:`FUSED`)."""
+    assert {o for o, d in OPTIMIZERS.items() if d.runtime is not None} == set(OPTIMIZERS_RUN)
 
 
 @pytest.mark.slow
