@@ -134,7 +134,7 @@ def test_a_compiled_program_equals_its_eager_run_in_float64():
 SGD, ADAM = "sgd(lr=0.1, momentum=0.9)", "adam(lr=0.01)"
 OPTIMIZERS_RUN = {"sgd": "sgd(lr=0.1)", "adam": "adam(lr=0.01)", "adamw": "adamw(lr=0.01)",
                   "shampoo": "shampoo(lr=0.01, update_every=3, start_preconditioning_step=2)",
-                  "torch": "torch(lr=0.1, cls='torch.optim:RMSprop')"}
+                  "torch": "torch(lr=0.1, cls=torch.optim.RMSprop)"}
 PAIRS = ([(m, SGD) for m in CASES] + [("sama", ADAM), ("itd(steps=2, mode=reverse)", ADAM)]
          + [("neumann(iters=3, alpha=0.1)", OPTIMIZERS_RUN[o]) for o in sorted(OPTIMIZERS) if o in OPTIMIZERS_RUN])
 """Every method over SGD with momentum; over Adam, the methods that read the lower's optimizer
