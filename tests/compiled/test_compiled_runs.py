@@ -103,6 +103,7 @@ def test_fp16_loss_scaling_runs_its_steps_eagerly_with_the_reason():
     assert isinstance(report, StepReport) and not report.compiled
     assert report.line() == "lower step of net: eager (loss scaling seeds the loss with the scaler's current scale)"
     assert compiled.program.compiling.reports["commit", "net"].compiled
+    assert not report.fused and "fp16 loss scaling" in report.split      # the update stays apart
 
 
 @pytest.mark.slow
@@ -121,6 +122,7 @@ def test_nproc_compiles_its_lower_steps_and_says_why_the_upper_runs_eagerly(tmp_
     config = json.loads((runs["on"] / "config.json").read_text())["run"]
     steps = {c["step"]: c for c in config["compiled"]}
     assert steps["lower net"]["compiled"] and steps["commit net"]["compiled"], steps
+    assert "averaged across processes between the gradient and the update" in steps["lower net"]["update"]
     assert not steps["upper weights"]["compiled"]
     assert "averages its Hessian-vector products across processes" in steps["upper weights"]["reason"]
     a, b = params(runs["on"]), params(runs["off"])
