@@ -168,7 +168,9 @@ FEATURES = {
     "reinit and accumulate": ("programs/imaml.mlo", ()),  # reinit per outer step, accumulate = 4, CG
     "interlocking chain": ("programs/interlock.mlo", ()),  # every stage's gradients in one graph
     "vmapped meta-batch": ("programs/imaml.mlo", VMAP),  # 4 tasks' solves and hypergradients in one graph
-}
+    "schedules": ("tests/run/small.mlo", ("net.schedule=cosine(total=100)",      # rates (and Adam's betas,
+                  "weights.schedule=torch.optim.lr_scheduler.OneCycleLR(max_lr=0.01, total_steps=200)")),
+}                                                      # driven by OneCycleLR) as inputs of the fused graphs
 
 
 @pytest.mark.slow
@@ -176,7 +178,8 @@ FEATURES = {
 def test_program_features_behave_compiled_as_eager(feature):
     """Each program's steps, compiled, within the same bounds as the methods: buffers
     (BatchNorm's statistics under the buffer rule; dropout draws eager's masks), project,
-    reinit, accumulation, an interlocking chain, a vmapped meta-batch; the evaluations
+    reinit, accumulation, an interlocking chain, a vmapped meta-batch, scheduled
+    hyperparameters read by the updates in the steps' graphs; the evaluations
     (evaluation mode) read the same state."""
     program, extra = FEATURES[feature]
     _agree(None, None, "float64", 20, 1e-12, program=ROOT / program, extra=extra)
