@@ -6,6 +6,9 @@ what each step reports.
 chain's gradients (every stage's at once) and a vmapped meta-batch's solves
 (:class:`~mloc.runtime.compiled.step.CompiledSource`), and compiles each problem's optimizer
 commit (:meth:`Optimizer.compiled_commit <mloc.runtime.optim.base.Optimizer.compiled_commit>`);
+a lower or upper step whose pipeline has no stage between gradient and update, of an
+optimizer that allows it, runs its update in its own graph instead
+(:class:`~mloc.runtime.compiled.fused.FusedStep`; the report says so, or why not);
 an upper step under data parallelism runs eagerly and is reported with its reason.
 ``auto`` is eager until the run loop decides (:mod:`mloc.runtime.compiled.decision`).
 
