@@ -26,6 +26,7 @@ lower's current point on its current batch.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import torch
@@ -120,23 +121,16 @@ class Program:
         return step
 
     def _stepper(self, name: str) -> Callable[..., None]:
-        pipeline = self.pipeline(name)
-        source = self._source(name, pipeline=pipeline)
-        run = pipeline.fusion.after if getattr(source, "fused", False) else pipeline.run   # it committed
-        return _stepper(self.drawer(name), source, pipeline.seed, run)
+        return _stepper(self.drawer(name), self._source(name, pipeline=self.pipeline(name)), self.pipeline(name))
 
     def _accumulator(self, name: str) -> Accumulator:
         return Accumulator(self.drawer(name), self._source(name, micro=True), self.pipeline(name))
 
     def _source(self, name: str, micro: bool = False, pipeline: Pipeline | None = None) -> Source:
-        """Where `name`'s steps take their gradients: its plain gradient (a lowest problem) or its
-        hypergradient, with the buffer rule applied (`mloc.runtime.grad.buffers`), compiled where the run
-        compiles (:mod:`mloc.runtime.program.compiling`; with the optimizer's update where ``pipeline``
-        allows), averaged as it runs (``OverlappedSync.final``)."""
-        lv, final = self.live[name], self.sync.final(micro)
-
-        def wrap(kind: str, name: str, source: Source) -> Source:
-            return self.compiling.source(kind, name, source, pipeline)
+        """Where `name`'s steps take their gradients: its plain gradient (a lowest problem) or its hypergradient,
+        with the buffer rule (`mloc.runtime.grad.buffers`), compiled where the run compiles (with the update where
+        ``pipeline`` allows: :mod:`mloc.runtime.program.compiling`), averaged as it runs (``OverlappedSync.final``)."""
+        lv, final, wrap = self.live[name], self.sync.final(micro), partial(self.compiling.source, pipeline=pipeline)
         if not self.hierarchy.lowers.get(name):
             reads = lv.spec.reads
             loss = lv.problem.loss.step_loss(reads.index(name) if name in reads else None)
@@ -300,9 +294,12 @@ def _start_of(lv: Live):
     return lambda: lv.spec.reinit(lv.module)
 
 
-def _stepper(draw: Callable[[], None], source: Source, seed, run) -> Callable[..., None]:
+def _stepper(draw: Callable[[], None], source: Source, pipeline: Pipeline) -> Callable[..., None]:
     """A problem's step: draw its next batch (unless told not to), take the gradients from
-    ``source`` (``seed``: the pipeline's), commit them through ``run`` (the pipeline's)."""
+    ``source``, commit them through ``pipeline`` (the stages after the commit where the
+    source committed them itself: a fused step, :mod:`mloc.runtime.compiled.fused`)."""
+    seed = pipeline.seed
+    run = pipeline.fusion.after if getattr(source, "fused", False) else pipeline.run
 
     def step(fresh: bool = True) -> None:
         if fresh:
