@@ -146,7 +146,7 @@ def _why(e: BaseException) -> str:
     where = ""
     for frame in reversed(traceback.extract_tb(e.__traceback__)):
         f = frame.filename.replace("\\", "/")
-        if "/torch/" not in f and "/mloc/runtime/" not in f:
+        if "/torch/" not in f and "/mloc/runtime/" not in f and not f.startswith("<"):
             where = f" (at {frame.filename}:{frame.lineno})"
             break
     return first + where
