@@ -34,6 +34,7 @@ import torch
 import mloc
 from mloc.builtins import METHODS, OPTIMIZERS
 from mloc.runtime.compiled.decision import decide
+from mloc.runtime.compiled.fused import ABSENT
 from mloc.runtime.compiled.step import _compare, _Number
 from tests.conftest import ROOT
 
@@ -111,7 +112,8 @@ def _fused_where_allowed(session) -> None:
     """Every compiled plain or hypergradient step that commits through a pipeline without a
     stage between gradient and update (no clip, fp16 or all-reduce here) ran its problem's
     optimizer update in its graph where the optimizer is one of :data:`FUSED`, and said
-    why not otherwise; steps of an accumulation, a chain or a meta-batch commit apart."""
+    why not otherwise; steps of an accumulation, a chain or a meta-batch commit apart, and
+    so does a step where a parameter got no gradient (``first_order``'s upper here)."""
     for r in session.program.compiling.ran():
         if r.kind not in ("lower", "upper") or not r.compiled:
             continue
@@ -119,7 +121,7 @@ def _fused_where_allowed(session) -> None:
         kind = type(optimizer).__name__.lower().replace("torchoptimizer", "torch")
         if kind == "adam" and optimizer.decoupled:
             kind = "adamw"
-        if r.split is not None and "accumulate" in r.split:
+        if r.split is not None and ("accumulate" in r.split or r.split == ABSENT):
             continue
         assert r.fused == (kind in FUSED), r.line()
         assert r.fused or r.split, r.line()

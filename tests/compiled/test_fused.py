@@ -70,3 +70,26 @@ def test_a_state_is_written_in_place_only_where_its_tensors_pair_up():
     a, b = torch.zeros(2), torch.ones(2)
     swapped = (4, (b, a))                                   # an old tensor at another place: not paired
     assert _into((3, (a, b)), swapped) is swapped and a.tolist() == [0.0, 0.0]
+
+
+def test_a_step_where_a_parameter_got_no_gradient_keeps_the_update_apart_and_compiled(monkeypatch):
+    """``first_order``: the upper's loss does not read its own parameters, so none gets a
+    gradient; its state must stay as it was (as ``torch.optim`` skips a ``.grad`` of None),
+    which the update in the graph does not model: the graph is the gradient's alone, still
+    compiled, the commit runs after it, and the report says why."""
+    from mloc.runtime.compiled.fused import ABSENT
+    monkeypatch.setattr(step_module, "compile_graph", _replayed)
+    sets = ["weights->net.hypergrad=first_order"]
+    eager = mloc.load(SMALL, set=sets, dtype="float64", compile="off")
+    split = mloc.load(SMALL, set=sets, dtype="float64", compile="on")
+    split.program.live["weights"].compiled_step = None        # the eager commit: no Dynamo compile here
+    for session in (eager, split):
+        session.step()
+        session.step()
+    report = split.program.compiling.reports["upper", "weights"]
+    assert report.compiled and not report.fused and report.split == ABSENT, report.line()
+    for name, lv in split.program.live.items():
+        ref = eager.program.live[name].problem
+        assert lv.problem.state.count == ref.state.count
+        for a, b in zip(ref.params, lv.problem.params):
+            assert ((a - b).abs().max() / a.abs().max()).item() <= 1e-12, name

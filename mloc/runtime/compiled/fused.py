@@ -34,8 +34,9 @@ the gradient and the update (the all-reduce of data parallelism, fp16 unscaling,
 ``clip_grad_norm``) keeps them apart, as does an optimizer with host work inside its step
 (``Optimizer.unfused``: Shampoo's root refreshes, ``torch.optim``'s ``step()``); the step's
 report says why. A parameter no gradient reached (whose state ``torch.optim`` leaves
-alone) refuses the capture, and so does anything that refuses a plain capture; the step
-then runs as the split eager one: the source, then the optimizer's commit.
+alone) keeps the update apart: the graph is the source's, and the commit runs after it,
+compiled apart (:data:`ABSENT`, in the report). Anything that refuses a plain capture
+refuses this one; the step then runs eagerly: the source, then the optimizer's commit.
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ def _into(old: Any, new: Any) -> Any:
     return tree.replace_tensors(new, olds)
 
 
+ABSENT = ("a parameter no gradient reached keeps its optimizer state as it was (as torch.optim skips a .grad "
+          "of None), which the update in the graph does not model")
+_APART = object()
+"""What a captured step returns for the state when its graph holds the source alone (:data:`ABSENT`)."""
+
+
 def _all_numbers(problems: Sequence[Any]) -> list:
     return [x for p in problems for x in _numbers_of(p.state)]
 
@@ -111,7 +118,9 @@ class FusedStep(CompiledSource):
         self.fusion.schedule()
         old = self.problem.state
         grads, loss, finish = super().__call__(seed)
-        if finish is not None:
+        if finish is _APART:
+            self.fusion.commit(grads)
+        elif finish is not None:
             self.problem.state = finish(old, _all_numbers(self.lifted))
         return grads, loss
 
@@ -130,9 +139,9 @@ class FusedStep(CompiledSource):
             self.fusion.commit(grads)
             return grads, loss, None
         grads, loss = self.raw(None)
-        if tree.absent(grads):
-            raise ValueError("a parameter no gradient reached keeps its optimizer state, which the fused "
-                             "update does not model")
+        if tree.absent(grads):      # the graph is the source's alone; the commit runs after it
+            self.report.fused, self.report.split = False, ABSENT
+            return grads, loss, None
         problem = self.problem
         state, params = problem.state, problem.params
         self._old = frozenset(map(id, tree.tensors(state)))
@@ -151,6 +160,8 @@ class FusedStep(CompiledSource):
     def _rebuild_like(self, result):
         grads, loss, new = result
         n, head = len(grads) + (loss is not None), _rebuild_like((grads, loss))
+        if new is None:
+            return lambda flat: (*head(flat), _APART)
         olds = {id(t): k for k, t in enumerate(tree.tensors(self.problem.state))}
         extra = iter(range(len(tree.tensors(new))))
         template = tree.map_tensors(new, lambda t: _Slot(True, olds[id(t)]) if id(t) in olds
