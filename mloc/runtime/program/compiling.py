@@ -87,7 +87,7 @@ class Compiling:
         (recompiles), seconds spent compiling (``config.json``'s ``compiled``)."""
         return [{"step": f"{r.kind} {r.name}", "compiled": r.compiled, "reason": r.reason,
                  "graphs": r.graphs, "operations": r.operations, "recompiles": r.recompiles,
-                 "update": "fused" if getattr(r, "fused", False) else getattr(r, "split", None),
+                 "update": "fused" if r.compiled and getattr(r, "fused", False) else getattr(r, "split", None),
                  "compile_seconds": round(r.seconds, 3)} for r in self.ran()]
 
     def ran(self) -> list:
