@@ -333,7 +333,8 @@ def steady_peak(step, n: int = 5) -> float:
 
 
 def mloc_reports(program) -> list:
-    return list(program.compiling.reports.values())
+    """The reports of the steps that ran (a commit that a step's graph runs is not one)."""
+    return program.compiling.ran()
 
 
 def profile_mloc(step, steps: int = 200, top: int = 15) -> str:
@@ -464,7 +465,7 @@ def run_case(method, unroll, sizes, args, tmp, rng, missing_betty):
     finally:
         torch._dynamo.config.error_on_recompile = False
     if "mloc-c" in built:   # after the timed steps: still compiled, no recompiles?
-        compile_info["mloc_after"] = [(r.kind, r.name, r.compiled, r.reason, r.recompiles)
+        compile_info["mloc_after"] = [(r.kind, r.name, r.compiled, r.reason, r.recompiles, getattr(r, "fused", False))
                                       for r in mloc_reports(built["mloc-c"][2])]
     final = {k: s[1]() for k, s in systems.items()}
     base = "hand" if "hand" in final else next(iter(final))
@@ -537,11 +538,11 @@ def report(rows, args, sizes):
               f"{_num(low[0], '.1f')} / {_num(up[0], '.1f')} | {_num(low[1], 'd')} / {_num(up[1], 'd')} | "
               f"{_num(c['first_step'].get('hand-c'), '.1f')} | {_num(hc.get('lower'), '.1f')} / "
               f"{_num(hc.get('upper'), '.1f')} | {c['mloc_compile_program']:.2f} |")
-    # SGD's commit compiles its first (momentum-initialising) step as a graph of its own:
-    # one recompile there is by design (mloc/runtime/optim/compiled.py); anything else is news
+    # SGD's commit, or a step whose graph runs SGD's update, compiles its first (momentum-initialising)
+    # step as a graph of its own: one recompile there is by design (mloc/runtime/compiled/fused.py)
     eager = [(r["method"], r["unroll"], line) for r in rows for line in r["compile"].get("mloc_after", [])
-             if not line[2] or line[4] > (1 if line[0] == "commit" else 0)]
-    for method, unroll, (kind, name, ok, reason, recompiles) in eager:
+             if not line[2] or line[4] > (1 if line[0] == "commit" or line[5] else 0)]
+    for method, unroll, (kind, name, ok, reason, recompiles, _) in eager:
         print(f"\n**mloc-c, {method}, unroll {unroll}: {kind} step of {name} "
               f"{'ran eagerly: ' + str(reason) if not ok else f'recompiled {recompiles} times'}**")
     if rows and rows[0]["mem"]:

@@ -191,5 +191,8 @@ def compile_lines(schedule: Loop) -> list[str]:
     walk(schedule)
     captured = [f"{k} {', '.join(ps)}" for k, ps in kinds.items() if k in CAPTURED]
     nproc = " (an upper step under --nproc runs eagerly)" if "upper_step" in kinds else ""
+    fused = "lower_step" in kinds or "upper_step" in kinds
+    commits = (", each with its optimizer update in the graph where it fuses (else the commit compiled apart)"
+               if fused else ", and every optimizer commit")
     return ["compiled steps (--compile on): " + ("; ".join(captured) if captured else "none")
-            + ", and every optimizer commit" + nproc, f"  {RULE}"]
+            + commits + nproc, f"  {RULE}"]

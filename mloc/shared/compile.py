@@ -26,7 +26,9 @@ graphs of tests/compiled): 53 operations 0.2–3 s, 335 6–7 s, 468 8.5–11 s,
 CAPTURED = ("lower_step", "upper_step", "accumulate", "chain_step", "meta_batch")
 """Schedule actions (`mloc.passes.schedule`) whose gradients `--compile on` captures as one
 graph per step (an interlocking chain: every stage's; a vmapped meta-batch: every task's
-solve and hypergradient); each problem's optimizer commit is compiled apart."""
+solve and hypergradient); a lower or upper step's graph runs its problem's optimizer update
+too where nothing acts between gradient and update (`mloc.runtime.compiled.fused`), and every
+other optimizer commit is compiled apart."""
 
 RULE = (f"auto (the default) runs {WARMUP} steps eagerly, then compiles when steps left × eager step × "
         f"{SAVING:.0%} > {STARTUP_SECONDS:.0f} s + {GRAPH_SECONDS:.0f} s per step kind + "

@@ -38,15 +38,15 @@ def test_a_compiled_run_resumed_is_bitwise_the_uninterrupted_one(tmp_path):
     assert same_state(whole, part)
     config = json.loads((whole / "config.json").read_text())["run"]
     assert config["compile"] == "on"
-    assert {c["step"]: c["compiled"] for c in config["compiled"]} == {
-        "lower net": True, "upper weights": True, "commit net": True, "commit weights": True}
+    assert {c["step"]: (c["compiled"], c["update"]) for c in config["compiled"]} == {
+        "lower net": (True, "fused"), "upper weights": (True, "fused")}     # the commits ran in their graphs
     assert all(c["compile_seconds"] > 0 for c in config["compiled"])
     trains = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
     by_problem = {}
     for r in trains:
         if r["kind"] == "train":
             by_problem.setdefault(r["problem"], []).append(r["recompiles"])
-    # steady state: none after the first log (SGD's commit compiles its first step apart, once)
+    # steady state: none after the first log (SGD's first momentum step is a graph of its own, once)
     assert by_problem and all(len(set(counts)) == 1 and counts[0] <= 1 for counts in by_problem.values())
 
 
@@ -103,6 +103,7 @@ def test_fp16_loss_scaling_runs_its_steps_eagerly_with_the_reason():
     assert isinstance(report, StepReport) and not report.compiled
     assert report.line() == "lower step of net: eager (loss scaling seeds the loss with the scaler's current scale)"
     assert compiled.program.compiling.reports["commit", "net"].compiled
+    assert not report.fused and "fp16 loss scaling" in report.split      # the update stays apart
 
 
 @pytest.mark.slow
@@ -121,6 +122,7 @@ def test_nproc_compiles_its_lower_steps_and_says_why_the_upper_runs_eagerly(tmp_
     config = json.loads((runs["on"] / "config.json").read_text())["run"]
     steps = {c["step"]: c for c in config["compiled"]}
     assert steps["lower net"]["compiled"] and steps["commit net"]["compiled"], steps
+    assert "averaged across processes between the gradient and the update" in steps["lower net"]["update"]
     assert not steps["upper weights"]["compiled"]
     assert "averages its Hessian-vector products across processes" in steps["upper weights"]["reason"]
     a, b = params(runs["on"]), params(runs["off"])

@@ -32,8 +32,9 @@ import pytest
 import torch
 
 import mloc
-from mloc.builtins import METHODS
+from mloc.builtins import METHODS, OPTIMIZERS
 from mloc.runtime.compiled.decision import decide
+from mloc.runtime.compiled.fused import ABSENT
 from mloc.runtime.compiled.step import _compare, _Number
 from tests.conftest import ROOT
 
@@ -88,11 +89,42 @@ def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bo
         if i + 1 == warmup:
             compiles = [r.graphs + r.recompiles for r in compiled.program.compiling.ran()]
     reports = compiled.program.compiling.ran()
-    assert reports and all(r.compiled for r in reports), [r.line() for r in reports]
+    assert reports and all(r.compiled or r.kind == "commit" and r.reason == _refused(compiled, r.name)
+                           for r in reports), [r.line() for r in reports]
+    _fused_where_allowed(compiled)
     assert [r.graphs + r.recompiles for r in reports] == compiles, [r.line() for r in reports]   # steady
     assert worst <= bound, f"{method}: a compiled step differs from the eager one by {worst / bound:.3g} × its bound"
     assert all(math.isfinite(v) for v in compiled.losses().values())
     return worst
+
+
+def _refused(session, name: str) -> str | None:
+    """Why ``name``'s optimizer refuses a compiled commit (``torch.optim``'s), else None."""
+    commit = session.program.live[name].compiled_step
+    return commit.refused if commit is not None else None
+
+
+FUSED = {"sgd", "adam", "adamw"}
+"""The registry's optimizers whose functional update a compiled step runs in its graph."""
+
+
+def _fused_where_allowed(session) -> None:
+    """Every compiled plain or hypergradient step that commits through a pipeline without a
+    stage between gradient and update (no clip, fp16 or all-reduce here) ran its problem's
+    optimizer update in its graph where the optimizer is one of :data:`FUSED`, and said
+    why not otherwise; steps of an accumulation, a chain or a meta-batch commit apart, and
+    so does a step where a parameter got no gradient (``first_order``'s upper here)."""
+    for r in session.program.compiling.ran():
+        if r.kind not in ("lower", "upper") or not r.compiled:
+            continue
+        optimizer = session.program.live[r.name].problem.optimizer
+        kind = type(optimizer).__name__.lower().replace("torchoptimizer", "torch")
+        if kind == "adam" and optimizer.decoupled:
+            kind = "adamw"
+        if r.split is not None and ("accumulate" in r.split or r.split == ABSENT):
+            continue
+        assert r.fused == (kind in FUSED), r.line()
+        assert r.fused or r.split, r.line()
 
 
 def test_a_compiled_program_equals_its_eager_run_in_float64():
@@ -102,10 +134,20 @@ def test_a_compiled_program_equals_its_eager_run_in_float64():
 
 
 SGD, ADAM = "sgd(lr=0.1, momentum=0.9)", "adam(lr=0.01)"
-PAIRS = [(m, SGD) for m in CASES] + [("sama", ADAM), ("itd(steps=2, mode=reverse)", ADAM)]
+OPTIMIZERS_RUN = {"sgd": "sgd(lr=0.1)", "adam": "adam(lr=0.01)", "adamw": "adamw(lr=0.01)",
+                  "shampoo": "shampoo(lr=0.01, update_every=3, start_preconditioning_step=2)",
+                  "torch": "torch(lr=0.1, cls=torch.optim.RMSprop)"}
+PAIRS = ([(m, SGD) for m in CASES] + [("sama", ADAM), ("itd(steps=2, mode=reverse)", ADAM)]
+         + [("neumann(iters=3, alpha=0.1)", OPTIMIZERS_RUN[o]) for o in sorted(OPTIMIZERS) if o in OPTIMIZERS_RUN])
 """Every method over SGD with momentum; over Adam, the methods that read the lower's optimizer
 (SAMA's diagonal, an unroll: Adam's step count is a lifted number, its bias corrections in the
-graph)."""
+graph); every optimizer of the registry under the lower (its update in the lower step's graph,
+or its commit apart, :data:`FUSED`)."""
+
+
+def test_every_registry_optimizer_has_a_compiled_case():
+    """A new optimizer in the registry needs its case here (and a decision in :data:`FUSED`)."""
+    assert {o for o, d in OPTIMIZERS.items() if d.runtime is not None} == set(OPTIMIZERS_RUN)
 
 
 @pytest.mark.slow
@@ -128,7 +170,9 @@ FEATURES = {
     "reinit and accumulate": ("programs/imaml.mlo", ()),  # reinit per outer step, accumulate = 4, CG
     "interlocking chain": ("programs/interlock.mlo", ()),  # every stage's gradients in one graph
     "vmapped meta-batch": ("programs/imaml.mlo", VMAP),  # 4 tasks' solves and hypergradients in one graph
-}
+    "schedules": ("tests/run/small.mlo", ("net.schedule=cosine(total=100)",      # rates (and Adam's betas,
+                  "weights.schedule=torch.optim.lr_scheduler.OneCycleLR(max_lr=0.01, total_steps=200)")),
+}                                                      # driven by OneCycleLR) as inputs of the fused graphs
 
 
 @pytest.mark.slow
@@ -136,7 +180,8 @@ FEATURES = {
 def test_program_features_behave_compiled_as_eager(feature):
     """Each program's steps, compiled, within the same bounds as the methods: buffers
     (BatchNorm's statistics under the buffer rule; dropout draws eager's masks), project,
-    reinit, accumulation, an interlocking chain, a vmapped meta-batch; the evaluations
+    reinit, accumulation, an interlocking chain, a vmapped meta-batch, scheduled
+    hyperparameters read by the updates in the steps' graphs; the evaluations
     (evaluation mode) read the same state."""
     program, extra = FEATURES[feature]
     _agree(None, None, "float64", 20, 1e-12, program=ROOT / program, extra=extra)

@@ -18,6 +18,7 @@ tier takes each optimizer and each method at least once, the slow tier many rand
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -108,10 +109,11 @@ def _nonfinite_entries(path: Path) -> list[str]:
     return bad
 
 
-def _run_case(tmp_path: Path, capsys, opt, method, target, kind, at, checkpoint_every, log_every):
+def _run_case(tmp_path: Path, capsys, opt, method, target, kind, at, checkpoint_every, log_every,
+              compile: str = "auto"):
     program = _program(tmp_path, checkpoint_every, log_every)
     out = tmp_path / "r"
-    rc = main(["run", str(program), "--out", str(out), "--quiet", "--threads", "1",
+    rc = main(["run", str(program), "--out", str(out), "--quiet", "--threads", "1", "--compile", compile,
                "--set", f"net.optimizer={_call(opt, 0.1)}", "--set", f"weights.optimizer={_call(opt, 0.01)}",
                "--set", f"weights->net.hypergrad={method}",
                "--set", f'{target}.loss.inject="{kind}"', "--set", f"{target}.data.at={at}"])
@@ -190,3 +192,25 @@ def test_shampoo_with_asynchronous_stale_roots_never_checkpoints_a_non_finite_ro
     rc, err = _run_case(tmp_path, capsys, opt, "first_order", "net", kind, 3, 1, 5)
     assert rc == 1 and "of problem `net` became NaN or Inf at step 3" in err, err
     assert load_checkpoint(tmp_path / "r" / "checkpoint.pt", None)["step"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("opt,target,kind", [("sgd", "net", "grad"), ("adam", "net", "huge"),
+                                             ("adam", "net", "loss"), ("adam", "weights", "grad")])
+def test_a_compiled_step_with_its_update_in_the_graph_names_a_non_finite_step(tmp_path, capsys, opt, target, kind):
+    """`--compile on`: the lower and upper steps run their optimizer updates inside their
+    graphs (``compiled.fused``), so a non-finite gradient reaches the parameters inside the
+    graph, as it does in an eager commit; the watches read the graph's outputs and the
+    committed state after it. The step is named as in eager (the lower's own NaN at its
+    step; an overflowing Adam statistic as the parameters or optimizer state) and no
+    checkpoint holds it (``_run_case``'s checks)."""
+    method = "first_order" if target == "net" else "neumann"     # the upper's NaN reaches it through the lower
+    rc, err = _run_case(tmp_path, capsys, opt, method, target, kind, 4, 2, 5, compile="on")
+    assert rc == 1, err
+    named = {"loss": "loss", "grad": "parameters or optimizer state" if target == "net" else "hypergradient",
+             "huge": "parameters or optimizer state"}[kind]
+    if target == "net":
+        assert f"the {named} of problem `net` became NaN or Inf at step 4" in err, err
+    compiled = json.loads((tmp_path / "r" / "config.json").read_text())["run"]["compiled"]
+    assert {c["step"]: c["update"] for c in compiled if c["step"] in ("lower net", "upper weights")} == {
+        "lower net": "fused", "upper weights": "fused"}, compiled

@@ -84,11 +84,12 @@ def capture(step: Callable[[], Any], inputs: Sequence[Tensor], flatten: Callable
 @contextmanager
 def _preserved(inputs: Sequence[Tensor]) -> Iterator[None]:
     """Run a trace without leaving a trace: the random generators' states and every input
-    a step may write in place (module buffers; parameters are never written by a source)
-    are put back afterwards, and ``.grad`` fields set during it are cleared."""
+    (module buffers a step writes in place; the parameters and optimizer state a fused step
+    updates, :mod:`~mloc.runtime.compiled.fused`) are put back afterwards, and ``.grad``
+    fields set during it are cleared."""
     cpu = torch.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    kept = [(t, t.detach().clone()) for t in inputs if not t.requires_grad]
+    kept = [(t, t.detach().clone()) for t in inputs]
     try:
         yield
     finally:
@@ -145,7 +146,7 @@ def _why(e: BaseException) -> str:
     where = ""
     for frame in reversed(traceback.extract_tb(e.__traceback__)):
         f = frame.filename.replace("\\", "/")
-        if "/torch/" not in f and "/mloc/runtime/" not in f:
+        if "/torch/" not in f and "/mloc/runtime/" not in f and not f.startswith("<"):
             where = f" (at {frame.filename}:{frame.lineno})"
             break
     return first + where

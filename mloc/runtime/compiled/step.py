@@ -54,6 +54,8 @@ class StepReport:
     name: str
     reason: str | None = None
     counts: Counts = field(default_factory=Counts)
+    fused: bool = False         # the optimizer's update is in the step's graph (compiled.fused)
+    split: str | None = None    # else why it is compiled apart (None: the step commits nothing)
 
     @property
     def compiled(self) -> bool:
@@ -82,8 +84,10 @@ class StepReport:
             return f"{what}: eager ({self.reason})"
         if not self.counts.graphs:
             return f"{what}: not yet run"
+        update = ("; the optimizer update in the graph" if self.fused else
+                  f"; the optimizer update compiled apart: {self.split}" if self.split else "")
         return (f"{what}: compiled ({self.counts.operations} operations, {self.counts.graphs} "
-                f"graph{'s' if self.counts.graphs != 1 else ''}, {self.counts.seconds:.1f} s to compile)")
+                f"graph{'s' if self.counts.graphs != 1 else ''}, {self.counts.seconds:.1f} s to compile{update})")
 
 
 class CommitReport:

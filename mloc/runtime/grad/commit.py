@@ -96,6 +96,21 @@ class Pipeline:
     seed: Seed | None
     on_grad: bool
     run: Run
+    fusion: "Fusion | None" = None
+    split: str | None = None        # why the optimizer update cannot join the gradient's graph
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """What a step whose compiled graph also runs the optimizer's update (a *fused* step,
+    :mod:`mloc.runtime.compiled.fused`) takes from the pipeline: ``schedule()``, run before
+    the graph (the rate it writes is one of the graph's inputs); ``commit(grads)``, the
+    optimizer's step without the schedule, for the step's eager fallback; ``after(grads,
+    loss)``: every stage but the commit (the watches, ``project``, the step counter)."""
+
+    schedule: Callable[[], None]
+    commit: Callable[[Params], None]
+    after: Run
 
 
 def build_pipeline(lv: Any, dist: OverlappedSync, guard: FiniteGuard, clock: Any, upper: bool) -> Pipeline:
@@ -121,38 +136,84 @@ def build_pipeline(lv: Any, dist: OverlappedSync, guard: FiniteGuard, clock: Any
     if project is not None:
         commit = _projected(commit, project, lv.module)
     run = _finite(lv, guard, clock, commit, watch_grads=scaler is None, upper=upper)
+    fusion, split = None, None
     if acts:
         run = _on_grad(params, tuple(acts.values()), run)
+        split = _SPLIT[next(iter(acts))]
+    else:
+        after = _projected(_nothing, project, lv.module) if project is not None else _nothing
+        fusion = Fusion(scheduled(lv) or _none, optimizer_step(lv),
+                        _finite(lv, guard, clock, after, watch_grads=True, upper=upper))
     stages = (((".grad", *acts) if acts else ()) + ("finite", "commit") + (("project",) if project else ())
               + ("committed",))
-    return Pipeline(stages, seed, bool(acts), run)
+    return Pipeline(stages, seed, bool(acts), run, fusion, split)
+
+
+_SPLIT = {
+    "all-reduce": ("under data parallelism the gradients are averaged across processes between the gradient "
+                   "and the update, a collective the captured graph does not hold"),
+    "unscale": "fp16 loss scaling unscales and checks the gradients between the gradient and the update",
+    "clip": "clip_grad_norm clips the gradients (in .grad) between the gradient and the update",
+}
+"""Why a pipeline stage between the gradient and the update keeps them in separate graphs."""
+
+
+def _nothing(grads: Params) -> None:
+    return None
+
+
+def _none() -> None:
+    return None
 
 
 def optimizer_commit(lv: Any) -> Callable[[Params], None]:
-    """``commit(grads)``: the schedule, then the optimizer's step in place
-    (:meth:`Optimizer.commit`, or ``lv.compiled_step``, its compiled form, where the run
-    compiles: :meth:`Optimizer.compiled_commit`). The schedule (``lv.schedule``, bound to the optimizer)
-    reads ``lv.steps``: ``lv.rate`` writes the rate, and ``lv.drive`` the other
-    hyperparameters a torch scheduler drives (OneCycleLR's momentum). The optimizer state is read from and
-    written to ``lv.problem`` at every call (a restore replaces it)."""
-    problem, spec = lv.problem, lv.spec
-    no_grad = torch.no_grad()      # one context object, entered once per commit
-    schedule, rate, drive, base = lv.schedule, lv.rate, lv.drive, spec.lr
-    params, eager, optimizer = problem.params, problem.optimizer.commit, problem.optimizer
+    """``commit(grads)``: the schedule (:func:`scheduled`), then the optimizer's step in
+    place (:func:`optimizer_step`)."""
+    schedule, step = scheduled(lv), optimizer_step(lv)
+    if schedule is None:
+        return step
 
     def commit(grads: Params) -> None:
-        if schedule is not None:
-            rate(base * schedule(lv.steps))
-            if drive is not None:
-                drive(schedule.values(lv.steps))
+        schedule()
+        step(grads)
+    return commit
+
+
+def scheduled(lv: Any) -> Callable[[], None] | None:
+    """``schedule()``: writes the hyperparameters the problem's schedule sets for its next
+    step (None: no schedule). The schedule (``lv.schedule``, bound to the optimizer) reads
+    ``lv.steps``: ``lv.rate`` writes the rate, and ``lv.drive`` the other hyperparameters
+    a torch scheduler drives (OneCycleLR's momentum)."""
+    schedule, rate, drive, base = lv.schedule, lv.rate, lv.drive, lv.spec.lr
+    if schedule is None:
+        return None
+
+    def run() -> None:
+        rate(base * schedule(lv.steps))
+        if drive is not None:
+            drive(schedule.values(lv.steps))
+    return run
+
+
+def optimizer_step(lv: Any) -> Callable[[Params], None]:
+    """``step(grads)``: the optimizer's step in place (:meth:`Optimizer.commit`, or
+    ``lv.compiled_step``, its compiled form, where the run compiles:
+    :meth:`Optimizer.compiled_commit`); a parameter no gradient reached, marked by the
+    source, is left as it was, with its optimizer state. The optimizer state is read from
+    and written to ``lv.problem`` at every call (a restore replaces it)."""
+    problem = lv.problem
+    no_grad = torch.no_grad()      # one context object, entered once per commit
+    params, eager, optimizer = problem.params, problem.optimizer.commit, problem.optimizer
+
+    def step(grads: Params) -> None:
         missing = absent(grads)
-        step = lv.compiled_step or eager
+        commit = lv.compiled_step or eager
         with no_grad:
             if missing:     # parameters no gradient reached: left as torch.optim leaves them
-                problem.state = commit_present(optimizer, grads, problem.state, params, missing, step)
+                problem.state = commit_present(optimizer, grads, problem.state, params, missing, commit)
             else:
-                problem.state = step(grads, problem.state, params)
-    return commit
+                problem.state = commit(grads, problem.state, params)
+    return step
 
 
 def _projected(commit: Callable[[Params], None], project: Callable, module) -> Callable[[Params], None]:

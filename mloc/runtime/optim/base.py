@@ -68,6 +68,12 @@ class Optimizer(ABC):
     inplace: bool = True
     """Whether :meth:`commit` may take its in-place form (every hyperparameter a number)."""
 
+    unfused: ClassVar[str | None] = None
+    """Why a compiled step cannot run :meth:`update` inside its graph (None: it can, which
+    is the default: the update is pure and differentiable, and a step count in the state is
+    lifted into an input, :mod:`mloc.runtime.compiled.fused`). An optimizer with host work
+    inside its step says so here, and its commit is compiled apart."""
+
     def __init__(self, hyper: Hyper = Hyper()):
         self.hyper = hyper
 

@@ -88,6 +88,9 @@ class Shampoo(Optimizer):
     """See the module docstring. A scheduler may drive ``momentum`` (OneCycleLR's momentum
     cycling: Shampoo has no ``betas``) and ``weight_decay`` (:class:`ShampooHyper`)."""
 
+    unfused = ("its root refreshes are host work (eigendecompositions, background jobs) between the "
+               "statistics and the update; the update after the roots is compiled apart")
+
     def __init__(self, hyper: ShampooHyper):
         super().__init__(hyper)
         h = hyper

@@ -60,6 +60,8 @@ class TorchState(NamedTuple):
 class TorchOptimizer(Optimizer):
     """See the module docstring."""
 
+    unfused = "a torch.optim optimizer steps in place on .grad: mloc runs its step() eagerly, as it is"
+
     def __init__(self, hyper: TorchHyper):
         super().__init__(hyper)
         self.options, self.factory = dict(hyper.options or {}), load_ref(hyper.cls)

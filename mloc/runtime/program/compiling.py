@@ -6,6 +6,9 @@ what each step reports.
 chain's gradients (every stage's at once) and a vmapped meta-batch's solves
 (:class:`~mloc.runtime.compiled.step.CompiledSource`), and compiles each problem's optimizer
 commit (:meth:`Optimizer.compiled_commit <mloc.runtime.optim.base.Optimizer.compiled_commit>`);
+a lower or upper step whose pipeline has no stage between gradient and update, of an
+optimizer that allows it, runs its update in its own graph instead
+(:class:`~mloc.runtime.compiled.fused.FusedStep`; the report says so, or why not);
 an upper step under data parallelism runs eagerly and is reported with its reason.
 ``auto`` is eager until the run loop decides (:mod:`mloc.runtime.compiled.decision`).
 
@@ -27,8 +30,10 @@ import torch.utils._pytree as pytree
 
 from mloc.runtime.base import tree
 from mloc.runtime.compiled.decision import OpCount
+from mloc.runtime.compiled.fused import FusedStep
 from mloc.runtime.compiled.step import CommitReport, CompiledSource, StepReport, flatten_each, rebuild_each
 
+ACCUMULATED = "the update applies the mean of several micro-steps' gradients (accumulate)"
 DATA_PARALLEL = ("under data parallelism the hypergradient averages its Hessian-vector products across "
                  "processes inside the step, which the capture does not record")
 
@@ -82,6 +87,7 @@ class Compiling:
         (recompiles), seconds spent compiling (``config.json``'s ``compiled``)."""
         return [{"step": f"{r.kind} {r.name}", "compiled": r.compiled, "reason": r.reason,
                  "graphs": r.graphs, "operations": r.operations, "recompiles": r.recompiles,
+                 "update": "fused" if r.compiled and getattr(r, "fused", False) else getattr(r, "split", None),
                  "compile_seconds": round(r.seconds, 3)} for r in self.ran()]
 
     def ran(self) -> list:
@@ -89,9 +95,12 @@ class Compiling:
         vmapped meta-batch never calls (its lower's updates are in the graph) is left out."""
         return [r for r in self.reports.values() if r.reason is not None or r.graphs]
 
-    def source(self, kind: str, name: str, source: Any) -> Any:
+    def source(self, kind: str, name: str, source: Any, pipeline: Any = None) -> Any:
         """``source`` (of a ``lower`` or ``upper`` step of ``name``), compiled where the run
-        compiles."""
+        compiles: with the optimizer's update in its graph where ``pipeline`` (the
+        problem's, None for an accumulation's micro-step) and the optimizer allow it (a
+        :class:`~mloc.runtime.compiled.fused.FusedStep`, ``fused``: it commits, and the
+        pipeline's ``fusion.after`` runs the rest), else why not in its report."""
         if self.mode != "on":
             return self._counted(source)
         report = self.reports[kind, name] = StepReport(kind, name)
@@ -102,6 +111,12 @@ class Compiling:
         batches = (name, *below) if kind == "upper" else (name,)
         states = below if kind == "upper" else ()
         live = self.program.live
+        report.split = (ACCUMULATED if pipeline is None else pipeline.split
+                        or live[name].problem.optimizer.unfused)
+        if report.split is None:
+            states = (*states, name)
+            return FusedStep(source, pipeline.fusion, live[name].problem, lambda: self._tensors(batches, states),
+                             lambda: self._numbers(batches), report, lifted=[live[n].problem for n in states])
         return CompiledSource(source, lambda: self._tensors(batches, states), lambda: self._numbers(batches),
                               report, lifted=[live[n].problem for n in states])
 

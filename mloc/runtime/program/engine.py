@@ -26,6 +26,7 @@ lower's current point on its current batch.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import torch
@@ -120,16 +121,16 @@ class Program:
         return step
 
     def _stepper(self, name: str) -> Callable[..., None]:
-        return _stepper(self.drawer(name), self._source(name), self.pipeline(name))
+        return _stepper(self.drawer(name), self._source(name, pipeline=self.pipeline(name)), self.pipeline(name))
 
     def _accumulator(self, name: str) -> Accumulator:
         return Accumulator(self.drawer(name), self._source(name, micro=True), self.pipeline(name))
 
-    def _source(self, name: str, micro: bool = False) -> Source:
-        """Where `name`'s steps take their gradients: its plain gradient (a lowest problem) or its
-        hypergradient, with the buffer rule applied (`mloc.runtime.grad.buffers`), compiled where the run
-        compiles (:mod:`mloc.runtime.program.compiling`), averaged as it runs (``OverlappedSync.final``)."""
-        lv, wrap, final = self.live[name], self.compiling.source, self.sync.final(micro)
+    def _source(self, name: str, micro: bool = False, pipeline: Pipeline | None = None) -> Source:
+        """Where `name`'s steps take their gradients: its plain gradient (a lowest problem) or its hypergradient,
+        with the buffer rule (`mloc.runtime.grad.buffers`), compiled where the run compiles (with the update where
+        ``pipeline`` allows: :mod:`mloc.runtime.program.compiling`), averaged as it runs (``OverlappedSync.final``)."""
+        lv, final, wrap = self.live[name], self.sync.final(micro), partial(self.compiling.source, pipeline=pipeline)
         if not self.hierarchy.lowers.get(name):
             reads = lv.spec.reads
             loss = lv.problem.loss.step_loss(reads.index(name) if name in reads else None)
@@ -295,8 +296,10 @@ def _start_of(lv: Live):
 
 def _stepper(draw: Callable[[], None], source: Source, pipeline: Pipeline) -> Callable[..., None]:
     """A problem's step: draw its next batch (unless told not to), take the gradients from
-    ``source``, commit them through ``pipeline``."""
-    seed, run = pipeline.seed, pipeline.run
+    ``source``, commit them through ``pipeline`` (the stages after the commit where the
+    source committed them itself: a fused step, :mod:`mloc.runtime.compiled.fused`)."""
+    seed = pipeline.seed
+    run = pipeline.fusion.after if getattr(source, "fused", False) else pipeline.run
 
     def step(fresh: bool = True) -> None:
         if fresh:
