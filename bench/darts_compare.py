@@ -1,6 +1,6 @@
 """DARTS on digits (programs/darts.mlo): searched architectures, retrained, against random ones.
 
-    python3 bench/darts_compare.py [--sweep DIR] [--seeds 1,2,3] [--methods M,M] [--retrain-steps 400] [--json FILE]
+    python3 bench/darts_compare.py [--sweep DIR] [--seeds 1,2,3] [--methods M;M] [--compile off] [--retrain-steps 400] [--json FILE]
 
 1. The search: one ``mloc sweep`` of the program, ``finite_diff`` (DARTS' second-order
    approximation with ξ = 1), ``finite_diff(xi=0.05)`` and ``sama`` (the same with ξ = the
@@ -45,12 +45,13 @@ METHODS = {"finite_diff(eps=0.01)": "searched, finite_diff (DARTS 2nd order, ξ 
 SHORT = {"skip": "s", "conv3x3": "c3", "conv1x1": "c1", "avgpool": "a", "maxpool": "m"}
 
 
-def sweep_command(seeds: str, out: Path, methods: list[str] = list(METHODS)) -> list[str]:
+def sweep_command(seeds: str, out: Path, methods: list[str] = list(METHODS), compile: str = "auto") -> list[str]:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise SystemExit(f"darts_compare: unknown method {unknown[0]!r}; the methods are {'; '.join(METHODS)}")
     return [sys.executable, "-m", "mloc", "sweep", str(PROGRAM), "--seeds", seeds,
-            "--set", f"{EDGE}={','.join(methods)}", "--jobs", "2", "--threads", "1", "--out", str(out)]
+            "--set", f"{EDGE}={','.join(methods)}", "--jobs", "2", "--threads", "1",
+            "--compile", compile, "--out", str(out)]
 
 
 def run_seconds(run: Path) -> float:
@@ -129,6 +130,9 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", type=Path, help="a finished sweep folder of programs/darts.mlo (default: run one)")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--methods", default=";".join(METHODS), help="the searches to run, separated by ';' (default: all)")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="passed to the sweep's runs (auto compiles a run whose eager steps look slow: "
+                        "on a busy machine, off keeps the searches eager and comparable)")
     p.add_argument("--retrain-steps", type=int, default=400)
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
@@ -136,7 +140,8 @@ def main(argv=None) -> int:
     sweep = args.sweep
     if sweep is None:
         sweep = ROOT / "runs" / "darts_compare"
-        cmd = sweep_command(args.seeds, sweep, [m.strip() for m in args.methods.split(";") if m.strip()])
+        cmd = sweep_command(args.seeds, sweep, [m.strip() for m in args.methods.split(";") if m.strip()],
+                            args.compile)
         print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         subprocess.run(cmd, check=True, env=env)

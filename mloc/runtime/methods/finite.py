@@ -162,8 +162,7 @@ def two_level_step(lower, args, buffers, eps, direction, upper_loss, upper_args,
         x.\mathrm{grad} \mathrel{+}= -\frac{\nabla_x L(\theta + \epsilon q, x)
         - \nabla_x L(\theta - \epsilon q, x)}{2\epsilon},\quad \epsilon = \epsilon_0/\lVert q\rVert
 
-    (``direction(lower, args, theta, v)`` forms ``q``: ``None`` for ``q = v``, ``finite_diff``'s
-    ``ξ v`` for its ``xi``, ``s ⊙ v`` with ``s`` the lower optimizer's ``diag`` for ``sama``): the composer's
+    (``q = direction(lower, args, θ, v)``: ``ξ v``, ``s ⊙ v`` for ``sama``; ``None``: ``v``): the composer's
     seed → ``vjp`` (:func:`central_difference`) → final backward with the same numbers, as
     one flat function; the quotient ``(∇L₊ − ∇L₋)/(−2ε)`` is formed after the backward here,
     in the general path's :class:`_Quotient` node there. Bound once: both losses, the
