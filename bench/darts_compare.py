@@ -3,8 +3,9 @@
     python3 bench/darts_compare.py [--sweep DIR] [--seeds 1,2,3] [--methods M;M] [--compile off] [--retrain-steps 400] [--json FILE]
 
 1. The search: one ``mloc sweep`` of the program, ``finite_diff`` (DARTS' second-order
-   approximation with ξ = 1), ``finite_diff(xi=0.05)`` and ``sama`` (the same with ξ = the
-   weights' learning rate, as in the paper: with SGD below, SAMA's diagonal is the rate)
+   approximation with ξ = 1), ``finite_diff(xi=0.05)`` (the program as written) and ``sama``
+   (the same with ξ = the weights' learning rate, as in the paper: with SGD below, SAMA's
+   diagonal is the rate)
    and ``first_order`` (its first-order variant) × the seeds (``--methods``: a subset,
    given as the keys of ``METHODS`` separated by ``;``), two runs at a time on one thread each (the command is printed; ``--sweep DIR`` reuses a finished sweep
    folder instead of running one: a rerun of the same command also continues it).
