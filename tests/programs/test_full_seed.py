@@ -19,6 +19,13 @@ program's seeds 0, 1, 2, on the loaded 2-core machine) with
 the metric read from DIR/metrics.jsonl's summary record; the comment beside each row gives
 the three values, the untrained one, and why the bound leaves the room it does. Adding a
 program is adding a row (programs/darts.mlo has its own full-seed test, tests/test_darts.py).
+
+Cost, in CPU seconds (user + system, `/usr/bin/time`) of each full run: hpo 13, hpo_grid 5,
+interlock4 8, interlock 8, shampoo_reweighting 8, maml 14, data_reweighting 18; imaml about
+33 and trilevel about 75 (per-step cost from runs of 50 and 150, and 100 and 300 steps).
+About 185 s in all, plus a few seconds per row for the untrained evaluation: under two
+minutes of the slow tier on two cores. Wall times on the loaded machine were 4 to 24 times
+these (trilevel's seed 2 ran past 30 minutes at a load of 20).
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ class FullSeed:
     metric: str                     # a key of the summary record's `final`
     better: str                     # "min" or "max": which way the metric improves
     bound: float                    # the final metric must be at least this good
-    margin: float                   # ... and this much better than the untrained model's
+    margin: float | None            # ... and this much better than the untrained model's (None:
+                                    # the program does not measurably learn; its comment says so)
     set: tuple[str, ...] = ()       # --set overrides of the run (and of the untrained model)
     needs: tuple[str, ...] = ()     # modules the program's Python imports (skipped without)
 
@@ -53,6 +61,39 @@ class FullSeed:
 
 
 FULL_SEEDS = (
+    # final test loss, seeds 0 1 2: 0.4047 0.4047 0.4051 (the data are fixed by the module and both
+    # problems are convex: the seeds agree to 1e-4); untrained 0.6977. The bound stays below
+    # the best shared decay's 0.4712 (docs/programs.md), so a pass still says the per-feature
+    # decays beat the grid.
+    FullSeed("hpo", "test_loss", "min", bound=0.43, margin=0.2),
+    # the baseline at the decay the grid search selects (docs/programs.md: log_decay=1; the
+    # program's own -2 overfits, final test loss 0.7772 against 0.6977 untrained). Final test
+    # loss 0.4929 0.4929 0.4929; untrained 0.6977. Bound: 0.017 of room, the seeds identical.
+    FullSeed("hpo_grid", "test_loss", "min", bound=0.51, margin=0.1, set=("model.loss.log_decay=1",)),
+    # final test accuracy 0.9600 0.9650 0.9300 (400 test images); untrained 0.095. Bound: the
+    # worst seed less the spread, 0.93 - 0.035.
+    FullSeed("interlock4", "accuracy", "max", bound=0.89, margin=0.5, needs=("sklearn",)),
+    # stage3's training loss over the last log interval 1e-4 in all three (the synthetic digits
+    # are memorised); untrained (first step) 2.30. Bound: the loss at step 30 of seed 0, 0.046.
+    FullSeed("interlock", "stage3/loss", "min", bound=0.05, margin=2.0),
+    # final test accuracy 0.9880 0.9905 0.9920; untrained 0.092. Bound: 3.8 points below the
+    # worst, as the accuracy moves by up to 2.6 points between evaluations within a run
+    # (0.983, 0.9625, 0.988 at steps 100, 200, 300 of seed 0).
+    FullSeed("shampoo_reweighting", "acc", "max", bound=0.95, margin=0.5),
+    # final zero-shot error 2.935 2.855 2.796; untrained 4.898 (seed 0). The evaluation moves by
+    # ±0.2 between evaluations within a run (2.67-3.06 over seed 0's last five): bound 3.3.
+    FullSeed("maml", "zero_shot_error", "min", bound=3.3, margin=1.0),
+    # final test accuracy 0.893 0.8295 (seeds 0 1, here); docs/programs.md's sama/SGD row (the same
+    # runs): 0.89 0.83 0.93; untrained 0.068. Bound: the worst seed less the spread, 0.83 - 0.10.
+    FullSeed("data_reweighting", "acc", "max", bound=0.73, margin=0.5),
+    # final test accuracy 0.9100 0.8840 and 0.9235 (seed 2 at step 1500 of 2000: the run hit the
+    # 30-minute limit on the loaded machine); untrained 0.104. It falls from 0.94-0.96 at step
+    # 500 as the classifier fits the noisy labels. Bound: the worst less the spread, 0.884 - 0.026.
+    FullSeed("trilevel", "accuracy", "max", bound=0.85, margin=0.5),
+    # final zero-shot error 4.787 5.199 (seeds 0 1); untrained 4.898 4.997: iMAML's 500 steps do
+    # not move its declared evaluation (maml's 2000 do, above), so no margin is asserted, only
+    # that it does not get worse than measured: the worse seed plus the spread, 5.20 + 0.41.
+    FullSeed("imaml", "zero_shot_error", "min", bound=5.6, margin=None),
 )
 
 
@@ -86,7 +127,9 @@ def test_one_full_seed_learns(row, tmp_path):
                            *sets], capture_output=True, text=True, timeout=1800, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     final = _final(out)[row.metric]
-    untrained = _untrained(row)
+    untrained = _untrained(row) if row.margin is not None else None
     assert row.better_than(final, row.bound), f"{row.metric} = {final:.4g}, measured level {row.bound}"
+    if row.margin is None:
+        return
     assert row.improvement(final, untrained) >= row.margin, \
         f"{row.metric}: {final:.4g} after training, {untrained:.4g} untrained; needs {row.margin} better"
