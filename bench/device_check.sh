@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA device, as one short script for a session that is lent one
-# (about 6 minutes on one GPU; nothing here is needed by the test suite, which never
+# (about 9 minutes on one GPU; nothing here is needed by the test suite, which never
 # requires a GPU). Run from the repository root after the README's set-up:
 #
 #     bash bench/device_check.sh [OUT]      # OUT: where the logs go (default: device_check/)
@@ -8,7 +8,10 @@
 # 1. fp16 with loss scaling and bf16, each example that has a GPU-relevant path, 50 steps;
 # 2. two-process data parallelism: nccl with a GPU per process (Shampoo's program too); on a
 #    one-GPU machine, the clear device error and gloo on the CPU beside the GPU;
-# 3. bench/shampoo.py on CUDA (issue 11's step-time targets; roots: coupled Newton).
+# 3. bench/shampoo.py on CUDA (issue 11's step-time targets; roots: coupled Newton);
+# 4. bench/dp_gpu.py: sama, finite_diff and neumann on 1 GPU (and on 2, nccl, when there are
+#    two), time per step and peak memory, mloc against Betty's default/`distributed` strategy
+#    (Betty is an optional benchmark dependency: its rows say so when it is not installed).
 # Every command's exit code is printed; the script exits 1 if any failed.
 set -u
 out=${1:-device_check}
@@ -42,4 +45,6 @@ else                           # one GPU: a clear device error (exit 2), and glo
 fi
 check bench-shampoo-cuda 0 python bench/shampoo.py --device cuda --runs 5
 tail -n 40 "$out/bench-shampoo-cuda.log"
+check bench-dp-gpu 0 python bench/dp_gpu.py --device cuda --steps 600 --out "$out/runs/dp_gpu"
+cat "$out/bench-dp-gpu.log"
 exit $failed

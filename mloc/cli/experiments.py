@@ -26,7 +26,9 @@ shows the declared metric's best, else the first evaluation's that has a directi
 **Status**: ``running`` while a process
 holds the folder's lock (:func:`mloc.runtime.files.runfolder.lock_owner`; a killed run's, a
 zombie's, is not held); else ``summary.json``'s status (``interrupted`` also for a run
-aborted by a second Ctrl-C, and ``interrupted (resumable)`` when a checkpoint is there); else ``finished`` when the last
+aborted by a second Ctrl-C, and ``interrupted (resumable)`` when a checkpoint is there;
+``pruned at step N`` for a search's trial that its sweep's ``sweep.json`` records as stopped
+by the pruner, which is how such a run ends); else ``finished`` when the last
 record is a ``summary`` at the configured last step, ``crashed`` otherwise.
 """
 
@@ -147,6 +149,8 @@ class Run:
             status = str(self.summary["status"])
             if status == "failed" and self.summary.get("error") == "interrupted":
                 status = "interrupted"          # written so before 2026-12-01
+            if status == "interrupted" and (at := pruned_at(self.dir)) is not None:
+                return f"pruned at step {at}"
             if status == "interrupted" and (self.dir / "checkpoint.pt").is_file():
                 status += " (resumable)"
             return status
@@ -155,6 +159,22 @@ class Run:
         if last and last.get("kind") == "summary" and (steps is None or last["step"] >= steps):
             return "finished"
         return "crashed"
+
+
+def pruned_at(directory: Path) -> int | None:
+    """The step at which a search's pruner stopped the run in ``directory``, from the
+    ``trials`` of the sweep record beside it (``../sweep.json``); None when it is no pruned
+    trial (or the record cannot be read: the run's own files say the rest)."""
+    import json
+    try:
+        record = json.loads((directory.parent / "sweep.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    trials = record.get("trials") if isinstance(record, dict) else None
+    for t in trials if isinstance(trials, list) else ():
+        if isinstance(t, dict) and t.get("name") == directory.name and t.get("state") == "pruned":
+            return t.get("pruned_at") if isinstance(t.get("pruned_at"), int) else None
+    return None
 
 
 MODES = ("max", "min")

@@ -208,3 +208,16 @@ def test_nproc_logs_on_rank_0_only_and_shows_its_progress(tmp_path):
     with open(tmp_path / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == sum(len(scalars(r)) for r in records)
+
+
+def test_speed_records_carry_the_cuda_allocators_peak_and_nothing_on_the_cpu(monkeypatch):
+    import torch
+    from mloc.runtime.files.loggers import scalars
+    from mloc.runtime.run.records import device_memory
+    assert device_memory(torch.device("cpu")) == {}
+    asked = []
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: asked.append(d) or 3 * 2**20)
+    assert device_memory(torch.device("cuda", 1)) == {"peak_mib": 3.0} and asked == [torch.device("cuda", 1)]
+    record = {"kind": "speed", "step": 5, "problem": "*", "steps_per_s": 2.5, "peak_mib": 3.0}
+    assert scalars(record) == {"speed/steps_per_s": 2.5, "speed/peak_mib": 3.0}
+    assert scalars({"kind": "speed", "step": 5, "steps_per_s": 2.5}) == {"speed/steps_per_s": 2.5}

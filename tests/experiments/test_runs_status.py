@@ -36,3 +36,19 @@ def test_a_run_is_listed_under_its_programs_name(tmp_path, capsys):
     assert main(["runs", str(tmp_path)]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [r[1] for r in rows] == ["digits_hpo", "small"]
+
+
+def test_a_pruned_search_trial_is_listed_as_pruned_not_resumable(tmp_path):
+    sweep = tmp_path / "sweep"
+    trials = []
+    for name, state in (("00-a", "complete"), ("01-b", "pruned"), ("02-c", "interrupted")):
+        run = fake_run(sweep / name, [0.5], steps=100, finished=False)
+        _summary(run, status="interrupted")
+        (run / "checkpoint.pt").write_bytes(b"")
+        trials.append({"number": len(trials), "name": name, "state": state,
+                       **({"pruned_at": 40} if state == "pruned" else {})})
+    (sweep / "sweep.json").write_text(json.dumps({"trials": trials}))
+    assert load_run(sweep / "01-b").status() == "pruned at step 40"
+    assert load_run(sweep / "02-c").status() == "interrupted (resumable)"   # the sweep itself was stopped
+    (sweep / "sweep.json").write_text("{not json")                          # unreadable: the run's own files
+    assert load_run(sweep / "01-b").status() == "interrupted (resumable)"

@@ -6,7 +6,7 @@ Each logger receives every record :class:`~mloc.runtime.run.metrics.MetricsWrite
     PROBLEM/loss, PROBLEM/lr, PROBLEM/grad_norm, PROBLEM/hypergrad_norm   (kind "train"),
     and what the optimizer reports (Shampoo: PROBLEM/roots_rejected, PROBLEM/root_failures)
     eval/METRIC                                                             (kind "eval")
-    speed/steps_per_s                                                       (kind "speed")
+    speed/steps_per_s, and speed/peak_mib on a CUDA device                  (kind "speed")
 
 (:func:`scalars`); a ``summary`` record is not a curve and goes to W&B's run summary only.
 They run on the main process only (rank 0 under ``--nproc``), as the metrics file does.
@@ -86,8 +86,9 @@ def scalars(record: dict) -> dict[str, float]:
                 if k not in NOT_CURVES and isinstance(v, (int, float)) and not isinstance(v, bool)}
     if kind == "eval" and isinstance(record.get("value"), (int, float)):
         return {f"eval/{record['eval']}": float(record["value"])}
-    if kind == "speed" and isinstance(record.get("steps_per_s"), (int, float)):
-        return {"speed/steps_per_s": float(record["steps_per_s"])}
+    if kind == "speed":
+        return {f"speed/{k}": float(record[k]) for k in ("steps_per_s", "peak_mib")
+                if isinstance(record.get(k), (int, float)) and not isinstance(record.get(k), bool)}
     return {}
 
 

@@ -44,6 +44,10 @@ rank then draws the same number of batches); each rank reads, and discards, the 
 ranks' batches, so the iterable must yield the same sequence in every process. A loader
 that already uses a ``DistributedSampler`` is taken as sharded and used as it is (its
 ``set_epoch`` is called at every epoch, as for the rebuilt ones).
+
+**Gathering.** A DataLoader over a ``TensorDataset`` is drawn by
+:func:`~mloc.runtime.program.gather.gathered_loader`: the same batches, one indexing per
+tensor instead of one per example.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, Iter
                               RandomSampler, SequentialSampler)
 
 from mloc.runtime.base.tree import map_tensors
+from mloc.runtime.program.gather import gatherable, gathered_loader
 
 
 class DataStream:
@@ -84,8 +89,8 @@ class DataStream:
         self._fresh = True
         data = self._factory()
         if self.world > 1 and _shardable(data):
-            return distributed_loader(data, self.rank, self.world, self.seed)
-        return data
+            data = distributed_loader(data, self.rank, self.world, self.seed)
+        return gathered_loader(data) if gatherable(data) else data
 
     @property
     def data(self) -> Iterable:
@@ -300,7 +305,7 @@ def _unseeded_shuffle(data) -> bool:
 
 def _shardable_built(data) -> bool:
     """Whether ``data`` is already a DistributedSampler shard (no batch striding needed)."""
-    return isinstance(data, DataLoader) and isinstance(data.sampler, DistributedSampler)
+    return isinstance(data, DataLoader) and isinstance(_sampler_of(data), DistributedSampler)
 
 
 def _sampler_of(data):

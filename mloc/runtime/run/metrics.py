@@ -19,7 +19,8 @@ train    ``problem``; ``loss``: the mean of the problem's training losses over t
          ``--nproc``, ``collectives``: the all-reduces its steps ran per outer step since
          the last train record (:mod:`mloc.runtime.base.overlap`; ``mloc plan`` says how
          many synchronised backwards to expect, one collective per bucket each)
-speed    ``problem: "*"``, ``steps_per_s``: outer steps per second since the run (re)started
+speed    ``problem: "*"``, ``steps_per_s``: outer steps per second since the run (re)started;
+         on a CUDA device, ``peak_mib``: the allocator's peak so far (this process's GPU)
 eval     ``problem: "*"``, ``eval``: the metric's name, ``value``: its value
 summary  ``problem: "*"``, ``steps_per_s``, ``seconds``, ``final``: {metric: value} (each
          problem's last ``loss`` as ``PROBLEM/loss``, the last evaluations): one per start of

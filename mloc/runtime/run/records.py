@@ -50,8 +50,18 @@ def log_train(metrics: MetricsWriter, program: Any, step: int, rate: float) -> d
         if reports:                       # a compiled step: its recompiles so far (0 in steady state)
             values["recompiles"] = sum(r.recompiles for r in reports)
         metrics.write(step, name, "train", **values)
-    metrics.write(step, "*", "speed", steps_per_s=rate)
+    metrics.write(step, "*", "speed", steps_per_s=rate, **device_memory(getattr(program, "device", None)))
     return losses
+
+
+def device_memory(device: Any) -> dict[str, float]:
+    """``{"peak_mib": ...}``: the most memory the CUDA caching allocator has handed out on
+    ``device`` since the process started (``torch.cuda.max_memory_allocated``, MiB), read
+    only at a log interval (it syncs nothing); ``{}`` on any other device."""
+    if getattr(device, "type", None) != "cuda":
+        return {}
+    import torch
+    return {"peak_mib": torch.cuda.max_memory_allocated(device) / 2**20}
 
 
 def optimizer_report(lv: Any) -> dict[str, float]:
