@@ -18,7 +18,8 @@ program's seeds 0, 1, 2, on the loaded 2-core machine) with
 
 the metric read from DIR/metrics.jsonl's summary record; the comment beside each row gives
 the three values, the untrained one, and why the bound leaves the room it does. Adding a
-program is adding a row (programs/darts.mlo has its own full-seed test, tests/test_darts.py).
+program is adding a row. darts, longtail (with longtail_baseline) and lbi have their own
+full-seed tests: tests/test_darts.py, tests/test_longtail.py, tests/test_lbi.py.
 
 Cost, in CPU seconds (user + system, `/usr/bin/time`) of each full run: hpo 13, hpo_grid 5,
 interlock4 8, interlock 8, shampoo_reweighting 8, maml 14, data_reweighting 18; imaml about
