@@ -101,13 +101,14 @@ class Session:
 
 def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int | None = None,
          device: str = "cpu", precision: str | None = None, dtype: str | None = None,
-         compile: str = "off", overlap: str = "on") -> Session:
+         compile: str = "off", overlap: str = "on", strategy: str | None = None) -> Session:
     """Compile and instantiate the program at `path` (raises ProgramError on errors).
     `compile="on"` runs the training steps compiled with torch.compile
     (:mod:`mloc.runtime.compiled`; `session.program.compiling.reports` says how each step ran);
     "auto" is decided by `mloc run`'s loop, so here it is "off". `overlap`: under torchrun's
     environment (data parallelism), whether gradients are averaged as the backward runs
-    (:mod:`mloc.runtime.base.overlap`)."""
+    (:mod:`mloc.runtime.base.overlap`). `strategy`: ddp, zero or auto (:mod:`mloc.shared.strategy`);
+    None keeps the program's."""
     compiled = compile_program(str(path), tuple(set))
     if not compiled.ok:
         raise ProgramError(compiled.diagnostics)
@@ -116,5 +117,6 @@ def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int |
     defaults = declaration.defaults
     config = replace(defaults, seed=defaults.seed if seed is None else seed, device=device,
                      precision=precision or defaults.precision, dtype=dtype,
-                     compile="off" if compile == "auto" else compile, overlap=overlap)
+                     compile="off" if compile == "auto" else compile, overlap=overlap,
+                     strategy=strategy or defaults.strategy)
     return Session(compiled, build(declaration, config), declaration)

@@ -169,7 +169,10 @@ class MethodCaps:
     method has no indirect term (`no_indirect`); declared here, checked at `mloc check`
     (E219 for `vmap` with a method without it) and by the registry tests (`solve` exists).
     `auto`: that the planner's `auto` may choose it, and how it ranks (`AutoRank`).
-    `sync`: what it averages across data-parallel replicas (`SyncCaps`)."""
+    `sync`: what it averages across data-parallel replicas (`SyncCaps`). `shards`: its
+    hypergradient takes only first-order gradients by `backward()` through forward passes of
+    the modules, so it runs on modules sharded by FSDP2 (`strategy = fsdp`,
+    `mloc.runtime.base.fsdp`); `unsharded_reason` says why another method cannot."""
 
     unrolls: bool = False
     implicit: bool = False
@@ -183,6 +186,7 @@ class MethodCaps:
     task_vmap: bool = False
     auto: AutoRank | None = None
     sync: SyncCaps = SyncCaps()
+    shards: bool = False
 
     @property
     def reads_lower_state(self) -> bool:
@@ -190,6 +194,21 @@ class MethodCaps:
         optimizer; a capability in `needs`, SAMA's diagonal, reads its moments and step
         count): a compiled upper step then depends on the state's numbers."""
         return self.unrolls or bool(self.needs)
+
+    @property
+    def unsharded_reason(self) -> str | None:
+        """Why the method cannot run on FSDP2-sharded modules (None when it `shards`): what
+        `mloc plan`/`mloc check` and the runtime say under `strategy = fsdp`."""
+        if self.shards:
+            return None
+        if self.unrolls:
+            why = "it differentiates through the lower's unrolled optimizer steps"
+        elif self.implicit:
+            why = "it solves with Hessian-vector products of the lower's whole loss"
+        else:
+            why = "it needs second-order products of the lower's loss"
+        return (f"{why}, and a parameter sharded by FSDP2 gets its gradient only through backward() "
+                "into .grad, which cannot be differentiated again")
 
 
 @dataclass(frozen=True)

@@ -219,7 +219,7 @@ FINITE_DIFF = Descriptor(
               Param("eps", POSITIVE, 0.01),
               Param("xi", POSITIVE, 1.0, doc="the unrolled step's size ξ in DARTS' eq. 7: "
                     "the BR-VJP is −ξ J_xᵀ v (1: Betty's darts; the weights' lr: the paper's)")),
-    MethodCaps(two_level=True,
+    MethodCaps(two_level=True, shards=True,
                auto=AutoRank(2, "second-order methods exceed the budget; finite differences")),
     "mloc.runtime.methods:finite_diff", _finite_difference,
     (Alias("darts", "finite_diff", "DARTS's second-order approximation (Liu et al., 2019)"),))
@@ -227,13 +227,13 @@ FINITE_DIFF = Descriptor(
 SAMA = Descriptor(
     signature("sama", "SAMA: finite differences on the optimizer-adjusted direction",
               Param("eps", POSITIVE, 0.01)),
-    MethodCaps(needs=frozenset({"sama_diag"}), two_level=True, sync=SyncCaps(lower_grad=True),
+    MethodCaps(needs=frozenset({"sama_diag"}), two_level=True, sync=SyncCaps(lower_grad=True), shards=True,
                auto=AutoRank(1, "CG's Hessian-vector graphs exceed the budget; SAMA needs no second order")),
     "mloc.runtime.methods:sama", _finite_difference)
 
 FIRST_ORDER = Descriptor(
     signature("first_order", "drop the indirect term (first-order MAML)"),
-    MethodCaps(reads_init=True, differentiable=True, no_indirect=True, task_vmap=True),
+    MethodCaps(reads_init=True, differentiable=True, no_indirect=True, task_vmap=True, shards=True),
     "mloc.runtime.methods:first_order", _first_order,
     (Alias("fomaml", "first_order", "first-order MAML (Finn et al., 2017)"),))
 

@@ -111,7 +111,7 @@ class Emitter:
         self.emit("    schedule=outer_step,")
         self.emit(*evaluations.table(t.evals, self.at), *evaluations.selection(t, self.at))
         self.emit(f"    defaults=RunConfig(steps={t.steps}, seed={t.seed}, device={t.device!r}, "
-                  f"precision={t.precision!r}),",
+                  f"precision={t.precision!r}{_strategy(t)}{_recompute(self.plan)}),",
                   f"    intervals=Intervals(log_every={t.log_every}, checkpoint_every={t.checkpoint_every}),", ")")
         self.block()
 
@@ -310,6 +310,16 @@ def _overrides_doc(name: str, overrides: tuple[str, ...]) -> list[str]:
     return [*layout.prose(f"Compiled with {len(overrides)} override{'s' * (len(overrides) > 1)} of {name} "
                           "(the declaration's `overrides`), checked together with the file:"),
             *("    --set " + _docstring_safe(shlex.quote(text)) for text in overrides), ""]
+
+
+def _strategy(train) -> str:
+    """`, strategy='zero'` in the defaults of a program that names one (`auto` is RunConfig's own)."""
+    return f", strategy={train.strategy!r}" if train.strategy != "auto" else ""
+
+
+def _recompute(plan: Plan) -> str:
+    """`, recompute=True` when the planner turned activation checkpointing on (passes.recompute)."""
+    return ", recompute=True" if plan.recompute and plan.recompute[0] else ""
 
 
 def _docstring_safe(text: str) -> str:

@@ -162,6 +162,13 @@ EXPLANATIONS: dict[str, Explanation] = {
               "starts again per task (`init` or `reinit`), and a method and optimizer that run "
               "under vmap; the message says which is missing.",
               "problem meta { ... vmap = true }    # accumulate is 1", "problem meta { ... accumulate = 4  vmap = true }"),
+    "E220": E("Under `strategy = fsdp` every module is sharded by FSDP2: each parameter's gradient "
+              "reaches it only through `backward()` into `.grad`, which cannot be differentiated "
+              "again. A method that needs Hessian-vector products (cg, neumann) or differentiates "
+              "through unrolled steps (itd) cannot run there; the first-order methods can "
+              "(`MethodCaps.shards` in the registry).",
+              "train { strategy = fsdp }  outer -> inner { hypergrad = cg(iters=5) }",
+              "train { strategy = fsdp }  outer -> inner { hypergrad = sama }"),
     "E301": E("An optimizer mloc does not provide. The built-ins are listed in the help; torch's own "
               "optimizers are written in full as a call, e.g. `torch.optim.SGD(lr=0.1)`, and `SGD` "
               "alone gets a did-you-mean to `sgd`.",

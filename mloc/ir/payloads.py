@@ -152,6 +152,7 @@ class TrainSpec:
     device: str = "auto"
     precision: str = "fp32"
     memory_budget: int | None = None
+    strategy: str = "auto"      # mloc.shared.strategy
     evals: tuple[EvalSpec, ...] = ()
     checkpoint_every: int | None = None
     log_every: int = 10

@@ -49,7 +49,8 @@ def dump_text(g: ProgramGraph) -> str:
         out += [f"  {line}" for line in il.lines()]
     t = info.train
     out.append(f"train steps={t.steps} seed={t.seed} device={t.device} precision={t.precision} "
-               f"memory_budget={t.memory_budget} log_every={t.log_every} checkpoint_every={t.checkpoint_every}")
+               f"memory_budget={t.memory_budget} log_every={t.log_every} checkpoint_every={t.checkpoint_every}"
+               + (f" strategy={t.strategy}" if t.strategy != "auto" else ""))
     out += [f"  eval {e.name} every {e.every} = {e.call.text}" + ("" if e.named else "  # named after the function")
             for e in t.evals]
     if t.best is not None:

@@ -13,6 +13,7 @@ from mloc.lang.types import Bool, Device, Enum, Float, Int, ListOf, Size, Str, T
 from mloc.shared.composition import SEMANTICS
 from mloc.shared.limits import MAX_REPEATS, MAX_SEED, WHY_REPEATS, WHY_SEED
 from mloc.shared.precision import PRECISIONS
+from mloc.shared.strategy import STRATEGIES
 
 ITD_MODES = ("reverse", "forward", "recompute", "auto")
 
@@ -92,6 +93,8 @@ TRAIN_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("device", "value", "where to train", type=Device()),
     FieldSpec("precision", "value", "default autocast precision", type=Enum(PRECISIONS)),
     FieldSpec("memory_budget", "value", "memory the planner may use", type=Size()),
+    FieldSpec("strategy", "value", "data parallelism: `ddp` (replicated), `zero` (optimizer state "
+              "sharded), `fsdp`, or `auto` (the default: the planner's choice)", type=Enum(STRATEGIES)),
 )}
 
 TRAIN_EVERY = {"eval": "run an evaluation call", "checkpoint": "write a checkpoint",

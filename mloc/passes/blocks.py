@@ -12,6 +12,7 @@ from mloc.lang.types import INVALID, Int
 from mloc.passes.fields import check_value, index_fields, report_missing
 from mloc.passes.names import Scope, resolve_pycall
 from mloc.passes.selection import resolve_selection
+from mloc.shared.strategy import UNAVAILABLE_HELP, unavailable
 
 _EVERY_SYNONYMS = {"save": "checkpoint", "ckpt": "checkpoint", "evaluate": "eval",
                    "validate": "eval", "print": "log", "report": "log"}
@@ -89,6 +90,9 @@ def resolve_train(module: ast.Module, scope: Scope, diags: Diagnostics) -> Train
     report_missing(fields, V.TRAIN_FIELDS, "the train block", block.span, diags)
     values = {k: check_value(f, V.TRAIN_FIELDS[k], scope, f"`{k}`", diags) for k, f in fields.items()}
     values = {k: v for k, v in values.items() if v is not INVALID}
+    if unavailable(values.get("strategy")):
+        diags.error("E305", f"`strategy = {values['strategy']}`: {unavailable(values['strategy'])}",
+                    fields["strategy"].value.span, label="not yet available", help=UNAVAILABLE_HELP)
     every = _every(block.body, scope, diags)
     return TrainSpec(**values, **every, **resolve_selection(block.body, every["evals"], diags),
                      span=block.span)

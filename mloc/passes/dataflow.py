@@ -61,6 +61,7 @@ def infer_dataflow(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str
     _check_links(g, r, uncertain, diags)
     _check_problems(r, h, uncertain, diags)
     _check_vmap(g, diags)
+    _check_sharded(g, diags)
     _check_chains(r, diags)
     if g.info.semantics == "exact":
         _check_exact(g, h, feedback_middles(r, h), diags)
@@ -155,6 +156,28 @@ def _check_vmap(g: ProgramGraph, diags: Diagnostics) -> None:
         if why:
             diags.error("E219", f"`vmap = true` cannot apply to `{node.name}`: {why}", node.vmap,
                         help=help or "drop `vmap` (the tasks are then solved one after another)")
+
+
+def _check_sharded(g: ProgramGraph, diags: Diagnostics) -> None:
+    """`strategy = fsdp` shards every module (:mod:`mloc.runtime.base.fsdp`): each edge's
+    method must say so in the registry (`MethodCaps.shards`; its `unsharded_reason` is the
+    message). `auto` is the planner's to resolve among those that shard, except where only
+    itd applies (the upper enters only through `init`) (E220)."""
+    if g.info.train.strategy != "fsdp":
+        return
+    able = _either(n for n, d in METHODS.items() if d.caps.shards)
+    for edge in g.hierarchy_edges():
+        name, caps = edge.method.name, METHODS[edge.method.name].caps
+        low = g.problem(edge.lower)
+        if caps.planned and low.init is not None and low.init[0] == edge.upper \
+                and edge.upper not in low.loss.read_names():      # the planner's `auto` picks itd here
+            name, caps = "auto", METHODS["itd"].caps
+        if caps.unsharded_reason and not caps.planned:
+            said = "`auto` (itd: the upper enters only through `init`)" if name == "auto" else f"`{name}`"
+            diags.error("E220", f"{said} on `{edge.upper} -> {edge.lower}` cannot run under "
+                        f"`strategy = fsdp`: {caps.unsharded_reason}", edge.span,
+                        help=f"use {able} on this edge, or `strategy = zero` (sharded optimizer state, "
+                             "whole modules)")
 
 
 def _vmap_obstacle(g: ProgramGraph, node, lowers) -> tuple[str | None, str | None]:

@@ -28,10 +28,13 @@ from mloc.builtins import METHODS, OPTIMIZERS
 from mloc.ir.graph import ProgramGraph
 from mloc.passes.schedule import Loop
 from mloc.shared.composition import Composition
+from mloc.shared.strategy import decide
 
 
-def sync_lines(g: ProgramGraph, edges, schedule: Loop, compositions: dict[str, Composition]) -> tuple[str, ...]:
-    """The plan's lines: the synchronised backwards of one outer step, per step of the schedule."""
+def sync_lines(g: ProgramGraph, edges, schedule: Loop, compositions: dict[str, Composition],
+               sizes=None) -> tuple[str, ...]:
+    """The plan's lines: the synchronised backwards of one outer step, per step of the
+    schedule, then the strategy (:func:`strategy_line`)."""
     per_upper = {top: _upper(g, edges, c) for top, c in compositions.items()}
     rows, total, uncounted = [], 0, []
     for kind, problem, times in _actions(schedule, 1):
@@ -47,7 +50,29 @@ def sync_lines(g: ProgramGraph, edges, schedule: Loop, compositions: dict[str, C
     head = (f"data parallel (--nproc N): {total} synchronised backward{'s' * (total != 1)} per outer step "
             "(averaged in 25 MiB buckets as each runs; --overlap off: after it)")
     tail = [f"  not counted: {', '.join(uncounted)}"] if uncounted else []
-    return (head, *rows, *tail)
+    return (head, *rows, *tail, strategy_line(g, sizes))
+
+
+def strategy_line(g: ProgramGraph, sizes) -> str:
+    """The strategy under `--nproc N > 1` (`mloc.shared.strategy.decide`, the rule the runtime
+    applies to the sizes it measures) from the parameters the dataflow pass measured and
+    their optimizers' state (:func:`state_floats`); unknown sizes without them."""
+    asked = g.info.train.strategy
+    measured = sizes is not None and all(n in sizes.params for n in g.names())
+    params = sum(sizes.params[n] for n in g.names()) * sizes.element_bytes if measured else None
+    state = sum(state_floats(g, n) * sizes.params[n] for n in g.names()) * sizes.element_bytes if measured else None
+    chosen, why = decide(asked, 2, params, state)
+    return f"strategy under --nproc N > 1: {chosen} ({why}; one process: ddp)"
+
+
+def state_floats(g: ProgramGraph, name: str) -> int:
+    """Floats of optimizer state per trained parameter of problem `name`: its optimizer's
+    `state_per_param` (at most), but none for SGD without momentum (no buffer is made;
+    unless a schedule, which may cycle a momentum in, drives it)."""
+    p = g.problem(name)
+    if p.optimizer.name == "sgd" and dict(p.optimizer.args).get("momentum") == 0 and p.schedule is None:
+        return 0
+    return OPTIMIZERS[p.optimizer.name].caps.state_per_param
 
 
 def _actions(loop: Loop, times: int):

@@ -28,7 +28,8 @@ from mloc.ir.composition import compose_all, feedback, step_caps
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.interlock import chains_of
 from mloc.ir.payloads import HierarchyEdge
-from mloc.passes.parallel import sync_lines
+from mloc.passes.parallel import state_floats as _state_floats, sync_lines
+from mloc.passes.recompute import decide as recompute_decision
 from mloc.passes.schedule import (Action, Loop, compile_lines, periods_of, schedule_json, schedule_lines,
                                   schedule_of)
 from mloc.shared.composition import Composition
@@ -92,6 +93,7 @@ class Plan:
     warmup: tuple[Action, ...] = ()   # before the first outer step: lowers training alone
     chains: tuple[Interlock, ...] = ()  # interlocking chains: which head's loss trains each stage
     sync: tuple[str, ...] = ()          # what `--nproc` synchronises per outer step (passes.parallel)
+    recompute: tuple[bool, str] | None = None   # activation checkpointing and why (passes.recompute)
 
     def edge(self, upper: str, lower: str) -> EdgePlan:
         return next(e for e in self.edges if (e.upper, e.lower) == (upper, lower))
@@ -117,7 +119,8 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
                    for e in g.hierarchy_edges() if e.warmup)
     compositions = compositions_of(g, edges, semantics)
     return Plan(g.info.semantics, semantics, reason, edges, order, periods, schedule, budget, g.names(),
-                compositions, warmup, chains_of(g), sync_lines(g, edges, schedule, compositions))
+                compositions, warmup, chains_of(g), sync_lines(g, edges, schedule, compositions, sizes),
+                recompute_decision(edges, budget))
 
 
 # A vectorized meta-batch (`vmap = true`) holds every task's hypergradient step at once, each
@@ -216,16 +219,6 @@ def _nested(g: ProgramGraph, middle: str, planned: dict, sizes: Sizes) -> int:
     return total
 
 
-def _state_floats(g: ProgramGraph, name: str) -> int:
-    """Floats of optimizer state per trained parameter of problem `name`: its optimizer's
-    `state_per_param` (at most), but none for SGD without momentum (no buffer is made;
-    unless a schedule, which may cycle a momentum in, drives it)."""
-    p = g.problem(name)
-    if p.optimizer.name == "sgd" and dict(p.optimizer.args).get("momentum") == 0 and p.schedule is None:
-        return 0
-    return OPTIMIZERS[p.optimizer.name].caps.state_per_param
-
-
 def _with_state(g: ProgramGraph, e: EdgePlan, sizes: Sizes) -> EdgePlan:
     """`e` with the lower optimizer's state memory: its state floats · d · bytes per element."""
     d = _d(sizes, e.lower)
@@ -285,7 +278,8 @@ def _itd_reason(mode: str, m: int | None, k: int, truncate: int | None, why: str
 
 def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics, nested: int = 0) -> EdgePlan:
     """`auto`'s choice among the methods whose descriptors declare an `AutoRank` and that
-    apply (the lower optimizer provides what they need; `exact` semantics: differentiable):
+    apply (the lower optimizer provides what they need; `exact` semantics: differentiable;
+    `strategy = fsdp`: `shards`):
     of those that fit the budget, the lowest tier, then the fastest; else the smallest."""
     lower = g.problem(e.lower)
     init_only = lower.init is not None and lower.init[0] == e.upper and \
@@ -297,7 +291,8 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics, ne
     options = []
     for name, d in METHODS.items():
         caps = d.caps
-        applies = caps.needs <= provides and (semantics != "exact" or caps.differentiable)
+        applies = caps.needs <= provides and (semantics != "exact" or caps.differentiable) \
+            and (g.info.train.strategy != "fsdp" or caps.shards)    # sharded modules: first order only
         if caps.auto is None or not applies:
             continue
         args = {p.name: p.default for p in d.signature.params}     # `auto` gives the defaults
@@ -334,6 +329,7 @@ def plan_to_json(plan: Plan) -> dict:
         "schedule": schedule_json(plan.schedule),
         "warmup": [{"action": a.kind, "problem": a.problem, "count": a.count} for a in plan.warmup],
         **({"chains": [_chain_json(c) for c in plan.chains]} if plan.chains else {}),
+        **({"recompute": {"on": plan.recompute[0], "reason": plan.recompute[1]}} if plan.recompute else {}),
     }
 
 
@@ -386,6 +382,8 @@ def _edge_lines(plan: Plan) -> list[str]:
                      "device; within 1.5x of measured on the examples (docs/runtime.md)")
     lines.append(f"semantics: {plan.runtime_semantics} ({plan.semantics_reason})")
     lines.append(f"memory budget: {format_bytes(plan.memory_budget) if plan.memory_budget else 'none'}")
+    if plan.recompute:
+        lines.append(f"activation checkpointing: {plan.recompute[1]}")
     lines.append("composition order (adjoints, bottom-up): " + " -> ".join(plan.order))
     return lines
 

@@ -201,7 +201,8 @@ def test_nproc_logs_on_rank_0_only_and_shows_its_progress(tmp_path):
                            "--threads", "1", "--logger", "csv", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr
-    assert ", 1 thread, nproc 2, compile auto ->" in proc.stderr and "step 10/10" in proc.stderr and "done: 10 steps" in proc.stderr
+    assert ", 1 thread, nproc 2 (strategy ddp: auto: parameters, gradients and optimizer state (1.0 KiB) fit " \
+        "easily (<= 1.0 GiB) on every rank), compile auto ->" in proc.stderr and "step 10/10" in proc.stderr and "done: 10 steps" in proc.stderr
     records = read_metrics(tmp_path / "metrics.jsonl")
     keys = [(r["kind"], r["step"], r["problem"], r.get("eval")) for r in records]
     assert len(keys) == len(set(keys)) and {k[0] for k in keys} == {"train", "speed", "eval", "summary"}

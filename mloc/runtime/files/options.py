@@ -17,6 +17,7 @@ from pathlib import Path
 from mloc.runtime.files.loggers import check_available, parse
 from mloc.shared.limits import flag_error
 from mloc.shared.precision import PRECISIONS
+from mloc.shared.strategy import STRATEGIES, UNAVAILABLE_HELP, unavailable
 
 
 
@@ -33,6 +34,8 @@ class RunConfig:
     dtype: str | None = None          # e.g. "float64" for exact checks
     compile: str = "auto"             # on, off, auto (mloc.runtime.compiled.decision)
     overlap: str = "on"               # on, off: gradient averaging overlapped (mloc.runtime.base.overlap)
+    strategy: str = "auto"            # auto, ddp, zero, fsdp (mloc.shared.strategy)
+    recompute: bool = False           # activation checkpointing, the planner's (mloc.passes.recompute)
 
 
 class OptionError(Exception):
@@ -67,6 +70,7 @@ class RunOptions:
     pipeline_delay: float = 0.0
     compile: str | None = None          # on, off, auto (mloc.runtime.compiled.decision)
     overlap: str | None = None          # on, off (mloc.runtime.base.overlap)
+    strategy: str | None = None         # auto, ddp, zero, fsdp (mloc.shared.strategy)
     nnodes: int | None = None           # mloc run --nnodes: machines, each with its own launcher
     node_rank: int | None = None        # mloc run --node-rank: this machine's place, 0 .. nnodes - 1
     rdzv_endpoint: str | None = None    # mloc run --rdzv-endpoint HOST:PORT: where rank 0 (node 0) listens
@@ -90,6 +94,8 @@ class RunOptions:
         if options.pipeline and (options.nproc or 1) > 1:
             raise OptionError("--pipeline runs one process per stage: it does not take --nproc")
         check_nodes(options)
+        if unavailable(options.strategy):
+            raise OptionError(f"--strategy {options.strategy}: {unavailable(options.strategy)}", UNAVAILABLE_HELP)
         return replace(options, logger=usable_loggers(options.logger) or None)
 
     @property
@@ -100,14 +106,14 @@ class RunOptions:
     def config(self, defaults: RunConfig) -> RunConfig:
         given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
                                     ("precision", self.precision), ("compile", self.compile),
-                                    ("overlap", self.overlap)) if v is not None}
+                                    ("overlap", self.overlap), ("strategy", self.strategy)) if v is not None}
         return replace(defaults, dtype=self.dtype, **given)
 
     def argv(self) -> list[str]:
         """The same options as `train.py` arguments (what a `--nproc` launch passes on)."""
         out = []
         for flag in ("steps", "seed", "device", "precision", "dtype", "out", "resume", "launched_by", "threads",
-                     "compile", "overlap"):
+                     "compile", "overlap", "strategy"):
             if getattr(self, flag) is not None:
                 out += [f"--{flag.replace('_', '-')}", str(getattr(self, flag))]
         out += ["--logger", ",".join(self.logger)] if self.logger else []
@@ -181,6 +187,10 @@ def add_flags(p: argparse.ArgumentParser, defaults: RunConfig | None = None) -> 
     p.add_argument("--overlap", choices=("on", "off"),
                    help="under --nproc: average gradients across processes in buckets while the backward runs (on, "
                         "the default) or after it, in one flat collective (off); the numbers are the same")
+    p.add_argument("--strategy", choices=STRATEGIES,
+                   help="under --nproc: ddp (every rank holds the optimizer state), zero (each rank keeps and updates "
+                        f"its shard of it), fsdp, or auto (decided from the model's size and the world size); "
+                        f"{said('strategy')}")
     p.add_argument("--out", metavar="DIR",
                    help="where config.json, metrics.jsonl and checkpoint.pt go (and, under mloc run, train.py); "
                         "it must not hold another run (default: a fresh runs/PROGRAM/N, linked from "

@@ -137,7 +137,7 @@ class MetaBatch:
         """One task's solve and hypergradient, written for ``vmap`` (over the start and the
         batches; ``x``, the upper's parameters, is shared)."""
         L, U, method, steps = self.L, self.U, self.method, self.steps
-        optimizer = L.problem.optimizer
+        optimizer = getattr(L.problem.optimizer, "inner", L.problem.optimizer)   # zero: the whole state, per task
         lower_loss, upper_loss = L.problem.loss, U.problem.loss
         lower_reads, upper_reads = L.problem.reads, U.problem.reads
         points = {n: lv.problem.params for n, lv in self.program.live.items()}

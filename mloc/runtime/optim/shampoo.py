@@ -246,6 +246,11 @@ class Shampoo(Optimizer):
         (and synchronous roots) shard the root work."""
         self.work.start(self.hyper.async_roots)
 
+    def own_roots(self) -> None:
+        """Under `strategy = zero` (:mod:`.zero`): this rank holds the statistics of its own
+        tensors only, so it computes all of their roots itself (no split, no all-gather)."""
+        self.work.batch.shard = None
+
     def drain(self) -> None:
         """Wait for every root job: the state's pending slots are then complete."""
         self.work.drain()

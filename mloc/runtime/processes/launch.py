@@ -327,7 +327,7 @@ def _identity(declaration: Declaration, config: RunConfig, resume_dir: Path | No
     """What every rank of a run must train alike (checked across ranks once built)."""
     return {"program": declaration.name, "--set": list(declaration.overrides), "--steps": config.steps,
             "--seed": config.seed, "--precision": config.precision, "--dtype": config.dtype,
-            "--compile": config.compile, "--resume": resume_dir is not None}
+            "--compile": config.compile, "--resume": resume_dir is not None, "--strategy": config.strategy}
 
 
 def _kept(out: Path) -> str:
@@ -344,8 +344,9 @@ def banner(program: Program, config: RunConfig, out: Path, chosen: Threads | Non
     import torch
     threads = torch.get_num_threads()
     why = f" ({chosen.reason})" if chosen is not None and chosen.reason else ""
+    strategy = f" (strategy {program.strategy[0]}: {program.strategy[1]})" if program.dist.world > 1 else ""
     return (f"training {program.name} on {program.device}, precision {config.precision}, dtype "
-            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}{why}, nproc {program.dist.world}, "
+            f"{config.dtype or 'as built'}, {threads} thread{'s' * (threads != 1)}{why}, nproc {program.dist.world}{strategy}, "
             f"compile {config.compile} -> {out}")
 
 

@@ -4,7 +4,9 @@ Generated code declares each problem as a :class:`ProblemSpec` and the run as a
 :class:`RunConfig`; :func:`build` makes, in this order (the order fixes every random draw):
 
 1. the seed (Python's ``random`` and torch's generators);
-2. the modules, in source order, moved to the device (and cast for ``dtype`` runs);
+2. the modules, in source order, moved to the device (and cast for ``dtype`` runs), their
+   children checkpointed when the planner chose to (``config.recompute``:
+   :mod:`mloc.runtime.base.recompute`);
 3. one :class:`~mloc.runtime.program.data.DataStream` per problem with data;
 4. per problem, its trainable parameters (the module's own, or a zero ``δ`` for a problem
    with ``init``: its parameters are ``θ_init + δ``), its precision context and loss
@@ -31,11 +33,13 @@ from mloc.runtime.grad.compose import Edge, Hierarchy
 from mloc.runtime.program.data import DataStream
 from mloc.runtime.base.distributed import DistContext
 from mloc.runtime.base.overlap import OverlappedSync
+from mloc.runtime.program.strategy import apply_strategy
 from mloc.runtime.optim import Optimizer
 from mloc.runtime.files.options import RunConfig
 from mloc.runtime.base.precision import DeviceError, autocast_factory, grad_scaler_for
 from mloc.runtime.grad.problem import Problem
 from mloc.runtime.program.schedules import bind
+from mloc.runtime.base.recompute import recompute_children
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,7 @@ class Built:
     hierarchy: Hierarchy
     cast: torch.dtype | None             # the floating dtype of a `dtype` run, else None
     sync: OverlappedSync                 # every average across replicas (mloc.runtime.base.overlap)
+    strategy: tuple[str, str] = ("ddp", "")  # the data-parallel strategy and why (mloc.runtime.program.strategy)
 
 
 def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
@@ -158,17 +163,21 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
     modules = build_modules()
     for m in modules.values():
         m.to(device=device, dtype=cast) if cast else m.to(device)
+        if config.recompute:
+            recompute_children(m)
     streams = {n: DataStream(n, f, device=device, rank=dist.rank, world=dist.world)
                for n, f in data.items()}
     live = {spec.name: _live(spec, modules[spec.name], config.precision, device, cast) for spec in specs}
     for lv in live.values():    # every problem's parameters exist now: bind the losses
         lv.problem = _problem(lv, live, device, cast)
+    strategy = apply_strategy(live, config.strategy, dist.rank, dist.world)
+    for lv in live.values():
         lv.commit = optimizer_commit(lv)
     sync = OverlappedSync(dist.world, overlap=config.overlap != "off")
     hierarchy = Hierarchy([lv.problem for lv in live.values()], edges, semantics,
                           sync if dist.world > 1 else None, compositions)
     dist.broadcast_params([t for lv in live.values() for t in lv.problem.params])
-    return Built(modules, streams, live, hierarchy, cast, sync)
+    return Built(modules, streams, live, hierarchy, cast, sync, strategy)
 
 
 def _live(spec: ProblemSpec, module: nn.Module, precision: str, device: torch.device,

@@ -68,7 +68,7 @@ class Program:
         self.guard = FiniteGuard()
         built = build(specs, edges, semantics, build_modules, data, config, self.dist, self.device, compositions)
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
-        self.hierarchy, self._cast, self.sync = built.hierarchy, built.cast, built.sync
+        self.hierarchy, self._cast, self.sync, self.strategy = built.hierarchy, built.cast, built.sync, built.strategy
         self._steps: dict[tuple[str, str], Any] = {}    # the step kinds' objects (:meth:`_step`)
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():

@@ -16,6 +16,7 @@ import torch
 from mloc.runtime.base import tree
 from mloc.runtime.program.checkpoint import capture_rng, restore_rng, state_to_tree, tree_to_state
 from mloc.runtime.program.data import DataStream
+from mloc.runtime.optim.zero import Zero, ZeroState
 
 
 def snapshot(name: str, step: int, live: Mapping[str, Any], streams: Mapping[str, DataStream]) -> dict:
@@ -24,7 +25,7 @@ def snapshot(name: str, step: int, live: Mapping[str, Any], streams: Mapping[str
     problems = {}
     for n, lv in live.items():
         problems[n] = {"params": [p.detach().clone() for p in lv.problem.params],
-                       "optimizer": state_to_tree(tree.clone(lv.problem.state)),
+                       "optimizer": _whole(lv.problem),
                        "module": {k: v.detach().clone() for k, v in lv.module.state_dict().items()},
                        "steps": lv.steps}
     return {"program": name, "step": step, "problems": problems,
@@ -42,7 +43,7 @@ def restore(state: dict, live: Mapping[str, Any], streams: Mapping[str, DataStre
             for p, v in zip(lv.problem.params, saved["params"]):
                 p.copy_(v)
         # copies: commits overwrite the state's tensors in place (Optimizer.commit)
-        lv.problem.state = tree.clone(tree_to_state(saved["optimizer"], lv.problem.state))
+        lv.problem.state = _restored(lv.problem, saved["optimizer"])
         lv.steps = int(saved["steps"])
     for n, s in streams.items():
         s.restore(state["data"][n])
@@ -50,6 +51,24 @@ def restore(state: dict, live: Mapping[str, Any], streams: Mapping[str, DataStre
         lv.batch = None
     restore_rng(state["rng"])
     return step
+
+
+def _whole(problem) -> Any:
+    """The problem's optimizer state as a checkpoint holds it: whole, gathered from the
+    ranks under `strategy = zero` (every rank calls), so it resumes into any world size."""
+    if isinstance(problem.optimizer, Zero):
+        return problem.optimizer.gathered(problem.state, problem.params)
+    return state_to_tree(tree.clone(problem.state))
+
+
+def _restored(problem, plain: Any) -> Any:
+    """A checkpoint's whole optimizer state as the problem's (its shard under `zero`),
+    copied: commits overwrite the state's tensors in place (Optimizer.commit)."""
+    opt = problem.optimizer
+    if isinstance(opt, Zero):
+        local = tree_to_state(opt.select(plain, problem.params), opt.local(problem.state, problem.params))
+        return ZeroState({"state": tree.clone(local)})
+    return tree.clone(tree_to_state(plain, problem.state))
 
 
 def restart(problem, start=None) -> None:

@@ -215,12 +215,14 @@ class Watch:
         improved, stop = self.selection.observe(step, results)
         if step >= self.steps:           # the last step: the run finishes anyway
             stop, self.selection.stopped_at = False, None
+        gathered = improved and self.program.strategy[0] == "zero"     # every rank gathers the state
+        state = self.program.state_dict() if gathered or (improved and self.program.dist.is_main) else None
         if improved and self.program.dist.is_main:
             from mloc.runtime.program.checkpoint import save_checkpoint
             from mloc.runtime.files.runfolder import check_owner
             if self.owner is not None:
                 check_owner(self.out, self.owner)
-            save_checkpoint(self.out / BEST, {**self.program.state_dict(), **self.state(),
+            save_checkpoint(self.out / BEST, {**state, **self.state(),
                                               "best": self.selection.best.best()}, self.program.name)
         if self.selection.stop is not None:
             stop = agree(self.program.dist, stop)
