@@ -1,11 +1,13 @@
 """DARTS on digits (programs/darts.mlo): searched architectures, retrained, against random ones.
 
-    python3 bench/darts_compare.py [--sweep DIR] [--seeds 1,2,3] [--retrain-steps 400] [--json FILE]
+    python3 bench/darts_compare.py [--sweep DIR] [--seeds 1,2,3] [--methods M;M] [--compile off] [--retrain-steps 400] [--json FILE]
 
 1. The search: one ``mloc sweep`` of the program, ``finite_diff`` (DARTS' second-order
-   approximation with ξ = 1), ``sama`` (the same with ξ = the weights' learning rate, as
-   in the paper: with SGD below, SAMA's diagonal is the rate) and ``first_order`` (its
-   first-order variant) × the seeds, two runs at a time on one thread each (the command is printed; ``--sweep DIR`` reuses a finished sweep
+   approximation with ξ = 1), ``finite_diff(xi=0.05)`` (the program as written) and ``sama``
+   (the same with ξ = the weights' learning rate, as in the paper: with SGD below, SAMA's
+   diagonal is the rate)
+   and ``first_order`` (its first-order variant) × the seeds (``--methods``: a subset,
+   given as the keys of ``METHODS`` separated by ``;``), two runs at a time on one thread each (the command is printed; ``--sweep DIR`` reuses a finished sweep
    folder instead of running one: a rerun of the same command also continues it).
 2. For each search run, :func:`darts.derive` (``mloc.load`` + the run's ``best.pt``) gives its
    architecture, and :func:`darts.retrain` trains it from scratch with the run's seed.
@@ -38,14 +40,19 @@ import darts  # noqa: E402
 PROGRAM = ROOT / "programs" / "darts.mlo"
 EDGE = "arch->net.hypergrad"
 METHODS = {"finite_diff(eps=0.01)": "searched, finite_diff (DARTS 2nd order, ξ = 1)",
+           "finite_diff(eps=0.01, xi=0.05)": "searched, finite_diff(xi=0.05) (DARTS 2nd order, ξ = lr)",
            "sama(eps=0.01)": "searched, sama (DARTS 2nd order, ξ = lr)",
            "first_order": "searched, first_order (DARTS 1st order)"}
 SHORT = {"skip": "s", "conv3x3": "c3", "conv1x1": "c1", "avgpool": "a", "maxpool": "m"}
 
 
-def sweep_command(seeds: str, out: Path) -> list[str]:
+def sweep_command(seeds: str, out: Path, methods: list[str] = list(METHODS), compile: str = "auto") -> list[str]:
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"darts_compare: unknown method {unknown[0]!r}; the methods are {'; '.join(METHODS)}")
     return [sys.executable, "-m", "mloc", "sweep", str(PROGRAM), "--seeds", seeds,
-            "--set", f"{EDGE}={','.join(METHODS)}", "--jobs", "2", "--threads", "1", "--out", str(out)]
+            "--set", f"{EDGE}={','.join(methods)}", "--jobs", "2", "--threads", "1",
+            "--compile", compile, "--out", str(out)]
 
 
 def run_seconds(run: Path) -> float:
@@ -123,6 +130,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sweep", type=Path, help="a finished sweep folder of programs/darts.mlo (default: run one)")
     p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--methods", default=";".join(METHODS), help="the searches to run, separated by ';' (default: all)")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="passed to the sweep's runs (auto compiles a run whose eager steps look slow: "
+                        "on a busy machine, off keeps the searches eager and comparable)")
     p.add_argument("--retrain-steps", type=int, default=400)
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)
@@ -130,7 +141,8 @@ def main(argv=None) -> int:
     sweep = args.sweep
     if sweep is None:
         sweep = ROOT / "runs" / "darts_compare"
-        cmd = sweep_command(args.seeds, sweep)
+        cmd = sweep_command(args.seeds, sweep, [m.strip() for m in args.methods.split(";") if m.strip()],
+                            args.compile)
         print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         subprocess.run(cmd, check=True, env=env)

@@ -4,7 +4,8 @@
 
 Betty's ``darts`` hypergradient and mloc's ``finite_diff`` are the same method: the
 identity-Hessian implicit hypergradient with the mixed product by central differences at
-α ± εv, ε = 0.01/‖v‖ (DARTS' second-order approximation with ξ = 1). Both systems get the
+α ± εv, ε = 0.01/‖v‖ (DARTS' second-order approximation with ξ = 1: the program's edge is
+set to ``finite_diff(eps=0.01)``, ξ = 1, where the program as written takes ξ = 0.05). Both systems get the
 program's modules (:class:`darts.Network`, :class:`darts.Architecture`), losses
 (:func:`darts.ce`) and batches (the same seeded loaders); Betty's problems are two
 ``ImplicitProblem``s in an ``Engine`` (``u2l``/``l2u`` between them), stepped by
@@ -53,6 +54,7 @@ from run_vs_betty import steady_peak  # noqa: E402
 from synthetic import loader  # noqa: E402
 
 PROGRAM = ROOT / "programs" / "darts.mlo"
+XI_1 = "arch->net.hypergrad=finite_diff(eps=0.01)"      # Betty's darts: ξ = 1
 
 
 def batches(split: str, seed: int, dtype: torch.dtype):
@@ -108,7 +110,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def agreement() -> dict:
     """First-step hypergradients (α₀ − α₁ under SGD lr 1), weights and BN means, float64."""
-    prog = mloc.load(PROGRAM, set=["arch.optimizer=sgd(lr=1.0)"], dtype="float64")
+    prog = mloc.load(PROGRAM, set=["arch.optimizer=sgd(lr=1.0)", XI_1], dtype="float64")
     net0, arch0 = copy.deepcopy(prog.module("net")), copy.deepcopy(prog.module("arch"))
     betty_step, b_net, b_arch = betty_program(net0, arch0, torch.float64, "sgd", steps=200)
     prog.step()
@@ -127,7 +129,7 @@ def agreement() -> dict:
 
 def timing(steps: int, warmup: int) -> dict:
     """Median ms per outer step (thread CPU time and wall time), float32, interleaved."""
-    prog = mloc.load(PROGRAM)
+    prog = mloc.load(PROGRAM, set=[XI_1])
     betty_step, _, _ = betty_program(prog.module("net"), prog.module("arch"), torch.float32, "adam", steps=200)
     systems = {"mloc": prog.step, "betty": betty_step}
     cpu = {k: [] for k in systems}

@@ -52,17 +52,19 @@ def test_a_few_steps_train_alpha_and_leave_batchnorm_statistics_to_the_weights()
 
 def test_finite_diff_is_darts_with_xi_1_and_sama_with_xi_the_learning_rate():
     """DARTS' eq. 7 is ∇_α L_val − ξ ∇²_{α,w} L_train ∇_w L_val. `first_order` is its first
-    term; `finite_diff` (and Betty's `darts`) subtracts the mixed term with ξ = 1; `sama`
-    over SGD scales it by the weights' rate (0.05), DARTS' choice ξ = lr: so
-    sama = first_order + 0.05 · (finite_diff − first_order), in float64 to round-off."""
+    term; `finite_diff` (and Betty's `darts`) subtracts the mixed term with ξ = 1 by default;
+    `sama` over SGD scales it by the weights' rate (0.05), DARTS' choice ξ = lr: so
+    sama = first_order + 0.05 · (finite_diff − first_order), in float64 to round-off; and
+    `finite_diff(xi=0.05)` is `sama` here, bit for bit (the same q = 0.05 · v)."""
     torch.set_num_threads(1)
     grads = {}
-    for method in ("finite_diff(eps=0.01)", "first_order", "sama(eps=0.01)"):
+    for method in ("finite_diff(eps=0.01)", "first_order", "sama(eps=0.01)", "finite_diff(eps=0.01, xi=0.05)"):
         prog = mloc.load(PROGRAM, set=[f"arch->net.hypergrad={method}"], dtype="float64")
         grads[method] = prog.hypergradients()["arch"]["alpha"]
-    fd, fo, sama = grads.values()
+    fd, fo, sama, fd_lr = grads.values()
     assert (fd - fo).norm() > 0.1 * fo.norm()                             # the mixed term is there
     torch.testing.assert_close(sama, fo + 0.05 * (fd - fo), rtol=1e-9, atol=1e-12)
+    assert torch.equal(fd_lr, sama)
 
 
 def test_derive_reads_the_run_folder(tmp_path):

@@ -15,11 +15,13 @@ from mloc.runtime.program.schedules import cosine
 
 PROGRAM = "darts"
 BETTY = None
-METHOD = ("finite_diff(eps=0.01) → Config(type='darts', darts_alpha=0.01): the same method; Betty's "
+METHOD = ("finite_diff(eps=0.01) → Config(type='darts', darts_alpha=0.01): the same method (ξ = 1; the "
+          "program as written takes DARTS' ξ = 0.05, which Betty's darts cannot express); Betty's "
           "finite differences update BatchNorm statistics")
 UPPERS = ("arch",)
 AGREE = ("arch.optimizer=sgd(lr=1.0)",)
-CHECKS = (Check("finite_diff(eps=0.01) / darts", (), dict(type="darts", darts_alpha=0.01)),)
+CHECKS = (Check("finite_diff(eps=0.01) / darts", ("arch->net.hypergrad=finite_diff(eps=0.01)",),
+                dict(type="darts", darts_alpha=0.01)),)
 METRIC = "acc"
 BIGGER = "max"
 SEED_STEPS = 200

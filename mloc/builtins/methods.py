@@ -216,7 +216,9 @@ NEUMANN = Descriptor(
 
 FINITE_DIFF = Descriptor(
     signature("finite_diff", "identity Hessian, mixed product by central differences (DARTS)",
-              Param("eps", POSITIVE, 0.01)),
+              Param("eps", POSITIVE, 0.01),
+              Param("xi", POSITIVE, 1.0, doc="the unrolled step's size ξ in DARTS' eq. 7: "
+                    "the BR-VJP is −ξ J_xᵀ v (1: Betty's darts; the weights' lr: the paper's)")),
     MethodCaps(two_level=True, shards=True,
                auto=AutoRank(2, "second-order methods exceed the budget; finite differences")),
     "mloc.runtime.methods:finite_diff", _finite_difference,

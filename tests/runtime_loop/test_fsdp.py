@@ -109,3 +109,24 @@ def test_perturbed_restores_the_parameters_bitwise_and_gathered_state_round_trip
 def test_global_norm_is_the_norm_of_the_whole_vector():
     a, b = torch.tensor([3.0, 0.0]), torch.tensor([[4.0]])
     assert float(fsdp.global_norm((a, b))) == 5.0
+
+
+def test_sharded_finite_diff_scales_q_by_xi_as_sama_over_sgd_does():
+    """One process, no process group: ``finite_diff(xi=ξ)``'s sharded hypergradient is ξ times
+    the mixed term of ``xi = 1`` (the lower loss is quadratic in θ, so the central difference
+    is exact to round-off, float64), and bitwise ``sama``'s over SGD(ξ)."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, dtype=torch.float64)
+    low, up = nn.Linear(3, 2).double(), nn.Linear(3, 2).double()
+    grads = {}
+    for name, method, opt in [("one", methods.finite_diff(), optim.sgd(0.3)),
+                              ("xi", methods.finite_diff(xi=0.3), optim.sgd(0.3)),
+                              ("sama", methods.sama(), optim.sgd(0.3))]:
+        lower = fsdp.Sharded("low", low, opt, lambda: ((low(x) - torch.tanh(up(x))) ** 2).mean())
+        upper = fsdp.Sharded("up", up, optim.sgd(0.1), lambda: (low(x) ** 2).mean() + 0.1 * up.weight.pow(2).sum())
+        caps = METHODS[type(method).__name__].caps
+        grads[name] = fsdp.hypergradient(method, caps, upper, lower, [upper, lower])
+    direct = 0.2 * up.weight.detach()
+    assert torch.count_nonzero(grads["one"][0] - direct) > 0
+    torch.testing.assert_close(grads["xi"][0] - direct, 0.3 * (grads["one"][0] - direct), rtol=1e-9, atol=1e-12)
+    assert all(torch.equal(a, b) for a, b in zip(grads["xi"], grads["sama"]))

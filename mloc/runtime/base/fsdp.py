@@ -200,13 +200,17 @@ def hypergradient(method: Any, caps: Any, upper: Sharded, lower: Sharded,
     """The upper's hypergradient (module docstring) as local shards of ``upper``, for a
     method whose registry capabilities ``caps`` (``MethodCaps``) say it ``shards``:
     ``no_indirect`` keeps ``∇_x F``; a lower optimizer ``diag`` in ``caps.needs``
-    (``sama_diag``) preconditions ``q``; ``method.eps`` is ``ε₀``."""
+    (``sama_diag``) preconditions ``q``; ``finite_diff``'s ``xi`` scales it (``q = ξ v``);
+    ``method.eps`` is ``ε₀``."""
     if not caps.shards:
         raise ValueError(f"{type(method).__name__} cannot run on sharded modules: {caps.unsharded_reason}")
     if caps.no_indirect:
         return gradients(upper.loss, [upper], everyone)[0]
     direct, v = gradients(upper.loss, [upper, lower], everyone)
     q = _preconditioned(lower, v, everyone) if "sama_diag" in caps.needs else v
+    xi = getattr(method, "xi", 1)
+    if xi != 1:
+        q = tuple(xi * t for t in q)
     norm = global_norm(q)
     e = method.eps / norm.clamp_min(torch.finfo(norm.dtype).tiny)
     with perturbed(lower, q, e):

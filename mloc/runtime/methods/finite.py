@@ -1,8 +1,9 @@
 """Hessian-free BR-VJPs: identity (or diagonal) Hessian, mixed product by finite differences.
 
 All three need first-order autograd only, which is why they scale (no graph of the
-gradient is kept). They are exact only when the lower problem's Hessian is the identity
-(``finite_diff``) or the inverse of the optimizer's diagonal preconditioner (``sama``).
+gradient is kept). They are exact only when the lower problem's Hessian is ``I/ξ``
+(``finite_diff``, ``ξ = 1`` by default) or the inverse of the optimizer's diagonal
+preconditioner (``sama``).
 """
 
 from __future__ import annotations
@@ -150,18 +151,18 @@ def central_difference(op, q, eps):
     return _spec(lp, lm)
 
 
-def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, seeds, params):
+def two_level_step(lower, args, buffers, eps, direction, upper_loss, upper_args, seeds, params):
     r"""The whole hypergradient step of a two-level program, specialized once: a closure.
 
     For an upper ``x`` whose loss ``F`` reads only the lower ``θ``, and a finite-difference
     BR-VJP, one step is
 
     .. math::
-        v = \nabla_\theta F(\theta),\quad q = v \text{ or } s \odot v,\quad
+        v = \nabla_\theta F(\theta),\quad q = v,\ \xi v \text{ or } s \odot v,\quad
         x.\mathrm{grad} \mathrel{+}= -\frac{\nabla_x L(\theta + \epsilon q, x)
         - \nabla_x L(\theta - \epsilon q, x)}{2\epsilon},\quad \epsilon = \epsilon_0/\lVert q\rVert
 
-    (``s`` the lower optimizer's ``diag`` when ``scaled``, i.e. ``sama``): the composer's
+    (``q = direction(lower, args, θ, v)``: ``ξ v``, ``s ⊙ v`` for ``sama``; ``None``: ``v``): the composer's
     seed → ``vjp`` (:func:`central_difference`) → final backward with the same numbers, as
     one flat function; the quotient ``(∇L₊ − ∇L₋)/(−2ε)`` is formed after the backward here,
     in the general path's :class:`_Quotient` node there. Bound once: both losses, the
@@ -187,8 +188,8 @@ def two_level_step(lower, args, buffers, eps, scaled, upper_loss, upper_args, se
                 if q is None:
                     return None
                 break
-        if scaled:
-            q = _preconditioned(lower, args, theta, q)
+        if direction is not None:
+            q = direction(lower, args, theta, q)
         with no_grad():
             plus, minus, two_e = _perturbed(q, theta, eps)
         autocast = _autocast_device(q[0])
@@ -236,40 +237,69 @@ def _accumulate(params, grads):
 
 
 @dataclass(frozen=True)
-class finite_diff:
-    """Betty's ``darts``: ``q = v`` (identity Hessian), mixed product by central differences.
-
-    Exact when ``H = I``; about 3G per BR-VJP and no second-order autograd. Liu et al.,
-    "DARTS: Differentiable Architecture Search", ICLR 2019 (without the ``ξ`` factor: use
-    ``sama``, which keeps the lower optimizer's step size, for that).
-    """
+class _CentralDifference:
+    """What ``finite_diff`` and ``sama`` share: ``eps`` and where the uppers read the lower."""
 
     eps: float = 0.01
 
     def prepare(self, op):
         return op.theta
 
+
+@dataclass(frozen=True)
+class finite_diff(_CentralDifference):
+    r"""Betty's ``darts``: ``q = ξ v`` (identity Hessian), mixed product by central differences.
+
+    DARTS' second-order approximation (Liu et al., "DARTS: Differentiable Architecture
+    Search", ICLR 2019, eq. 7–8) differentiates the upper's loss through one unrolled step
+    ``w' = w − ξ ∇_w L_train(w, α)`` of the weights:
+
+    .. math::
+        \nabla_\alpha L_{val}(w', \alpha)
+        - \xi\, \nabla^2_{\alpha, w} L_{train}(w, \alpha)\, \nabla_{w'} L_{val}(w', \alpha),
+
+    the mixed product by central differences at ``w ± ε v`` (eq. 8). Here ``w'`` is the
+    lower's current iterate (the lower steps before the upper, as in Betty), ``v = ∇_θ F``,
+    and the BR-VJP is ``−ξ J_xᵀ v``: ``q = ξ v``, the perturbation ``ε = ε₀/‖q‖`` (the same
+    points ``θ ± ε₀ v/‖v‖`` for every ``ξ``). ``xi`` is the unrolled step's size: ``1`` (the
+    default, and Betty's ``darts``) is the implicit function theorem with ``H = I``; DARTS
+    takes the weights' learning rate, where over an SGD lower this equals ``sama``
+    (``s = η``) and one-step ``itd`` to first order. Exact when ``H = I/ξ``; about 3G per
+    BR-VJP and no second-order autograd.
+    """
+
+    xi: float = 1.0
+
+    def _direction(self):
+        """``q`` from ``v`` for :func:`two_level_step`: ``None`` (``q = v``) at ``ξ = 1``, so
+        the default computes what it did before ``xi`` existed, bit for bit."""
+        if self.xi == 1:
+            return None
+        xi = self.xi
+        return lambda lower, args, theta, v: tree.scale(xi, v)
+
     def vjp(self, op, v, create_graph=False):
         if create_graph:
             raise _not_differentiable("finite_diff")
-        return central_difference(op, v, self.eps)
+        return central_difference(op, v if self.xi == 1 else tree.scale(self.xi, v), self.eps)
 
     def two_level(self, lower, args, buffers, upper_loss, upper_args, seeds, params):
         """The straight-line two-level step (:func:`two_level_step`), built once per plan."""
-        return two_level_step(lower, args, buffers, self.eps, False, upper_loss, upper_args,
-                              seeds, params)
+        return two_level_step(lower, args, buffers, self.eps, self._direction(), upper_loss,
+                              upper_args, seeds, params)
 
 
 @dataclass(frozen=True)
-class sama(finite_diff):
+class sama(_CentralDifference):
     r"""SAMA: finite differences on ``q = s ⊙ v``, ``s`` = the lower optimizer's ``diag``.
 
     ``s = -∂Δθ/∂g`` of the lower optimizer's next step at the current gradient and state
     (``optim.Optimizer.diag``): ``η`` for SGD (with momentum/Nesterov factors), the exact
     elementwise derivative of the bias-corrected step for Adam/AdamW. The learning rate is
     always part of ``s``, so the meta step scale does not change with the base optimizer.
-    With SGD it is one-step DARTS with ``ξ = η``, i.e. ITD with one step. Exact when
-    ``H = diag(1/s)``. Choe et al., "Making Scalable Meta Learning Practical", NeurIPS 2023.
+    With SGD it is one-step DARTS with ``ξ = η`` (``finite_diff(xi=η)``), i.e. ITD with one
+    step. Exact when ``H = diag(1/s)``. Choe et al., "Making Scalable Meta Learning
+    Practical", NeurIPS 2023.
     """
 
     def vjp(self, op, v, create_graph=False):
@@ -278,8 +308,8 @@ class sama(finite_diff):
         return central_difference(op, _preconditioned(op.problem, op.args, op.theta, v), self.eps)
 
     def two_level(self, lower, args, buffers, upper_loss, upper_args, seeds, params):
-        return two_level_step(lower, args, buffers, self.eps, True, upper_loss, upper_args,
-                              seeds, params)
+        return two_level_step(lower, args, buffers, self.eps, _preconditioned, upper_loss,
+                              upper_args, seeds, params)
 
 
 def _preconditioned(problem, args, theta, v):
