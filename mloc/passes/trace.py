@@ -274,6 +274,8 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: d
     if probe.graph_bytes is not None:
         sizes.graphs[p.name] = probe.graph_bytes
         sizes.hvps[p.name] = probe.hvp_bytes
+    if probe.compiled:
+        sizes.compiled[p.name] = dict(probe.compiled)
     sizes.fx_ops[p.name] = probe.fx_ops
     if probe.fx_code:
         sizes.fx_code[p.name] = probe.fx_code
