@@ -108,7 +108,7 @@ def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int |
     "auto" is decided by `mloc run`'s loop, so here it is "off". `overlap`: under torchrun's
     environment (data parallelism), whether gradients are averaged as the backward runs
     (:mod:`mloc.runtime.base.overlap`)."""
-    compiled = compile_program(str(path), tuple(set))
+    compiled = compile_program(str(path), tuple(set), compile=compile)
     if not compiled.ok:
         raise ProgramError(compiled.diagnostics)
     from mloc.runtime.processes.launch import build

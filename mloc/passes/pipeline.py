@@ -215,12 +215,13 @@ class PlanProgram(Pass):
     name = "plan"
     summary = "methods, modes, memory and the outer step's schedule"
     stage = "compile"
+    compile: str = "auto"       # `--compile` (`mloc.passes.plan.plan_program`)
 
     def ready(self, unit):
         return unit.ok and unit.graph is not None
 
     def run(self, unit, diags):
-        return replace(unit, plan=plan_program(unit.graph, unit.sizes))
+        return replace(unit, plan=plan_program(unit.graph, unit.sizes, self.compile))
 
     def dump(self, unit):
         from mloc.passes.plan import plan_table

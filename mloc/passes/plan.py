@@ -103,18 +103,19 @@ class Plan:
     warmup: tuple[Action, ...] = ()   # before the first outer step: lowers training alone
     chains: tuple[Interlock, ...] = ()  # interlocking chains: which head's loss trains each stage
     sync: tuple[str, ...] = ()          # what `--nproc` synchronises per outer step (passes.parallel)
-    compiled: bool = False              # the budget held against the compiled steps' estimates
+    compile: str = "auto"               # `--compile`: under `on` the budget holds the compiled estimates
 
     def edge(self, upper: str, lower: str) -> EdgePlan:
         return next(e for e in self.edges if (e.upper, e.lower) == (upper, lower))
 
 
-def plan_program(g: ProgramGraph, sizes: Sizes | None = None, compiled: bool = False) -> Plan:
+def plan_program(g: ProgramGraph, sizes: Sizes | None = None, compile: str = "auto") -> Plan:
     """The plan (module docstring). Each edge is priced twice, its step run eagerly
     (`EdgePlan.memory`) and compiled (`compiled_memory`); the budget is held against the
-    compiled estimate when ``compiled`` (`--compile on`: every step is compiled from the
-    first), else against the eager one (`off`, and `auto`, whose first steps run eagerly)."""
+    compiled estimate under ``compile = "on"`` (every step compiled from the first), else
+    against the eager one (`off`, and `auto`, whose first steps run eagerly)."""
     sizes = sizes or Sizes()
+    compiled = compile == "on"
     pricing, other = (sizes.as_compiled(), sizes) if compiled else (sizes, sizes.as_compiled())
     budget = g.info.train.memory_budget
     semantics, reason = _semantics(g)
@@ -138,7 +139,7 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None, compiled: bool = F
                    for e in g.hierarchy_edges() if e.warmup)
     compositions = compositions_of(g, edges, semantics)
     return Plan(g.info.semantics, semantics, reason, edges, order, periods, schedule, budget, g.names(),
-                compositions, warmup, chains_of(g), sync_lines(g, edges, schedule, compositions), compiled)
+                compositions, warmup, chains_of(g), sync_lines(g, edges, schedule, compositions), compile)
 
 
 # A vectorized meta-batch (`vmap = true`) holds every task's hypergradient step at once, each

@@ -73,21 +73,26 @@ def plan_table(plan: Plan) -> str:
 
 def _edge_lines(plan: Plan) -> list[str]:
     """The edges' table, the semantics, the memory budget and the composition order."""
-    rows = [("edge", "method", "mode", "memory", "compiled", "time (G)", "reason")]
+    shown = plan.compile != "off"     # the compiled estimate, where the steps may be compiled
+    rows = [("edge", "method", "mode", "memory", *(("compiled",) if shown else ()), "time (G)", "reason")]
     for e in plan.edges:
         rows.append((f"{e.upper} -> {e.lower}", e.render().split("(")[0] + _args_text(e), e.mode or "-",
-                     format_bytes(e.memory), format_bytes(e.compiled_memory), f"{e.time_g:g}", e.reason))
-    widths = [max(len(r[i]) for r in rows) for i in range(6)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:6], widths)) + "  " + r[6] for r in rows]
+                     format_bytes(e.memory), *((format_bytes(e.compiled_memory),) if shown else ()),
+                     f"{e.time_g:g}", e.reason))
+    n = len(rows[0]) - 1
+    widths = [max(len(r[i]) for r in rows) for i in range(n)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:n], widths)) + "  " + r[n] for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 6)
     lines.append("")
     if any(e.memory is not None for e in plan.edges):
         lines.append("memory: estimated peak of the upper's hypergradient step, from sizes measured on the meta "
                      "device; within 1.5x of measured on the examples (docs/runtime.md)")
-        lines.append("compiled: the same step compiled (--compile on, or auto once it compiles), the lower's graphs "
-                     "as TorchInductor's buffers hold them; within 1.5x of the allocator's measurement")
+        if shown:
+            lines.append("compiled: the same step compiled (--compile on, or auto once it compiles), the lower's "
+                         "graphs as TorchInductor's buffers hold them; within 1.5x of the allocator's measurement")
     lines.append(f"semantics: {plan.runtime_semantics} ({plan.semantics_reason})")
-    held = " (held against the compiled estimates: --compile on)" if plan.compiled and plan.memory_budget else ""
+    held = " (held against the compiled estimates: --compile on)" if plan.compile == "on" and plan.memory_budget \
+        else ""
     lines.append(f"memory budget: {format_bytes(plan.memory_budget) if plan.memory_budget else 'none'}{held}")
     lines.append("composition order (adjoints, bottom-up): " + " -> ".join(plan.order))
     return lines
