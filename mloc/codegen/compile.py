@@ -98,7 +98,8 @@ def compile_program(path: str, overrides: tuple[str, ...] = (), out_dir: Path | 
     applied = with_overrides(path, overrides)
     recorded = tuple(str(o) for o in applied.overrides)
     unit = Unit(applied.source, out_dir=Path(out_dir) if out_dir is not None else None)
-    passes = tuple(PlanProgram(compile=compile) if isinstance(p, PlanProgram) else p for p in PIPELINE[:-1])
+    chosen = {PlanProgram: PlanProgram(compile=compile), Trace: Trace(compiled=compile != "off")}
+    passes = tuple(chosen.get(type(p), p) for p in PIPELINE[:-1])
     unit = run_passes(unit, (*passes, Emit(recorded)), observer=observer)
     return Compiled(replace(unit, diagnostics=applied.annotate(unit.diagnostics)), recorded)
 

@@ -181,13 +181,14 @@ class Trace(Pass):
     name = "trace"
     summary = "run the user's code on the meta device: real dataflow, sizes (imports torch)"
     stage = "compile"
+    compiled: bool = True      # also the sizes as a compiled step holds them (not needed under --compile off)
 
     def ready(self, unit):
         return unit.ok and unit.graph is not None
 
     def run(self, unit, diags):
         from mloc.passes.trace import trace_program   # imports torch and the user's code
-        sizes, found = trace_program(unit.graph)
+        sizes, found = trace_program(unit.graph, self.compiled)
         diags.extend(found)
         return replace(unit, sizes=sizes)
 

@@ -128,7 +128,8 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None, compile: str = "au
         p = _plan_edge(g, e, pricing, budget, semantics, nested)
         alt = _cost(g, p.method, dict(p.args), other, e.lower, e.upper,
                     _nested(g, e.lower, planned, other) if e.lower in middles else 0)[1]
-        p = replace(p, memory=alt, compiled_memory=p.memory) if compiled else replace(p, compiled_memory=alt)
+        p = replace(p, memory=alt, compiled_memory=p.memory) if compiled else \
+            replace(p, compiled_memory=alt if compile != "off" else None)
         planned[e.upper, e.lower] = _with_state(g, p, sizes)
     edges = tuple(planned[e.upper, e.lower] for e in g.hierarchy_edges())
     periods = periods_of(g, edges)

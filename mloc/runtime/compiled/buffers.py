@@ -118,8 +118,16 @@ def buffer_bytes(graph: fx.Graph, marks: Sequence[int] = (), fused: bool = True)
     return peak, at
 
 
-def _operations(gm: fx.GraphModule) -> int:
-    return sum(1 for n in gm.graph.nodes if n.op == "call_function")
+def _traced(fn) -> tuple[fx.Graph, list[int]]:
+    """``fn(mark)`` traced by ``make_fx``; each ``mark()`` call during the trace records how
+    many operations the graph had then (the positions :func:`buffer_bytes` takes)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
+
+    marks: list[int] = []
+
+    def mark() -> None:
+        marks.append(sum(1 for n in get_proxy_mode().tracer.graph.nodes if n.op == "call_function"))
+    return make_fx(lambda: fn(mark))().graph, marks
 
 
 def compiled_sizes(fn, modules, batch, params: Sequence[torch.Tensor], own: Sequence[torch.Tensor] = (),
@@ -135,26 +143,25 @@ def compiled_sizes(fn, modules, batch, params: Sequence[torch.Tensor], own: Sequ
     own parameters), ``graph``, alive once the gradient to them is taken with what a
     Hessian-vector product through it reads, and ``hvp``, the peak of that product. A key
     whose trace fails is left out (an operation without a meta kernel)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
+    def grads(mark, to, create: bool = False):
+        loss = fn(*modules, batch)
+        mark()
+        return torch.autograd.grad(loss, list(to), create_graph=create, allow_unused=True)
 
-    def loss():
-        return fn(*modules, batch)
-
-    def grads(to, create: bool = False):
-        return torch.autograd.grad(loss(), list(to), create_graph=create, allow_unused=True)
-
-    def hvp():
-        g = [t for t in grads(own, True) if t is not None and t.requires_grad]
+    def hvp(mark):
+        g = [t for t in grads(lambda: None, own, True) if t is not None and t.requires_grad]
+        mark()
         return torch.autograd.grad(g, list(own), [torch.ones_like(t) for t in g], allow_unused=True)
     out: dict[str, int] = {}
     try:
-        forward = _operations(make_fx(loss)())
-        out["backward"], (out["activations"],) = buffer_bytes(make_fx(lambda: grads(params))().graph, [forward])
+        graph, marks = _traced(lambda mark: grads(mark, params))
+        out["backward"], (out["activations"],) = buffer_bytes(graph, marks)
         if others:
-            out["activations"] = buffer_bytes(make_fx(lambda: grads(others))().graph, [forward])[1][0]
+            graph, marks = _traced(lambda mark: grads(mark, others))
+            out["activations"] = buffer_bytes(graph, marks)[1][0]
         if own:
-            graph = _operations(make_fx(lambda: grads(own, True))())
-            out["hvp"], (out["graph"],) = buffer_bytes(make_fx(hvp)().graph, [graph])
+            graph, marks = _traced(hvp)
+            out["hvp"], (out["graph"],) = buffer_bytes(graph, marks)
     except (RuntimeError, NotImplementedError, TypeError):
         pass
     return out

@@ -106,10 +106,10 @@ def walk_graph(grad_fn, ops: bool = False) -> tuple[set[int], tuple[str, ...]]:
 
 
 def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequence[str] = (),
-               own: int | None = None) -> LossProbe:
+               own: int | None = None, compiled: bool = True) -> LossProbe:
     """Evaluate `fn(*modules, batch)` on meta tensors (exceptions propagate to the caller);
     ``own``: the index of the problem's own module in ``modules``, whose gradient graph is
-    measured (None: not measured)."""
+    measured (None: not measured); ``compiled``: also the sizes as a compiled step holds them."""
     from mloc.runtime.base.memory import PeakMemory
 
     batch_bytes = [0]
@@ -125,7 +125,8 @@ def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequenc
     backward = _backward_bytes(loss, [p for m in modules for p in m.parameters() if id(p) in leaves], mem)
     graph, hvp = _graph_bytes(fn, modules, batch, own) if own is not None and own in reached else (None, None)
     ops, code = _fx_trace(fn, modules, batch, names)
-    compiled = _compiled(fn, modules, batch, leaves, own if own is not None and own in reached else None)
+    compiled = _compiled(fn, modules, batch, leaves, own if own is not None and own in reached else None) \
+        if compiled else {}
     return LossProbe(reached, frozenset(leaves), tuple(loss.shape), loss.is_floating_point(), act, ops, code,
                      graph_bytes=graph, hvp_bytes=hvp, batch_bytes=batch_bytes[0], backward_bytes=backward,
                      compiled=compiled)
