@@ -56,13 +56,14 @@ class Sizes:
     # per problem, its `activations`, `graph`, `hvp` and `backward` as a compiled step holds them
     # (`mloc.runtime.compiled.buffers`: Inductor's buffers replayed over the traced graphs)
     compiled: dict[str, dict[str, int]] = field(default_factory=dict)
+    is_compiled: bool = False       # these are the compiled sizes (`as_compiled`)
 
     def as_compiled(self) -> "Sizes":
         """These sizes with the compiled step's in place of the eager ones, where measured."""
         def pick(eager: dict, key: str) -> dict:
             return {**eager, **{n: c[key] for n, c in self.compiled.items() if key in c}}
         return replace(self, activations=pick(self.activations, "activations"), graphs=pick(self.graphs, "graph"),
-                       hvps=pick(self.hvps, "hvp"), backwards=pick(self.backwards, "backward"))
+                       hvps=pick(self.hvps, "hvp"), backwards=pick(self.backwards, "backward"), is_compiled=True)
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ def _cost(g: ProgramGraph, method: str, args: dict, sizes: Sizes, lower: str, up
                   graph=sizes.graphs.get(lower), hvp=sizes.hvps.get(lower),
                   upper=sizes.backwards.get(upper, 0) if evaluated else 0, batch=sizes.batches.get(upper, 0),
                   state=_state_floats(g, lower),
-                  nested=nested, differentiable=differentiable)
+                  nested=nested, differentiable=differentiable, compiled=sizes.is_compiled)
     return desc.cost(args, shape)
 
 
