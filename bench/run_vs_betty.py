@@ -96,7 +96,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import logging
 import os
 import pstats
