@@ -7,7 +7,10 @@ middle's reduced objective, whose Hessian-vector products each run a differentia
 Neumann pass through the classifier. Its top graph is the largest mloc captures (3309
 operations with the program's `neumann(iters=3)` at both edges); here both edges run one
 Neumann iteration, the same three-level structure (every kind of nested product) in a
-smaller graph, so that the compile fits the slow tier.
+smaller graph, so that the compile fits the slow tier. Measured 2026-12-02: every step
+within 2.1e-16 relative of the eager one; the test took 892 s of wall time on the 2-core
+machine under a load average of 17–20 (others' jobs), nearly all of it capturing and
+compiling the three steps.
 """
 
 from __future__ import annotations
