@@ -77,9 +77,9 @@ def test_the_bench_table(case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [c for _, c in pm.registry_cases()] + list(pm.EXAMPLES),
-                         ids=[i for i, _ in pm.registry_cases()] + [c.program for c in pm.EXAMPLES])
-def test_the_compiled_estimate_of_each_method_mode_and_example(case):
-    """Every method and itd mode, every example as written, their steps compiled: the
-    planner's compiled estimate within the same tolerance of the allocator's measurement."""
+@pytest.mark.parametrize("case", [c for _, c in pm.registry_cases()], ids=[i for i, _ in pm.registry_cases()])
+def test_the_compiled_estimate_of_each_method_and_mode(case):
+    """Every method and itd mode, its steps compiled: the planner's compiled estimate within
+    the same tolerance of the allocator's measurement. (The examples as written are not
+    measured compiled yet: `python3 bench/plan_memory.py --compiled --cases examples`.)"""
     check(case, compiled=True)
