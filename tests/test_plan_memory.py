@@ -8,8 +8,8 @@ varied, long unrolls) is the slow tier's. To re-calibrate after a change to a me
 runtime: `python3 bench/plan_memory.py`, then the constants in `mloc/builtins/methods.py`.
 
 The compiled estimate (`mloc plan`'s compiled column) against the compiled steps'
-allocator-event peaks, same cases and tolerance, in the slow tier (each case compiles its
-steps: `python3 bench/plan_memory.py --compiled` prints the table).
+allocator-event peaks, one case per method and mode, same tolerance, in the slow tier
+(each case compiles its steps: `python3 bench/plan_memory.py --compiled` prints the table).
 """
 
 from __future__ import annotations
