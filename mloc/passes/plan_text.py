@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mloc.passes.schedule import Loop, compile_lines, schedule_json, schedule_lines
 
-if TYPE_CHECKING:
-    from mloc.passes.plan import Plan
-    from mloc.shared.composition import Composition
-    from mloc.shared.interlock import Interlock
+# The plan's types (`mloc.passes.plan.Plan`, `EdgePlan`; `Composition`, `Interlock`) are not
+# imported: `mloc.passes.plan` imports this module.
 
 
 def format_bytes(n: int | None) -> str:
@@ -20,7 +16,7 @@ def format_bytes(n: int | None) -> str:
 
 
 
-def plan_to_json(plan: Plan) -> dict:
+def plan_to_json(plan) -> dict:
     return {
         "semantics": {"asked": plan.semantics, "runtime": plan.runtime_semantics, "reason": plan.semantics_reason},
         "memory_budget": plan.memory_budget,
@@ -37,20 +33,20 @@ def plan_to_json(plan: Plan) -> dict:
     }
 
 
-def _chain_json(c: Interlock) -> dict:
+def _chain_json(c) -> dict:
     return {"stages": list(c.stages), "interlock": c.n, "policy": c.policy(),
             "trained_by": {s: c.stages[c.target(k)] for k, s in enumerate(c.stages)},
             "pruned_heads": [c.stages[t] for t in c.pruned()], "monitor": c.monitor}
 
 
-def _composition_json(c: Composition) -> dict:
+def _composition_json(c) -> dict:
     return {"down": list(c.down), "up": [[n, list(t), out] for n, t, out in c.up],
             "seeds": list(c.seeds), "nested": [[m, [[n, list(t), out] for n, t, out in up], list(b)]
                                                for m, up, b in c.nested],
             "live_seeds": c.live_seeds, "shape": c.shape}
 
 
-def plan_table(plan: Plan) -> str:
+def plan_table(plan) -> str:
     """A plain-text table: one row per edge, then the semantics and the schedule. A program
     without hierarchy edges (only interlocking chains, or one problem) has no hypergradient
     to plan: no methods, semantics, budget or composition order, so it says that instead."""
@@ -71,7 +67,7 @@ def plan_table(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _edge_lines(plan: Plan) -> list[str]:
+def _edge_lines(plan) -> list[str]:
     """The edges' table, the semantics, the memory budget and the composition order."""
     shown = plan.compile != "off"     # the compiled estimate, where the steps may be compiled
     rows = [("edge", "method", "mode", "memory", *(("compiled",) if shown else ()), "time (G)", "reason")]
@@ -98,6 +94,6 @@ def _edge_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def _args_text(e: EdgePlan) -> str:
+def _args_text(e) -> str:
     inner = ", ".join(f"{k}={v!r}" for k, v in e.args if v is not None and k != "mode")
     return f"({inner})" if inner else ""
