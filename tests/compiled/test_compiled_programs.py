@@ -33,13 +33,3 @@ def test_a_three_level_program_compiled_equals_eager():
                    extra=THREE_LEVEL)
     print(f"trilevel, compiled vs eager: worst {worst:.3g} of 1e-12 in {time.perf_counter() - start:.0f} s")
 
-
-# the examples no other compiled test runs (imaml.mlo and interlock.mlo: test_compiled_steps's features)
-OTHERS = ("darts.mlo", "data_reweighting.mlo", "hpo.mlo", "hpo_grid.mlo", "interlock4.mlo", "maml.mlo",
-          "shampoo_reweighting.mlo")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("program", OTHERS)
-def test_every_example_compiled_equals_eager(program):
-    _agree(None, None, "float64", 6, 1e-12, warmup=3, program=ROOT / "programs" / program)
