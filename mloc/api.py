@@ -109,7 +109,7 @@ def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int |
     environment (data parallelism), whether gradients are averaged as the backward runs
     (:mod:`mloc.runtime.base.overlap`). `strategy`: ddp, zero or auto (:mod:`mloc.shared.strategy`);
     None keeps the program's."""
-    compiled = compile_program(str(path), tuple(set))
+    compiled = compile_program(str(path), tuple(set), compile=compile)
     if not compiled.ok:
         raise ProgramError(compiled.diagnostics)
     from mloc.runtime.processes.launch import build

@@ -134,7 +134,7 @@ def test_a_broken_plan_stops_the_compile_as_an_internal_error(monkeypatch, capsy
     from mloc.cli import main
 
     real = pipeline.plan_program
-    monkeypatch.setattr(pipeline, "plan_program", lambda g, sizes: replace(real(g, sizes), order=()))
+    monkeypatch.setattr(pipeline, "plan_program", lambda g, sizes, *a: replace(real(g, sizes, *a), order=()))
     assert main(["plan", str(PROGRAMS / "trilevel.mlo")]) == 101
     err = capsys.readouterr().err
     assert "after pass `plan`" in err and "the composition order [] is not every problem once" in err

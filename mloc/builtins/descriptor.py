@@ -252,6 +252,7 @@ class Shape:
     state: int = 0
     nested: int = 0
     differentiable: bool = False
+    compiled: bool = False      # the step compiled: the sizes are a compiled step's (`mloc.passes.plan.Sizes.compiled`)
 
     @property
     def known(self) -> bool:

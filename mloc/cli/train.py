@@ -20,7 +20,7 @@ from mloc.passes.plan import format_bytes, plan_table, plan_to_json
 from mloc.runtime.files.options import add_flags, add_launch_flags
 
 
-def _compiled(args, out: Output, out_dir: Path | None = None, gate=None) -> Compiled | None:
+def _compiled(args, out: Output, out_dir: Path | None = None, gate=None, compile: str = "auto") -> Compiled | None:
     """The whole pipeline on `args.file` with its `--set`s, `--print-after` and `--time-passes`;
     None (after reporting) when the program has errors. `gate(pass, unit)` sees each pass's
     result after the printer and may stop the compile by raising (a `UsageError`)."""
@@ -32,7 +32,8 @@ def _compiled(args, out: Output, out_dir: Path | None = None, gate=None) -> Comp
         if gate is not None:
             gate(p, unit)
     try:
-        compiled = compile_program(args.file, tuple(args.set or ()), out_dir, observer=observe)
+        compiled = compile_program(args.file, tuple(args.set or ()), out_dir, observer=observe,
+                                   compile=compile or "auto")
     except OverrideError as e:
         raise UsageError(str(e)) from None
     except FileNotFoundError:
@@ -80,7 +81,7 @@ def cmd_compile(args, out: Output) -> int:
 
 
 def cmd_plan(args, out: Output) -> int:
-    compiled = _compiled(args, out)
+    compiled = _compiled(args, out, compile=args.compile)
     if compiled is None:
         return EXIT_ERRORS
     if args.json:
@@ -117,7 +118,8 @@ def cmd_run(args, out: Output) -> int:
     # compiled program's relative import path depends on
     try:
         compiled = _compiled(args, out, choice.fresh_root / "1" if choice.fresh_root else choice.dir,
-                             gate=None if options.device is not None else _file_device_gate(options.nproc))
+                             gate=None if options.device is not None else _file_device_gate(options.nproc),
+                             compile=options.compile)
     except BaseException:
         _drop_scratch(options, choice)
         raise
@@ -285,6 +287,9 @@ def add_commands(command) -> None:
     p = command("plan", "show how mloc will train a program: methods, modes, memory, schedule", cmd_plan)
     p.add_argument("file", metavar="FILE", help="the .mlo program")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="the run's --compile: the compiled memory estimate is shown unless off, and under on the "
+                        "memory budget is held against it")
     p.add_argument("--set", action="append", metavar="PATH=VALUE",
                    help="override a field or one argument of a call (e.g. model.optimizer.lr=0.05); repeatable")
     add_pass_options(p, PIPELINE)

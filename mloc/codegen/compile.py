@@ -90,14 +90,17 @@ def with_overrides(path: str, overrides: tuple[str, ...] = ()) -> Applied:
 
 
 def compile_program(path: str, overrides: tuple[str, ...] = (), out_dir: Path | None = None, *,
-                    observer: Observer | None = None) -> Compiled:
+                    observer: Observer | None = None, compile: str = "auto") -> Compiled:
     """Run `PIPELINE` once on the file with all its `overrides` applied; `out_dir` is where
     train.py will live (default: beside the file); `observer(pass, unit)` sees each pass's
-    result. Diagnostics pointing into an override's text carry a note naming its `--set`."""
+    result. Diagnostics pointing into an override's text carry a note naming its `--set`.
+    `compile`: the run's `--compile`, which the plan's memory budget reads (`plan_program`)."""
     applied = with_overrides(path, overrides)
     recorded = tuple(str(o) for o in applied.overrides)
     unit = Unit(applied.source, out_dir=Path(out_dir) if out_dir is not None else None)
-    unit = run_passes(unit, (*PIPELINE[:-1], Emit(recorded)), observer=observer)
+    chosen = {PlanProgram: PlanProgram(compile=compile), Trace: Trace(compiled=compile != "off")}
+    passes = tuple(chosen.get(type(p), p) for p in PIPELINE[:-1])
+    unit = run_passes(unit, (*passes, Emit(recorded)), observer=observer)
     return Compiled(replace(unit, diagnostics=applied.annotate(unit.diagnostics)), recorded)
 
 

@@ -181,13 +181,14 @@ class Trace(Pass):
     name = "trace"
     summary = "run the user's code on the meta device: real dataflow, sizes (imports torch)"
     stage = "compile"
+    compiled: bool = True      # also the sizes as a compiled step holds them (not needed under --compile off)
 
     def ready(self, unit):
         return unit.ok and unit.graph is not None
 
     def run(self, unit, diags):
         from mloc.passes.trace import trace_program   # imports torch and the user's code
-        sizes, found = trace_program(unit.graph)
+        sizes, found = trace_program(unit.graph, self.compiled)
         diags.extend(found)
         return replace(unit, sizes=sizes)
 
@@ -215,12 +216,13 @@ class PlanProgram(Pass):
     name = "plan"
     summary = "methods, modes, memory and the outer step's schedule"
     stage = "compile"
+    compile: str = "auto"       # `--compile` (`mloc.passes.plan.plan_program`)
 
     def ready(self, unit):
         return unit.ok and unit.graph is not None
 
     def run(self, unit, diags):
-        return replace(unit, plan=plan_program(unit.graph, unit.sizes))
+        return replace(unit, plan=plan_program(unit.graph, unit.sizes, self.compile))
 
     def dump(self, unit):
         from mloc.passes.plan import plan_table

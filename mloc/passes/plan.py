@@ -29,9 +29,9 @@ from mloc.ir.graph import ProgramGraph
 from mloc.ir.interlock import chains_of
 from mloc.ir.payloads import HierarchyEdge
 from mloc.passes.parallel import state_floats as _state_floats, sync_lines
+from mloc.passes.plan_text import format_bytes, plan_table, plan_to_json  # noqa: F401 (re-exported)
 from mloc.passes.recompute import decide as recompute_decision
-from mloc.passes.schedule import (Action, Loop, compile_lines, periods_of, schedule_json, schedule_lines,
-                                  schedule_of)
+from mloc.passes.schedule import Action, Loop, periods_of, schedule_of
 from mloc.shared.composition import Composition
 from mloc.shared.interlock import Interlock
 from mloc.shared.unroll import checkpoints, segment_length
@@ -54,6 +54,17 @@ class Sizes:
     batches: dict[str, int] = field(default_factory=dict)
     fx_ops: dict[str, int] = field(default_factory=dict)     # aten operations in each loss
     fx_code: dict[str, str] = field(default_factory=dict)    # each loss as torch.fx traced it
+    # per problem, its `activations`, `graph`, `hvp` and `backward` as a compiled step holds them
+    # (`mloc.runtime.compiled.buffers`: Inductor's buffers replayed over the traced graphs)
+    compiled: dict[str, dict[str, int]] = field(default_factory=dict)
+    is_compiled: bool = False       # these are the compiled sizes (`as_compiled`)
+
+    def as_compiled(self) -> "Sizes":
+        """These sizes with the compiled step's in place of the eager ones, where measured."""
+        def pick(eager: dict, key: str) -> dict:
+            return {**eager, **{n: c[key] for n, c in self.compiled.items() if key in c}}
+        return replace(self, activations=pick(self.activations, "activations"), graphs=pick(self.graphs, "graph"),
+                       hvps=pick(self.hvps, "hvp"), backwards=pick(self.backwards, "backward"), is_compiled=True)
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,7 @@ class EdgePlan:
     memory: int | None
     reason: str
     state_memory: int | None = None     # the lower optimizer's state, bytes (not in `memory`)
+    compiled_memory: int | None = None  # `memory` when the step is compiled (`--compile on`)
 
     def render(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.args if v is not None)
@@ -94,13 +106,20 @@ class Plan:
     chains: tuple[Interlock, ...] = ()  # interlocking chains: which head's loss trains each stage
     sync: tuple[str, ...] = ()          # what `--nproc` synchronises per outer step (passes.parallel)
     recompute: tuple[bool, str] | None = None   # activation checkpointing and why (passes.recompute)
+    compile: str = "auto"               # `--compile`: under `on` the budget holds the compiled estimates
 
     def edge(self, upper: str, lower: str) -> EdgePlan:
         return next(e for e in self.edges if (e.upper, e.lower) == (upper, lower))
 
 
-def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
+def plan_program(g: ProgramGraph, sizes: Sizes | None = None, compile: str = "auto") -> Plan:
+    """The plan (module docstring). Each edge is priced twice, its step run eagerly
+    (`EdgePlan.memory`) and compiled (`compiled_memory`); the budget is held against the
+    compiled estimate under ``compile = "on"`` (every step compiled from the first), else
+    against the eager one (`off`, and `auto`, whose first steps run eagerly)."""
     sizes = sizes or Sizes()
+    compiled = compile == "on"
+    pricing, other = (sizes.as_compiled(), sizes) if compiled else (sizes, sizes.as_compiled())
     budget = g.info.train.memory_budget
     semantics, reason = _semantics(g)
     # bottom-up, so that a middle's edges are priced with the differentiable passes below it
@@ -108,8 +127,13 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
     rank = {n: i for i, n in enumerate(reversed(g.topological_order()))}
     planned: dict[tuple[str, str], EdgePlan] = {}
     for e in sorted(g.hierarchy_edges(), key=lambda e: rank[e.lower]):
-        nested = _nested(g, e.lower, planned, sizes) if e.lower in middles else 0
-        planned[e.upper, e.lower] = _with_state(g, _plan_edge(g, e, sizes, budget, semantics, nested), sizes)
+        nested = _nested(g, e.lower, planned, pricing) if e.lower in middles else 0
+        p = _plan_edge(g, e, pricing, budget, semantics, nested)
+        alt = _cost(g, p.method, dict(p.args), other, e.lower, e.upper,
+                    _nested(g, e.lower, planned, other) if e.lower in middles else 0)[1]
+        p = replace(p, memory=alt, compiled_memory=p.memory) if compiled else \
+            replace(p, compiled_memory=alt if compile != "off" else None)
+        planned[e.upper, e.lower] = _with_state(g, p, sizes)
     edges = tuple(planned[e.upper, e.lower] for e in g.hierarchy_edges())
     periods = periods_of(g, edges)
     schedule = schedule_of(g, edges, periods)
@@ -120,7 +144,7 @@ def plan_program(g: ProgramGraph, sizes: Sizes | None = None) -> Plan:
     compositions = compositions_of(g, edges, semantics)
     return Plan(g.info.semantics, semantics, reason, edges, order, periods, schedule, budget, g.names(),
                 compositions, warmup, chains_of(g), sync_lines(g, edges, schedule, compositions, sizes),
-                recompute_decision(edges, budget))
+                recompute_decision(edges, budget), compile)
 
 
 # A vectorized meta-batch (`vmap = true`) holds every task's hypergradient step at once, each
@@ -142,8 +166,11 @@ def _vectorized_memory(edges: tuple[EdgePlan, ...], schedule: Loop) -> tuple[Edg
             stack.extend(node.body)
         elif node.kind == "meta_batch":
             tasks[node.problem] = node.count
-    return tuple(replace(e, memory=int(e.memory * tasks[e.upper] * _VMAP_PER_TASK))
-                 if e.upper in tasks and e.memory is not None else e for e in edges)
+    def times(n: int | None, k: int) -> int | None:
+        return None if n is None else int(n * k * _VMAP_PER_TASK)
+    return tuple(replace(e, memory=times(e.memory, tasks[e.upper]), compiled_memory=times(e.compiled_memory,
+                                                                                           tasks[e.upper]))
+                 if e.upper in tasks else e for e in edges)
 
 
 def _semantics(g: ProgramGraph) -> tuple[str, str]:
@@ -204,7 +231,7 @@ def _cost(g: ProgramGraph, method: str, args: dict, sizes: Sizes, lower: str, up
                   graph=sizes.graphs.get(lower), hvp=sizes.hvps.get(lower),
                   upper=sizes.backwards.get(upper, 0) if evaluated else 0, batch=sizes.batches.get(upper, 0),
                   state=_state_floats(g, lower),
-                  nested=nested, differentiable=differentiable)
+                  nested=nested, differentiable=differentiable, compiled=sizes.is_compiled)
     return desc.cost(args, shape)
 
 
@@ -306,88 +333,3 @@ def _auto(g: ProgramGraph, e: HierarchyEdge, sizes: Sizes, budget, semantics, ne
         _, _, time, _, name, args, memory = min(options, key=lambda o: (o[3], o[1]))
         why = f"auto: nothing fits the budget ({format_bytes(budget)}); the smallest method"
     return EdgePlan(e.upper, e.lower, name, tuple(args.items()), e.unroll, time, memory, why)
-
-
-def format_bytes(n: int | None) -> str:
-    """`12.3 MiB`, `4.0 KiB`, or `unknown`."""
-    if n is None:
-        return "unknown"
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
-
-
-
-def plan_to_json(plan: Plan) -> dict:
-    return {
-        "semantics": {"asked": plan.semantics, "runtime": plan.runtime_semantics, "reason": plan.semantics_reason},
-        "memory_budget": plan.memory_budget,
-        "edges": [{"upper": e.upper, "lower": e.lower, "method": e.method, "args": dict(e.args),
-                   "unroll": e.unroll, "time_g": e.time_g, "memory_bytes": e.memory, "reason": e.reason}
-                  for e in plan.edges],
-        "composition_order": list(plan.order),
-        "compositions": {top: _composition_json(c) for top, c in plan.compositions.items()},
-        "periods": dict(sorted(plan.periods.items())),
-        "schedule": schedule_json(plan.schedule),
-        "warmup": [{"action": a.kind, "problem": a.problem, "count": a.count} for a in plan.warmup],
-        **({"chains": [_chain_json(c) for c in plan.chains]} if plan.chains else {}),
-        **({"recompute": {"on": plan.recompute[0], "reason": plan.recompute[1]}} if plan.recompute else {}),
-    }
-
-
-def _chain_json(c: Interlock) -> dict:
-    return {"stages": list(c.stages), "interlock": c.n, "policy": c.policy(),
-            "trained_by": {s: c.stages[c.target(k)] for k, s in enumerate(c.stages)},
-            "pruned_heads": [c.stages[t] for t in c.pruned()], "monitor": c.monitor}
-
-
-def _composition_json(c: Composition) -> dict:
-    return {"down": list(c.down), "up": [[n, list(t), out] for n, t, out in c.up],
-            "seeds": list(c.seeds), "nested": [[m, [[n, list(t), out] for n, t, out in up], list(b)]
-                                               for m, up, b in c.nested],
-            "live_seeds": c.live_seeds, "shape": c.shape}
-
-
-def plan_table(plan: Plan) -> str:
-    """A plain-text table: one row per edge, then the semantics and the schedule. A program
-    without hierarchy edges (only interlocking chains, or one problem) has no hypergradient
-    to plan: no methods, semantics, budget or composition order, so it says that instead."""
-    lines = _edge_lines(plan) if plan.edges else [
-        "no hierarchy edges: " + ("the problems train in interlocking chains" if plan.chains else
-                                  "each problem trains on its own loss")
-        + ", so no hypergradient is computed (no method, semantics or composition order applies)"]
-    if plan.warmup:
-        lines.append("before the first outer step:")
-        lines += schedule_lines(Loop(1, plan.warmup), 1)
-    for c in plan.chains:
-        lines.append(f"chain [{', '.join(c.stages)}], interlock = {c.n} ({c.policy()}):")
-        lines += [f"  {line}" for line in c.lines()]
-    lines.append("schedule, one outer step:")
-    lines += schedule_lines(plan.schedule, 1)
-    lines += compile_lines(plan.schedule)
-    lines += plan.sync
-    return "\n".join(lines) + "\n"
-
-
-def _edge_lines(plan: Plan) -> list[str]:
-    """The edges' table, the semantics, the memory budget and the composition order."""
-    rows = [("edge", "method", "mode", "memory", "time (G)", "reason")]
-    for e in plan.edges:
-        rows.append((f"{e.upper} -> {e.lower}", e.render().split("(")[0] + _args_text(e), e.mode or "-",
-                     format_bytes(e.memory) if e.memory is not None else "unknown", f"{e.time_g:g}", e.reason))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5] for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 6)
-    lines.append("")
-    if any(e.memory is not None for e in plan.edges):
-        lines.append("memory: estimated peak of the upper's hypergradient step, from sizes measured on the meta "
-                     "device; within 1.5x of measured on the examples (docs/runtime.md)")
-    lines.append(f"semantics: {plan.runtime_semantics} ({plan.semantics_reason})")
-    lines.append(f"memory budget: {format_bytes(plan.memory_budget) if plan.memory_budget else 'none'}")
-    if plan.recompute:
-        lines.append(f"activation checkpointing: {plan.recompute[1]}")
-    lines.append("composition order (adjoints, bottom-up): " + " -> ".join(plan.order))
-    return lines
-
-
-def _args_text(e: EdgePlan) -> str:
-    inner = ", ".join(f"{k}={v!r}" for k, v in e.args if v is not None and k != "mode")
-    return f"({inner})" if inner else ""

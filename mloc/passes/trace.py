@@ -47,7 +47,7 @@ from mloc.passes.trace_checks import (check_batch, check_data, init_mismatch, no
 _raised = raised      # E702 with the user's own file:line frames (`mloc.passes.trace_checks`)
 
 
-def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
+def trace_program(g: ProgramGraph, compiled: bool = True) -> tuple[Sizes, list[Diagnostic]]:
     from mloc.runtime.grad import introspect as intro
 
     diags: list[Diagnostic] = []
@@ -86,7 +86,7 @@ def trace_program(g: ProgramGraph) -> tuple[Sizes, list[Diagnostic]]:
     for p in g.problems():
         if p.name in batches and all(r in modules for r in p.loss.read_names()):
             before = len(diags)
-            _check_loss(g, p, mods, modules, batches[p.name], sizes, diags, reached)
+            _check_loss(g, p, mods, modules, batches[p.name], sizes, diags, reached, compiled)
             traced[p.name] = diags[before:]
         if p.project is not None and p.name in modules:
             _check_project(g, p, mods, modules, diags)
@@ -223,7 +223,7 @@ def _check_schedules(g, diags: list, warnings: list) -> None:
             optimizer.close()
 
 
-def _probe(g, p, mods, modules: dict, data, meta_batch):
+def _probe(g, p, mods, modules: dict, data, meta_batch, compiled: bool = True):
     """Probe on the meta device; a loss that mixes in tensors of its own (constants made on
     the CPU) cannot run there, and is probed once more with real modules and a real batch."""
     from mloc.runtime.grad import introspect as intro
@@ -232,15 +232,15 @@ def _probe(g, p, mods, modules: dict, data, meta_batch):
     fn = _loss_function(p, mods)
     own = reads.index(p.name) if p.name in reads else None
     try:
-        return intro.probe_loss(fn, [modules[r] for r in reads], meta_batch, reads, own), modules
+        return intro.probe_loss(fn, [modules[r] for r in reads], meta_batch, reads, own, compiled), modules
     except RuntimeError as err:
         if "meta" not in str(err):
             raise
     real = {r: evaluate(g.problem(r).module.call, mods) for r in reads}
-    return intro.probe_loss(fn, [real[r] for r in reads], next(iter(data)), reads, own), real
+    return intro.probe_loss(fn, [real[r] for r in reads], next(iter(data)), reads, own, compiled), real
 
 
-def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: dict) -> None:
+def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: dict, compiled: bool = True) -> None:
     from mloc.runtime.grad import introspect as intro
 
     reads = p.loss.read_names()
@@ -258,7 +258,7 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: d
     if not _dtypes_mix(g, p, mods, modules[p.name], data, meta_batch, diags):
         return
     try:
-        probe, used = _probe(g, p, mods, modules, data, meta_batch)
+        probe, used = _probe(g, p, mods, modules, data, meta_batch, compiled)
     except Exception as err:  # noqa: BLE001
         diags.append(_raised(p.loss.span, f"the loss of `{p.name}`", err))
         return
@@ -274,6 +274,8 @@ def _check_loss(g, p, mods, modules, data, sizes: Sizes, diags: list, reached: d
     if probe.graph_bytes is not None:
         sizes.graphs[p.name] = probe.graph_bytes
         sizes.hvps[p.name] = probe.hvp_bytes
+    if probe.compiled:
+        sizes.compiled[p.name] = dict(probe.compiled)
     sizes.fx_ops[p.name] = probe.fx_ops
     if probe.fx_code:
         sizes.fx_code[p.name] = probe.fx_code

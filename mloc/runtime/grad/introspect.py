@@ -22,7 +22,7 @@ the `.mlo` span that called it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -45,6 +45,7 @@ class LossProbe:
     hvp_bytes: int | None = None    # the peak during a Hessian-vector product through that graph
     backward_bytes: int | None = None   # the peak of the forward and a backward to every parameter reached
     batch_bytes: int = 0            # the batch's tensors
+    compiled: dict = field(default_factory=dict)    # the same sizes as a compiled step holds them
 
 
 def on_meta(build: Callable[[], nn.Module]) -> nn.Module:
@@ -105,10 +106,10 @@ def walk_graph(grad_fn, ops: bool = False) -> tuple[set[int], tuple[str, ...]]:
 
 
 def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequence[str] = (),
-               own: int | None = None) -> LossProbe:
+               own: int | None = None, compiled: bool = True) -> LossProbe:
     """Evaluate `fn(*modules, batch)` on meta tensors (exceptions propagate to the caller);
     ``own``: the index of the problem's own module in ``modules``, whose gradient graph is
-    measured (None: not measured)."""
+    measured (None: not measured); ``compiled``: also the sizes as a compiled step holds them."""
     from mloc.runtime.base.memory import PeakMemory
 
     batch_bytes = [0]
@@ -124,8 +125,23 @@ def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequenc
     backward = _backward_bytes(loss, [p for m in modules for p in m.parameters() if id(p) in leaves], mem)
     graph, hvp = _graph_bytes(fn, modules, batch, own) if own is not None and own in reached else (None, None)
     ops, code = _fx_trace(fn, modules, batch, names)
+    compiled = _compiled(fn, modules, batch, leaves, own if own is not None and own in reached else None) \
+        if compiled else {}
     return LossProbe(reached, frozenset(leaves), tuple(loss.shape), loss.is_floating_point(), act, ops, code,
-                     graph_bytes=graph, hvp_bytes=hvp, batch_bytes=batch_bytes[0], backward_bytes=backward)
+                     graph_bytes=graph, hvp_bytes=hvp, batch_bytes=batch_bytes[0], backward_bytes=backward,
+                     compiled=compiled)
+
+
+def _compiled(fn: Callable, modules: Sequence[nn.Module], batch, leaves: set, own: int | None) -> dict:
+    """The sizes as a compiled step holds them (`mloc.runtime.compiled.buffers.compiled_sizes`)."""
+    from mloc.runtime.compiled.buffers import compiled_sizes
+
+    params = [p for m in modules for p in m.parameters() if id(p) in leaves]
+    if not params:
+        return {}
+    mine = [p for p in modules[own].parameters() if p.requires_grad] if own is not None else []
+    others = [p for i, m in enumerate(modules) if i != own for p in m.parameters() if id(p) in leaves]
+    return compiled_sizes(fn, modules, batch, params, mine, others if own is not None else ())
 
 
 def _backward_bytes(loss: torch.Tensor, params: list, mem) -> int | None:
