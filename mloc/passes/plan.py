@@ -55,7 +55,7 @@ class Sizes:
     fx_ops: dict[str, int] = field(default_factory=dict)     # aten operations in each loss
     fx_code: dict[str, str] = field(default_factory=dict)    # each loss as torch.fx traced it
     # per problem, its `activations`, `graph`, `hvp` and `backward` as a compiled step holds them
-    # (`mloc.runtime.compiled.buffers`: Inductor's buffers replayed over the traced graphs)
+    # (`mloc.runtime.base.inductor_memory`: Inductor's buffers replayed over the traced graphs)
     compiled: dict[str, dict[str, int]] = field(default_factory=dict)
     is_compiled: bool = False       # these are the compiled sizes (`as_compiled`)
 

@@ -1,4 +1,4 @@
-"""`mloc.runtime.compiled.buffers`: a graph's buffers as TorchInductor keeps them, against
+"""`mloc.runtime.base.inductor_memory`: a graph's buffers as TorchInductor keeps them, against
 closed forms, against the same graph run eagerly under `PeakMemory`, and (slow tier)
 against the compiled graph's allocator events; `mloc.runtime.base.allocator.replay`."""
 
@@ -10,7 +10,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from mloc.runtime.base.allocator import allocator_peak, replay
 from mloc.runtime.base.memory import PeakMemory
-from mloc.runtime.compiled.buffers import buffer_bytes
+from mloc.runtime.base.inductor_memory import buffer_bytes
 
 N = 64
 S = N * N * 8          # one N×N float64 buffer
@@ -65,7 +65,7 @@ def test_unfused_is_the_traced_graph_run_eagerly(fn):
 def test_a_hessian_vector_product_keeps_less_compiled_than_eager():
     """An MLP's Hessian-vector product, traced on the meta device: fused and freed at last
     use it holds less than every value kept (a sanity bound, not a calibration)."""
-    from mloc.runtime.compiled.buffers import compiled_sizes
+    from mloc.runtime.base.inductor_memory import compiled_sizes
 
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3)).to("meta")
     x, y = torch.empty(8, 16, device="meta"), torch.zeros(8, dtype=torch.long, device="meta")

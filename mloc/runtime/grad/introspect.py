@@ -133,8 +133,8 @@ def probe_loss(fn: Callable, modules: Sequence[nn.Module], batch, names: Sequenc
 
 
 def _compiled(fn: Callable, modules: Sequence[nn.Module], batch, leaves: set, own: int | None) -> dict:
-    """The sizes as a compiled step holds them (`mloc.runtime.compiled.buffers.compiled_sizes`)."""
-    from mloc.runtime.compiled.buffers import compiled_sizes
+    """The sizes as a compiled step holds them (`mloc.runtime.base.inductor_memory.compiled_sizes`)."""
+    from mloc.runtime.base.inductor_memory import compiled_sizes
 
     params = [p for m in modules for p in m.parameters() if id(p) in leaves]
     if not params:

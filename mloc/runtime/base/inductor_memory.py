@@ -44,7 +44,7 @@ def _kind(node: fx.Node) -> str:
     """``view`` (aliases its input), ``inline`` (pointwise: fused into its readers),
     ``reduce`` (a buffer whose inputs may be inlined), or ``buffer`` (an extern kernel)."""
     op = node.target
-    if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+    if node.op != "call_function" or type(op).__name__ != "OpOverload":
         return "view" if getattr(op, "__name__", "") == "getitem" else "buffer"
     returns = op._schema.returns
     if returns and returns[0].alias_info is not None:
