@@ -3,8 +3,6 @@ device and backend of each data-parallel process."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 
@@ -14,27 +12,12 @@ import torch
 from mloc.runtime.program.build import resolve_device
 from mloc.runtime.base.distributed import DistContext, backend_for
 from mloc.runtime.base.precision import DeviceError
-from mloc.runtime.processes.workers import free_port
 from tests.conftest import ROOT
+from tests.runtime_loop._gloo import run_workers
 
 
 def test_two_gloo_processes():
-    port, procs = free_port(), []
-    for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "CUDA_VISIBLE_DEVICES": ""}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.runtime_loop._dist_worker"], cwd=ROOT,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=90)
-            assert proc.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+    results = run_workers("tests.runtime_loop._dist_worker", 2, timeout=90)
     for rank, r in enumerate(results):
         assert (r["rank"], r["world"], r["backend"], r["is_main"]) == (rank, 2, "gloo", rank == 0)
         assert r["broadcast"] == [[1.0] * 3, [10.0] * 4]

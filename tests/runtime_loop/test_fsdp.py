@@ -10,11 +10,6 @@ registry's capabilities (one home), and the pieces that need no process group.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch import nn
@@ -22,29 +17,11 @@ from torch import nn
 from mloc.builtins import METHODS
 from mloc.runtime import methods, optim
 from mloc.runtime.base import fsdp
-from mloc.runtime.processes.workers import free_port
-from tests.conftest import ROOT
+from tests.runtime_loop._gloo import run_workers
 
 
 def _launch(n: int) -> list[dict]:
-    port, procs = free_port(), []
-    for rank in range(n):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "CUDA_VISIBLE_DEVICES": "",
-               "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.runtime_loop._fsdp_worker"], cwd=ROOT,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err[-3000:]
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return results
+    return run_workers("tests.runtime_loop._fsdp_worker", n, timeout=300, OMP_NUM_THREADS="1")
 
 
 @pytest.mark.slow
