@@ -7,7 +7,7 @@ weight net's outputs on it (a direct term through the weight net's forward, so
 ``first_order`` moves x too: a sharded module's parameters are read through its forward). Each outer step: one plain lower step, one
 upper step with the method. Both modules sharded (:mod:`mloc.runtime.base.fsdp`), batch B
 per rank; the reference, computed on every rank in-process, is mloc's one-process path on
-batch 2B (``torch.autograd.grad`` on the whole modules and :func:`two_level_step`, the
+batch 2B (``torch.autograd.grad`` on the whole modules and :meth:`two_level` of ``finite_diff``/``sama``, the
 methods' own code). Prints one JSON line: the largest relative difference per method, and
 whether a resume from a gathered state equals the uninterrupted run bitwise. One case
 checkpoints the modules' children's activations (:mod:`mloc.runtime.base.recompute`)
@@ -31,7 +31,7 @@ from mloc.runtime import methods, optim
 from mloc.runtime.base import fsdp
 from mloc.runtime.base.recompute import recompute_children
 from mloc.runtime.grad.problem import Problem
-from mloc.runtime.methods.finite import two_level_step
+from mloc.runtime.methods.finite import finite_diff, sama
 
 B, STEPS, DECAY = 8, 4, 1e-3
 
@@ -130,8 +130,9 @@ def run_reference(name, kind, world, streams, steps):
         direct = torch.autograd.grad(top, x, allow_unused=True, retain_graph=True)
         h = [d if d is not None else torch.zeros_like(p) for d, p in zip(direct, x)]
         if name != "first_order":
-            fd = two_level_step(lower, [theta, x], (), 0.01, name == "sama",
-                                lambda: upper_loss(net, weights, at(streams[1])), (), theta, x)
+            method = (sama if name == "sama" else finite_diff)(eps=0.01)
+            fd = method.two_level(lower, [theta, x], (), lambda: upper_loss(net, weights, at(streams[1])),
+                                  (), theta, x)
             h = [a + b for a, b in zip(h, fd(accumulate=False))]
         with torch.no_grad():
             up_state = up_opt.commit(tuple(h), up_state, x)
