@@ -212,5 +212,9 @@ def test_a_compiled_step_with_its_update_in_the_graph_names_a_non_finite_step(tm
     if target == "net":
         assert f"the {named} of problem `net` became NaN or Inf at step 4" in err, err
     compiled = json.loads((tmp_path / "r" / "config.json").read_text())["run"]["compiled"]
-    assert {c["step"]: c["update"] for c in compiled if c["step"] in ("lower net", "upper weights")} == {
-        "lower net": "fused", "upper weights": "fused"}, compiled
+    update = {c["step"]: c["update"] for c in compiled if c["step"] in ("lower net", "upper weights")}
+    assert update["lower net"] == "fused", compiled
+    if method == "first_order":     # no gradient reaches the weight net: its graph is the gradient's, committed apart
+        assert update["upper weights"].startswith("a parameter no gradient reached keeps its optimizer state"), compiled
+    else:
+        assert update["upper weights"] == "fused", compiled
