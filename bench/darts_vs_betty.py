@@ -127,11 +127,10 @@ def agreement() -> dict:
                 bn_betty_vs_alone=rel(running_means(b_net), running_means(alone)))
 
 
-def timing(steps: int, warmup: int) -> dict:
-    """Median ms per outer step (thread CPU time and wall time), float32, interleaved."""
-    prog = mloc.load(PROGRAM, set=[XI_1])
-    betty_step, _, _ = betty_program(prog.module("net"), prog.module("arch"), torch.float32, "adam", steps=200)
-    systems = {"mloc": prog.step, "betty": betty_step}
+def interleaved_medians(systems: dict, steps: int, warmup: int) -> dict:
+    """``{"cpu": {name: ms}, "wall": {name: ms}}``: the median thread-CPU and wall
+    milliseconds of each ``systems[name]()``, called in a shuffled order (seeded) every
+    round, ``warmup`` rounds untimed, then ``steps`` timed."""
     cpu = {k: [] for k in systems}
     wall = {k: [] for k in systems}
     names, rng = list(systems), random.Random(0)
@@ -144,7 +143,15 @@ def timing(steps: int, warmup: int) -> dict:
             if i >= warmup:
                 cpu[k].append((c1 - c0) / 1e6)
                 wall[k].append((t1 - t0) / 1e6)
-    medians = {clock: {k: statistics.median(v) for k, v in d.items()} for clock, d in (("cpu", cpu), ("wall", wall))}
+    return {clock: {k: statistics.median(v) for k, v in d.items()} for clock, d in (("cpu", cpu), ("wall", wall))}
+
+
+def timing(steps: int, warmup: int) -> dict:
+    """Median ms per outer step (thread CPU time and wall time), float32, interleaved."""
+    prog = mloc.load(PROGRAM, set=[XI_1])
+    betty_step, _, _ = betty_program(prog.module("net"), prog.module("arch"), torch.float32, "adam", steps=200)
+    systems = {"mloc": prog.step, "betty": betty_step}
+    medians = interleaved_medians(systems, steps, warmup)
     medians["peak MiB"] = {k: steady_peak(step) / 2**20 for k, step in systems.items()}
     return medians
 

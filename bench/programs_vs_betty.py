@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import subprocess
 import sys
@@ -91,20 +90,8 @@ def timing(row, reps: int, warmup: int, tiny: bool = False) -> dict:
     prog = mloc.load(path_of(row), set=list(row.TINY) if tiny else [])
     betty = row.build({n: prog.module(n) for n in prog.program.live})
     systems = {"mloc": prog.step, "betty": betty.step}
-    cpu, wall = {k: [] for k in systems}, {k: [] for k in systems}
-    names, rng = list(systems), random.Random(0)
-    for i in range(warmup + reps):
-        rng.shuffle(names)
-        for k in names:
-            c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
-            systems[k]()
-            c1, t1 = time.thread_time_ns(), time.perf_counter_ns()
-            if i >= warmup:
-                cpu[k].append((c1 - c0) / 1e6)
-                wall[k].append((t1 - t0) / 1e6)
-    return {"cpu": {k: statistics.median(v) for k, v in cpu.items()},
-            "wall": {k: statistics.median(v) for k, v in wall.items()},
-            "peak": {k: _peak(step) for k, step in systems.items()}}
+    from darts_vs_betty import interleaved_medians
+    return {**interleaved_medians(systems, reps, warmup), "peak": {k: _peak(step) for k, step in systems.items()}}
 
 
 def mloc_seeds(row, seeds: list[int], steps: int, out: Path) -> dict:
