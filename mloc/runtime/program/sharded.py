@@ -151,36 +151,55 @@ def load(program, directory: Path) -> dict:
     payload = load_checkpoint(path, program.name)
     if "shards" not in payload:
         return payload
-    manifest = Manifest.parse(payload.pop("shards"), path)
-    if manifest.step != payload.get("step") or manifest.program != program.name:
-        raise CheckpointError(path, f"{path}'s shard manifest is of step {manifest.step} of `{manifest.program}`, "
-                                    f"its payload of step {payload.get('step')}", "start again without --resume")
-    for f in manifest.files:
-        present(path.parent, f, path)
-    read = _Reader(path, manifest, program.name)
+    manifest, read = _opened(payload, path, program.name)
     for name, owners in manifest.partition:
         lv = program.live.get(name)
-        if lv is None or len(owners) != len(lv.problem.params) or name not in payload.get("problems", {}):
+        if lv is None or len(owners) != len(lv.problem.params):
             raise CheckpointError(path, f"{path} shards problem `{name}`'s optimizer state over {len(owners)} "
                                         "parameters, which this program does not have", _CHANGED)
-        opt, rank = lv.problem.optimizer, program.dist.rank
+        opt = lv.problem.optimizer
         if isinstance(opt, Zero) and opt.world == manifest.world and opt.owners(lv.problem.params) == owners:
-            payload["problems"][name]["optimizer"] = {"shard": read.part(rank, name)}
+            payload["problems"][name]["optimizer"] = {"shard": read.part(program.dist.rank, name)}
         else:
-            parts = [(read.part(r, name)["index"], read.part(r, name)["state"]) for r in range(manifest.world)]
-            try:
-                payload["problems"][name]["optimizer"] = shards.join(parts, len(owners))
-            except (ValueError, KeyError, TypeError) as e:
-                raise CheckpointError(path, f"the shards of {path} do not join into `{name}`'s state ({e})",
-                                      _CHANGED) from None
+            payload["problems"][name]["optimizer"] = read.whole(name)
     return payload
+
+
+def gathered(directory: Path, program: str | None = None) -> dict:
+    """The payload of ``directory/checkpoint.pt`` with every optimizer state whole, a
+    sharded checkpoint's joined from all its shards (each verified): what a gathered
+    checkpoint of the same state holds, bit for bit. ``program``: as for
+    :func:`~mloc.runtime.program.checkpoint.load_checkpoint`."""
+    path = Path(directory) / CHECKPOINT
+    payload = load_checkpoint(path, program)
+    if "shards" in payload:
+        manifest, read = _opened(payload, path, program)
+        for name, _ in manifest.partition:
+            payload["problems"][name]["optimizer"] = read.whole(name)
+    return payload
+
+
+def _opened(payload: dict, path: Path, program: str | None) -> tuple[Manifest, _Reader]:
+    """The manifest taken out of ``payload`` and checked against it, and every shard file
+    checked present with its size."""
+    manifest = Manifest.parse(payload.pop("shards"), path)
+    problems = payload.get("problems")
+    if manifest.step != payload.get("step") or not isinstance(problems, dict) \
+            or (program is not None and manifest.program != program) \
+            or any(n not in problems for n, _ in manifest.partition):
+        raise CheckpointError(path, f"{path}'s shard manifest (step {manifest.step}, problems "
+                                    f"{', '.join(n for n, _ in manifest.partition)}) does not match its payload",
+                              "resume from an earlier checkpoint or a backup, or start again without --resume")
+    for f in manifest.files:
+        present(path.parent, f, path)
+    return manifest, _Reader(path, manifest, program)
 
 
 class _Reader:
     """The shard files of one checkpoint, each verified and read once, checked against the
     manifest (its rank, step, and the parameters each problem's part holds)."""
 
-    def __init__(self, checkpoint: Path, manifest: Manifest, program: str):
+    def __init__(self, checkpoint: Path, manifest: Manifest, program: str | None):
         self.checkpoint, self.manifest, self.program, self._read = checkpoint, manifest, program, {}
 
     def part(self, rank: int, problem: str) -> dict:
@@ -197,3 +216,12 @@ class _Reader:
                                         f"{rank}'s shard of `{problem}` at step {self.manifest.step})",
                                   "resume from an earlier checkpoint or a backup, or start again without --resume")
         return part
+
+    def whole(self, problem: str) -> dict:
+        """``problem``'s whole optimizer state, joined from every rank's shard."""
+        parts = [(self.part(r, problem)["index"], self.part(r, problem)["state"]) for r in range(self.manifest.world)]
+        try:
+            return shards.join(parts, len(self.manifest.owners(problem)))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(self.checkpoint, f"the shards of {self.checkpoint} do not join into `{problem}`'s "
+                                                   f"state ({e})", _CHANGED) from None
