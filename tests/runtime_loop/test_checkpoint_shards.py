@@ -155,3 +155,31 @@ def test_clean_removes_only_shards_no_manifest_names(tmp_path):
     sharded.clean(tmp_path, keep={f.file for f in manifest.files})
     assert not stale.exists() and (tmp_path / "notes.txt").is_file()
     assert all((tmp_path / f.file).is_file() for f in manifest.files)
+
+
+def test_the_setting_is_one_vocabulary_at_every_door(tmp_path):
+    """`train { checkpoint_form = sharded }` (by `--set`) reaches train.py's defaults; a value
+    not in the vocabulary is a diagnostic; the flag takes the same names, and the default is
+    gathered."""
+    import argparse
+
+    from mloc.codegen.compile import compile_program
+    from mloc.runtime.files.options import RunConfig, RunOptions, add_flags
+    from mloc.shared.strategy import CHECKPOINT_FORMS
+    from tests.conftest import PROGRAMS
+
+    program = str(PROGRAMS / "data_reweighting.mlo")
+    plain, asked = compile_program(program), compile_program(program, ("train.checkpoint_form=sharded",))
+    assert plain.ok and asked.ok and "checkpoint_form" not in plain.source
+    assert "checkpoint_form='sharded'" in asked.source
+    bad = compile_program(program, ("train.checkpoint_form=scattered",))
+    assert [(d.code, d.message) for d in bad.diagnostics] == [
+        ("E305", "`checkpoint_form` must be one of `gathered`, `sharded`, got `scattered`")]
+    p = argparse.ArgumentParser()
+    add_flags(p)
+    assert RunConfig(1, 0, "cpu", "fp32").checkpoint_form == "gathered" == CHECKPOINT_FORMS[0]
+    options = RunOptions.parsed(p.parse_args(["--checkpoint-form", "sharded"]))
+    assert options.config(RunConfig(1, 0, "cpu", "fp32")).checkpoint_form == "sharded"
+    assert options.argv()[-2:] == ["--checkpoint-form", "sharded"]
+    with pytest.raises(SystemExit):
+        p.parse_args(["--checkpoint-form", "scattered"])

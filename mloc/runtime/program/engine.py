@@ -230,9 +230,8 @@ class Program:
         step), then the whole state is verified, parameters and every floating tensor of
         the optimizer states (Shampoo's pending roots included, after the drain), in one
         read. So no checkpoint ever holds a non-finite parameter or optimizer state,
-        whatever wrote it. Module buffers are not verified: a buffer may hold ``-inf`` on
-        purpose (an attention mask). ``sharded``: `zero` optimizer states as this rank's
-        shard (:func:`mloc.runtime.program.state.snapshot`)."""
+        whatever wrote it. Module buffers are not verified (a buffer may hold ``-inf`` on
+        purpose). ``sharded``: `zero` optimizer states as this rank's shard (``snapshot``)."""
         for lv in self.live.values():        # background optimizer work lands in the state
             lv.problem.optimizer.drain()
         self.guard.check()
