@@ -16,6 +16,8 @@ from mloc.runtime.program.checkpoint import load_checkpoint, save_checkpoint
 from tests.run.helpers import SMALL, _tree_equal, mloc
 
 SETS = ("--set", "net.optimizer=adam(lr=0.01)", "--set", "weights->net.hypergrad=sama")
+DATA = ("--set", "net.data=lib.data(seed=0, n=960, batch_size=16)",
+        "--set", "weights.data=lib.data(seed=10, n=960, batch_size=16)")
 
 
 def _run(out, steps: int, strategy: str, *extra, nproc: int = 2, ok: bool = True):
@@ -64,10 +66,12 @@ def test_a_resumed_sharded_run_equals_an_uninterrupted_one_bitwise(tmp_path):
 @pytest.mark.slow
 def test_a_sharded_checkpoint_holds_a_shard_per_rank_and_resumes_into_other_world_sizes(tmp_path):
     """Each rank's file holds its parameters' state only (their sum, the whole); N=3 and
-    one process resume it exactly as they resume the gathered checkpoint of the same state."""
+    one process resume it exactly as they resume the gathered checkpoint of the same state
+    (60 batches an epoch, so that the data positions exist under every world size: a rank
+    draws every N-th batch)."""
     shard, gather = tmp_path / "sharded", tmp_path / "gathered"
-    _run(shard, 5, "zero", "--checkpoint-form", "sharded")
-    _run(gather, 5, "zero")
+    _run(shard, 5, "zero", "--checkpoint-form", "sharded", *DATA)
+    _run(gather, 5, "zero", *DATA)
     assert _same(shard, gather)
     manifest = json.loads(load_checkpoint(shard / "checkpoint.pt", None)["shards"])
     assert manifest["world"] == 2 and [f["rank"] for f in manifest["files"]] == [0, 1]
@@ -75,8 +79,8 @@ def test_a_sharded_checkpoint_holds_a_shard_per_rank_and_resumes_into_other_worl
     assert sum(held) == len(manifest["partition"]["net"]) and min(held) > 0
     for nproc, strategy in ((3, "zero"), (1, "zero")):
         a, b = tmp_path / f"s{nproc}", tmp_path / f"g{nproc}"
-        _run(a, 8, strategy, "--resume", shard, nproc=nproc)
-        _run(b, 8, strategy, "--resume", gather, nproc=nproc)
+        _run(a, 8, strategy, "--resume", shard, *DATA, nproc=nproc)
+        _run(b, 8, strategy, "--resume", gather, *DATA, nproc=nproc)
         assert _same(a, b), nproc
         assert _shards(a) == [] if nproc == 1 else len(_shards(a)) == 3, nproc
 
