@@ -38,7 +38,7 @@ def draws(stream, k):
 def test_restarts_and_counts_epochs():
     s = DataStream("p", seeded(n=6, batch_size=3, shuffle=False))
     assert draws(s, 5) == [[0, 1, 2], [3, 4, 5]] * 2 + [[0, 1, 2]]
-    assert s.state() == {"epoch": 2, "index": 1}
+    assert s.state() == {"epoch": 2, "index": 1, "world": 1}
 
 
 def test_shuffled_epochs_differ_and_cover_the_data():
@@ -136,7 +136,8 @@ def test_two_ranks_with_batch_b_see_what_one_process_with_batch_2b_sees(shuffle,
         assert not set(a.tolist()) & set(b.tolist())
         assert sorted(a.tolist() + b.tolist()) == sorted(both.tolist())
         assert torch.equal(torch.stack([a, b], 1).reshape(-1), both)   # interleaved, as documented
-    assert ranks[0].state() == ranks[1].state() == one.state()
+    position = lambda s: {k: v for k, v in s.state().items() if k != "world"}   # noqa: E731
+    assert position(ranks[0]) == position(ranks[1]) == position(one)
 
 
 def test_without_shuffle_rank_r_takes_the_interleaved_slice():
@@ -151,6 +152,38 @@ def test_sharded_stream_resumes_exactly():
     r = DataStream("p", factory, rank=1, world=3, seed=2)
     r.restore({"epoch": 3, "index": 1})
     assert [r.next()[0].tolist() for _ in range(2)] == reference[10:12]
+
+
+def test_a_position_written_by_another_number_of_processes_is_rescaled_with_a_warning():
+    factory = tensor_loader(48, 4, True)
+    two = DataStream("p", factory, rank=0, world=2, seed=2)
+    [two.next() for _ in range(3)]                                     # 6 per epoch per rank
+    saved = two.state()
+    assert saved == {"epoch": 0, "index": 3, "world": 2}
+    three = DataStream("p", factory, rank=1, world=3, seed=2)
+    with pytest.warns(RuntimeWarning, match=r"batch 3 of epoch 0 on each of 2 .*resumes at batch 2"):
+        three.restore(saved)                                           # 2·3 = 6 per-rank batches = 3·2
+    fresh = DataStream("p", factory, rank=1, world=3, seed=2)
+    assert [three.next()[0].tolist() for _ in range(3)] == [fresh.next()[0].tolist() for _ in range(5)][2:]
+
+
+def test_a_rescaled_position_past_its_epochs_end_goes_on_with_the_next_epoch():
+    factory = tensor_loader(70, 16, True)          # 2 ranks: 35 each, 3 batches; 1 process: 5 batches
+    one = DataStream("p", factory, seed=2)
+    with pytest.warns(RuntimeWarning, match="resumes at batch 6"):
+        one.restore({"epoch": 0, "index": 3, "world": 2})
+    fresh = DataStream("p", factory, seed=2)
+    assert one.next()[0].tolist() == [fresh.next()[0].tolist() for _ in range(6)][5]   # epoch 1's first
+    assert one.state() == {"epoch": 1, "index": 1, "world": 1}
+
+
+def test_a_position_without_its_world_is_this_streams_own():
+    import warnings
+    s = DataStream("p", tensor_loader(23, 3, True), rank=1, world=3, seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        s.restore({"epoch": 1, "index": 2})
+    assert s.state() == {"epoch": 1, "index": 2, "world": 3}
 
 
 def test_other_iterables_are_sharded_by_every_wth_batch():

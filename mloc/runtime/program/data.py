@@ -18,7 +18,11 @@ DataLoader's shuffle order depends on how many epochs were started before (each
 replayed rather than skipped. For a DataLoader over a map-style dataset the replay of past
 epochs goes through the loader's own sampler and generator with a stand-in dataset, so it
 loads no data; only the ``i`` batches of the current epoch are loaded. Any other iterable
-is replayed by drawing its batches. (A DataLoader with ``persistent_workers`` draws its
+is replayed by drawing its batches. A position written by another number of processes
+(``world`` in the state) is rescaled to the same count of batches drawn over all ranks,
+``⌊saved·i/world⌋`` per rank (past the epoch's end: the next epoch's start), with a warning:
+the batch order depends on the number of processes, so such a resume continues the run
+rather than repeating it. (A DataLoader with ``persistent_workers`` draws its
 generator differently after the first epoch, so it is replayed by drawing too.)
 
 **Sharding.** With ``world > 1``, a DataLoader over a map-style dataset with the default
@@ -140,12 +144,16 @@ class DataStream:
         return it
 
     def state(self) -> dict:
-        """``{"epoch": e, "index": i}``: ``i`` batches drawn in epoch ``e`` (plain ints)."""
-        return {"epoch": self._epoch, "index": self._index}
+        """``{"epoch": e, "index": i, "world": w}``: ``i`` batches drawn in epoch ``e`` by
+        each of ``w`` processes (plain ints)."""
+        return {"epoch": self._epoch, "index": self._index, "world": self.world}
 
     def restore(self, state: dict) -> None:
         """Rebuild from the factory and fast-forward to ``state`` (see the module docstring)."""
         epoch, index = int(state["epoch"]), int(state["index"])
+        saved = int(state.get("world", self.world))       # before 2026-12-02: not recorded
+        if saved != self.world:
+            index = self._rescaled(epoch, index, saved)
         self._data = self._build()
         if _unseeded_shuffle(self._data):
             warnings.warn(f"the data of `{self.name}` shuffles without a seeded generator, so the "
@@ -158,10 +166,26 @@ class DataStream:
             try:
                 next(self._it)
             except StopIteration:
+                if saved != self.world:         # the rescaled position is past this epoch's end
+                    self._epoch, self._index, self._it = epoch + 1, 0, None
+                    return
                 raise ValueError(f"cannot restore the data of `{self.name}` to batch {index} of epoch "
                                  f"{epoch}: the epoch has only {self._index} batches; is the data "
                                  "object deterministic?") from None
             self._index += 1
+
+    def _rescaled(self, epoch: int, index: int, saved: int) -> int:
+        """A position written by ``saved`` processes, read by ``self.world``: the ``saved ·
+        index`` per-rank batches drawn of epoch ``epoch`` are ``⌊saved · index / world⌋``
+        batches of each of ``world`` ranks (the same examples where it divides; otherwise up to
+        one batch per rank is drawn again). The batch order itself depends on the world size
+        (see the module docstring), so such a resume continues the run, not bitwise."""
+        rescaled = saved * index // self.world
+        warnings.warn(f"the data of `{self.name}` was at batch {index} of epoch {epoch} on each of "
+                      f"{saved} process(es); with {self.world} it resumes at batch {rescaled} of that "
+                      "epoch (the batch order depends on the number of processes, so this run does not "
+                      f"repeat the batches a {saved}-process run would draw)", RuntimeWarning, stacklevel=3)
+        return rescaled
 
     def _replay_epoch(self, epoch: int) -> None:
         """Consume epoch ``epoch`` as a full run would, loading no data when possible."""
