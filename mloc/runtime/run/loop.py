@@ -109,6 +109,7 @@ def save(program: Program, out: Path, owner: int | None = None, extra: dict | No
     if program.dist.is_main:
         if owner is not None:
             check_owner(Path(out), owner)
+    program.drain()             # every rank: background work may be exchanged across ranks
     state = program.state_dict() if program.dist.is_main or program.strategy[0] == "zero" else None   # zero: gathered
     if program.dist.is_main:
         save_checkpoint(path, {**state, **(extra or {})}, program.name)
