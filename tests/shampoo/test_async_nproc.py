@@ -106,14 +106,28 @@ def test_a_sigkill_mid_refresh_leaves_no_root_worker(tmp_path, victim):
         proc.wait(timeout=30)
 
 
+def _float32_run(out: Path, *argv) -> dict:
+    """test_nproc_run.run's run in float32 (the figures only)."""
+    import subprocess
+    import sys
+    from mloc.runtime.program.checkpoint import load_checkpoint
+    proc = subprocess.run([sys.executable, "-m", "mloc", "run", str(PROGRAM), "--dtype", "float32", "--threads", "1",
+                           "--quiet", "--out", str(out), "--steps", str(STEPS), *argv], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load_checkpoint(out / "checkpoint.pt", None)
+
+
 if __name__ == "__main__":
-    # The figures in docs/shampoo.md: python -m tests.shampoo.test_async_nproc (float64)
+    # The figures in docs/shampoo.md: python -m tests.shampoo.test_async_nproc (about 3 minutes)
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
-        argv = (*STALE, *NEWTON, *ASYNC)
-        one = run(Path(tmp) / "one", "--nproc", "1", *argv)
-        two = run(Path(tmp) / "two", "--nproc", "2", *HALF_BATCHES, *argv)
-        pa, pb = params(one), params(two)
-        ra, rb = (leaves(s["problems"]["net"]["optimizer"]["roots"]) for s in (one, two))
-        print(f"async roots, 2 ranks against 1 process: parameters {max(rel(pa[k], pb[k]) for k in pa):.1e}, "
-              f"roots {max(rel(x, y) for x, y in zip(ra, rb)):.1e}")
+        for dtype, runner in (("float64", run), ("float32", _float32_run)):
+            for what, argv in (("sync", (*STALE, *NEWTON)), ("async", (*STALE, *NEWTON, *ASYNC))):
+                one = runner(Path(tmp) / f"one-{dtype}-{what}", "--nproc", "1", *argv)
+                two = runner(Path(tmp) / f"two-{dtype}-{what}", "--nproc", "2", *HALF_BATCHES, *argv)
+                pa, pb = params(one), params(two)
+                ra, rb = (leaves(s["problems"]["net"]["optimizer"]["roots"]) for s in (one, two))
+                print(f"{what} roots (staleness 1), {dtype}, 2 ranks against 1 process: parameters "
+                      f"{max(rel(pa[k], pb[k]) for k in pa):.1e}, roots {max(rel(x, y) for x, y in zip(ra, rb)):.1e}",
+                      flush=True)
