@@ -232,18 +232,11 @@ class Program:
         read. So no checkpoint ever holds a non-finite parameter or optimizer state,
         whatever wrote it. Module buffers are not verified: a buffer may hold ``-inf`` on
         purpose (an attention mask)."""
-        self.drain()                         # background optimizer work lands in the state
+        drain(self)                          # background optimizer work lands in the state
         self.guard.check()
         verify_state(self.step_count, {n: lv.problem.params + tree.tensors(lv.problem.state)
                                        for n, lv in self.live.items()})
         return _state.snapshot(self.name, self.step_count, self.live, self.streams)
-
-    def drain(self) -> None:
-        """Every optimizer's background work lands in its state. Under data parallelism
-        every rank calls it before the main one takes :meth:`state_dict` (Shampoo's
-        asynchronous roots are exchanged across the ranks then, :mod:`mloc.runtime.optim.rootwork`)."""
-        for lv in self.live.values():
-            lv.problem.optimizer.drain()
 
     def load_state_dict(self, state: dict) -> None:
         for lv in self.live.values():
@@ -258,6 +251,14 @@ class Program:
                 lv.problem.optimizer.close()
         finally:
             self.dist.close()
+
+
+def drain(program: Program) -> None:
+    """Every optimizer's background work lands in its state. Under data parallelism every
+    rank calls it before the main one takes :meth:`Program.state_dict` (Shampoo's
+    asynchronous roots are exchanged across the ranks then, :mod:`mloc.runtime.optim.rootwork`)."""
+    for lv in program.live.values():
+        lv.problem.optimizer.drain()
 
 
 def _hypergradient(program: Program, name: str) -> dict[str, torch.Tensor]:

@@ -217,7 +217,8 @@ class Watch:
             stop, self.selection.stopped_at = False, None
         gathered = improved and self.program.strategy[0] == "zero"     # every rank gathers the state
         if improved:
-            self.program.drain()        # every rank: background work may be exchanged across ranks
+            from mloc.runtime.program.engine import drain
+            drain(self.program)         # every rank: background work may be exchanged across ranks
         state = self.program.state_dict() if gathered or (improved and self.program.dist.is_main) else None
         if improved and self.program.dist.is_main:
             from mloc.runtime.program.checkpoint import save_checkpoint
