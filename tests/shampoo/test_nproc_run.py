@@ -24,9 +24,9 @@ differ by 1.3e-10, after 12 by 2.5e-11, and the parameters by 3.8e-14 (net) and 
 above that and far below what a wrong root gives: the same run with roots one refresh
 late (``staleness=1``) differs by 0.31.
 
-**Asynchronous roots under 2 ranks** (each rank computes every root on its own thread, no
-collective from a background thread) against synchronous sharded roots with the same
-staleness (1), both with Newton roots (``root_method="newton"``, whose iteration stops per
+**Asynchronous roots under 2 ranks** (each rank's root worker computes its share of the
+roots, exchanged in the training process when they are due, issue 26) against synchronous
+sharded roots with the same staleness (1), both with Newton roots (``root_method="newton"``, whose iteration stops per
 matrix): bit-identical, parameters and the whole Shampoo state (statistics, roots, the
 pending slot, grafting accumulators, momentum), measured and asserted: a root does not
 depend on which rank computed it (the fixed chunk shape).

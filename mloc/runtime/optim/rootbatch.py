@@ -1,8 +1,16 @@
 """The roots of one refresh of Shampoo's statistics, batched: one batched inverse root per
-(size, p) group, computed in chunks of :data:`ROOT_CHUNK` matrices, split across
-data-parallel ranks and all-gathered, with the eigh fallback where coupled Newton rejects a
-matrix (:meth:`RootBatch._root`). What :class:`~.rootwork.RootWork` computes synchronously
-and the root worker process (:mod:`.rootproc`) in the background, with the same numbers.
+(size, p) group, computed in chunks of :data:`ROOT_CHUNK` matrices, with the eigh fallback
+where coupled Newton rejects a matrix (:meth:`RootBatch._root`). What
+:class:`~.rootwork.RootWork` computes synchronously and the root worker process
+(:mod:`.rootproc`) in the background, with the same numbers.
+
+Under data parallelism (``shard = (rank, W)``) the work is split in two halves:
+:meth:`RootBatch.local` computes this rank's chunks only (chunks ``rank, rank+W, …`` of
+every group; no collective, so a background worker can run it) and :meth:`RootBatch.exchange`
+hands every rank the others' roots and statuses, one ``all_gather`` of one byte buffer
+per refresh (:func:`owned_rows` says which rows each rank sends, from the shapes alone).
+A status travels with its root, so a rejected root (status 0: the previous root kept) is
+decided once, by the rank that computed it, and every rank installs the same.
 """
 
 from __future__ import annotations
@@ -19,25 +27,32 @@ ROOT_CHUNK = 16
 class RootBatch:
     """See the module docstring. ``shard``: ``(rank, world)`` under data parallelism."""
 
-    def __init__(self, epsilon: float, method: str):
+    def __init__(self, epsilon: float, method: str, shard: tuple[int, int] | None = None):
         self.epsilon, self.method = epsilon, method
-        self.shard: tuple[int, int] | None = None
+        self.shard = shard
+        self.computed = 0               # matrices whose roots this process computed (benchmarks)
 
-    @torch.no_grad()
     def compute(self, stats, ps) -> dict:
         """New roots and their status (1 accepted, 0 rejected, -1 an all-zero statistic:
         nothing to precondition by yet) for every statistic, one batched root per
-        (size, p) group."""
-        groups: dict[tuple, list] = {}
-        for i, ss in enumerate(stats):
-            for j, s in enumerate(ss):
-                groups.setdefault((s.shape[-1], ps[i]), []).append((i, j))
+        (size, p) group: :meth:`local`, then under data parallelism :meth:`exchange`."""
+        done = self.local(stats, ps)
+        return self.exchange(done, ps) if self.shard is not None and self.shard[1] > 1 else done
+
+    @torch.no_grad()
+    def local(self, stats, ps) -> dict:
+        """:meth:`compute`'s result with only this rank's chunks computed (every chunk in one
+        process): the other rows' roots are zeros and their status 0 or -1 until
+        :meth:`exchange`."""
+        groups = _groups(stats, ps)
         roots = [list(ss) for ss in stats]
         status = [list(ss) for ss in stats]
+        base = 0                        # chunks of the groups before: the split's round robin
         for (_, p), items in groups.items():
             parts = [stats[i][j].detach() for i, j in items]
             batch = parts[0] if len(parts) == 1 else torch.cat(parts)
-            root, ok, all_ok = self._batched_root(batch, p)
+            root, ok, all_ok = self._batched_root(batch, p, base)
+            base += _chunks(batch.shape[0])[1]
             if all_ok:                  # an accepted root's statistic is not zero
                 code = torch.ones(batch.shape[0], dtype=torch.int8, device=batch.device)
             else:   # a PSD matrix is zero iff its trace is: no gradient has reached it yet
@@ -52,29 +67,33 @@ class RootBatch:
                 roots[i][j], status[i][j] = r, c
         return {"roots": tuple(map(tuple, roots)), "status": tuple(map(tuple, status))}
 
-    def _batched_root(self, batch: Tensor, p: int) -> tuple[Tensor, Tensor, bool]:
+    def _batched_root(self, batch: Tensor, p: int, base: int = 0) -> tuple[Tensor, Tensor, bool]:
         """``(roots, ok, all_ok)`` of a batch of ``n`` matrices (``all_ok``: every root is
         known accepted without a host read, :attr:`.roots.Roots.all_ok`), computed in chunks of
         ``min(ROOT_CHUNK, n)`` (the last padded with identities): every root is computed in a
         batch of the same shape whatever the process layout (CPU batched matmuls round
         differently for different batch sizes). Under data parallelism rank ``r`` computes
-        chunks ``r, r+W, …`` and the ranks all-gather them, so the roots equal one
-        process's bit for bit."""
+        the chunks :func:`owned_chunks` gives it (the others' rows zeros, not accepted) and
+        :meth:`exchange` fills in the rest, so the roots equal one process's bit for bit."""
         n, size = batch.shape[0], batch.shape[-1]
-        chunk = min(ROOT_CHUNK, n)
-        count = -(-n // chunk)
+        chunk, count = _chunks(n)
         rank, world = self.shard or (0, 1)
         if count == 1 and world == 1:
             r = self._root(batch, p)
+            self.computed += n
             return r.root, r.ok, r.all_ok
         eye = torch.eye(size, dtype=batch.dtype, device=batch.device)
         padded = torch.cat([batch, eye.expand(count * chunk - n, -1, -1)]).view(count, chunk, size, size)
-        mine = [self._root(padded[c], p) for c in range(rank, count, world)]
+        mine = {c: self._root(padded[c], p) for c in owned_chunks(count, base, rank, world)}
+        self.computed += sum(min(chunk, n - c * chunk) for c in mine)
         if world == 1:
-            roots, oks = [r.root for r in mine], [r.ok for r in mine]
-        else:
-            roots, oks = self._gather([(r.root, r.ok) for r in mine], count, world, padded)
-        return torch.cat(roots)[:n], torch.cat(oks)[:n], world == 1 and all(r.all_ok for r in mine)
+            return (torch.cat([r.root for r in mine.values()])[:n], torch.cat([r.ok for r in mine.values()])[:n],
+                    all(r.all_ok for r in mine.values()))
+        roots = torch.zeros_like(padded)
+        oks = torch.zeros(count, chunk, dtype=torch.bool, device=batch.device)
+        for c, r in mine.items():
+            roots[c], oks[c] = r.root, r.ok
+        return roots.view(-1, size, size)[:n], oks.view(-1)[:n], False
 
     def _root(self, chunk: Tensor, p: int) -> Roots:
         """The roots of one chunk. Where coupled Newton rejects a matrix, its eigh root is
@@ -88,18 +107,76 @@ class RootBatch:
         use = e.ok & ~r.ok
         return Roots(torch.where(use[..., None, None], e.root, r.root), r.ok | e.ok, r.error, r.iters)
 
-    def _gather(self, mine, count, world, padded):
-        """All-gather the ranks' chunks (each rank sends ``⌈count/W⌉``, identity-padded) and
-        put them back in order."""
+    @torch.no_grad()
+    def exchange(self, done: dict, ps) -> dict:
+        """:meth:`local`'s result on every rank completed with the other ranks' rows: each
+        rank's own rows (:func:`owned_rows`), roots and statuses as bytes, in one buffer
+        padded to the longest rank's, one ``all_gather`` for the whole refresh."""
         import torch.distributed as dist
-        per = -(-count // world)
-        chunk = padded.shape[1]
-        filler = (torch.zeros_like(padded[0]), torch.zeros(chunk, dtype=torch.bool, device=padded.device))
-        mine = mine + [filler] * (per - len(mine))
-        root_out = [torch.empty((per, *padded.shape[1:]), dtype=padded.dtype, device=padded.device)
-                    for _ in range(world)]
-        ok_out = [torch.empty(per, chunk, dtype=torch.uint8, device=padded.device) for _ in range(world)]
-        dist.all_gather(root_out, torch.stack([r for r, _ in mine]).contiguous())
-        dist.all_gather(ok_out, torch.stack([k for _, k in mine]).to(torch.uint8))
-        order = [(c % world, c // world) for c in range(count)]
-        return [root_out[r][i] for r, i in order], [ok_out[r][i].bool() for r, i in order]
+        rank, world = self.shard
+        groups = _groups(done["roots"], ps)
+        cats = [(torch.cat([done["roots"][i][j] for i, j in items]),
+                 torch.cat([done["status"][i][j] for i, j in items])) for items in groups.values()]
+        bases = [0]
+        for r, _ in cats:
+            bases.append(bases[-1] + _chunks(r.shape[0])[1])
+        rows = [[owned_rows(r.shape[0], b, k, world) for (r, _), b in zip(cats, bases)] for k in range(world)]
+        lengths = [sum(len(ix) * (r[0].numel() * r.element_size() + 1) for ix, (r, _) in zip(rk, cats))
+                   for rk in rows]
+        device = cats[0][0].device if cats else torch.device("cpu")
+        payload = torch.zeros(max(lengths), dtype=torch.uint8, device=device)
+        mine = [_bytes(t[ix]) for ix, (r, s) in zip(rows[rank], cats) for t in (r, s)]
+        if mine:
+            torch.cat(mine, out=payload[:lengths[rank]])
+        out = [torch.empty_like(payload) for _ in range(world)]
+        dist.all_gather(out, payload)
+        for k in range(world):
+            if k == rank:
+                continue
+            at = 0
+            for ix, (r, s) in zip(rows[k], cats):
+                for t in (r, s):
+                    size = len(ix) * t[0].numel() * t.element_size()
+                    t[ix] = out[k][at:at + size].clone().view(t.dtype).view(len(ix), *t.shape[1:])
+                    at += size
+        roots = [list(ss) for ss in done["roots"]]
+        status = [list(ss) for ss in done["status"]]
+        for items, (r, s) in zip(groups.values(), cats):
+            sizes = [done["roots"][i][j].shape[0] for i, j in items]
+            for (i, j), rr, ss in zip(items, r.split(sizes), s.split(sizes)):
+                roots[i][j], status[i][j] = rr, ss
+        return {"roots": tuple(map(tuple, roots)), "status": tuple(map(tuple, status))}
+
+
+def _groups(stats, ps) -> dict[tuple, list]:
+    """The statistics' ``(i, j)`` by (size, p) group, in a fixed order (the statistics')."""
+    groups: dict[tuple, list] = {}
+    for i, ss in enumerate(stats):
+        for j, s in enumerate(ss):
+            groups.setdefault((s.shape[-1], ps[i]), []).append((i, j))
+    return groups
+
+
+def _chunks(n: int) -> tuple[int, int]:
+    """``(chunk, count)``: a group of ``n`` matrices is computed in ``count`` chunks of
+    ``chunk`` matrices."""
+    chunk = min(ROOT_CHUNK, n)
+    return chunk, -(-n // chunk)
+
+
+def owned_chunks(count: int, base: int, rank: int, world: int) -> range:
+    """The chunks of a group of ``count`` whose roots ``rank`` of ``world`` computes: the
+    refresh's chunks dealt round robin across the groups (``base``: the chunks of the groups
+    before), so that a refresh of many one-chunk groups is split too."""
+    return range((rank - base) % world, count, world)
+
+
+def owned_rows(n: int, base: int, rank: int, world: int) -> torch.Tensor:
+    """The real (unpadded) rows of :func:`owned_chunks` in a group of ``n`` matrices."""
+    chunk, count = _chunks(n)
+    return torch.tensor([x for c in owned_chunks(count, base, rank, world)
+                         for x in range(c * chunk, min(n, (c + 1) * chunk))], dtype=torch.long)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)

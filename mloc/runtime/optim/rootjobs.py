@@ -59,6 +59,14 @@ class RootJobs:
             warnings.warn(f"shampoo: the root worker process could not start ({e}); the roots "
                           "are computed on a background thread", RuntimeWarning, stacklevel=4)
 
+    def restart(self, settings: tuple) -> None:
+        """New ``settings`` (:class:`.RootBatch`'s arguments); a running worker process is
+        stopped and started again with them."""
+        self.settings = settings
+        if self._process is not None:
+            self.close()
+            self.start()
+
     def ready(self, timeout: float = 0.0) -> bool:
         """Whether the worker process takes jobs (waiting up to ``timeout`` seconds for it to
         start); false without one."""

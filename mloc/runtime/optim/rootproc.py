@@ -5,8 +5,9 @@ The worker is a fresh Python running :func:`main` with one intra-op thread. It i
 neither ``__main__`` nor the user's code (``multiprocessing``'s start methods would
 re-import the main script), ignores SIGINT (Ctrl-C stops training, which drains or drops
 the jobs), and exits when its input closes, so it never outlives training. It runs
-:meth:`~.rootbatch.RootBatch.compute` with the same settings, so its roots are the synchronous ones bit
-for bit.
+:meth:`~.rootbatch.RootBatch.local` with the same settings, so its roots are the synchronous ones bit
+for bit (under data parallelism this rank's share of them; the training process exchanges
+the shares, :mod:`.rootwork`).
 
 Data: per staleness slot, two files mapped by both processes (``torch.from_file``,
 ``shared=True``, in ``/dev/shm`` where there is one; their blocks allocated when they are
@@ -79,8 +80,8 @@ class Buffers:
 class RootProcess:
     """The worker process, its shared buffers and its queue of unanswered jobs."""
 
-    def __init__(self, epsilon: float, method: str):
-        self.settings = (epsilon, method)
+    def __init__(self, epsilon: float, method: str, shard: tuple[int, int] | None = None):
+        self.settings = (epsilon, method, shard)
         self._proc: subprocess.Popen | None = None
         self._folder: Path | None = None
         self._ready = False
@@ -179,7 +180,7 @@ class RootProcess:
     def _computed_here(self, bufs: Buffers, ps: tuple) -> tuple:
         """The worker is gone: say so (once), then compute the roots of ``bufs``' statistics."""
         self._gone()
-        done = RootBatch(*self.settings).compute(_regroup(bufs.stats, bufs.specs), ps)
+        done = RootBatch(*self.settings).local(_regroup(bufs.stats, bufs.specs), ps)
         return done["roots"] + done["status"]
 
 
@@ -284,7 +285,7 @@ def serve(settings: tuple, folder: str, stdin, stdout) -> None:
                 for p in paths:
                     Path(p).unlink(missing_ok=True)
             stats, out, ps = mapped[slot]
-            done = work.compute(stats, ps)
+            done = work.local(stats, ps)      # this rank's share under data parallelism
             torch._foreach_copy_(out, [t for ts in done["roots"] + done["status"] for t in ts])
             _write(stdout, slot)
     except (BrokenPipeError, FileNotFoundError):    # training closed the pipe or the folder:

@@ -9,6 +9,16 @@ staleness ``s > 0`` it goes into slot ``(t / update_every) mod ⌈s/update_every
 state's ``pending`` tuple, due at ``t+s``, computed now or by a background job (which fills
 that slot's fresh tensors; installing waits for it). Installing merges accepted roots and
 counts a consecutive failure per rejected matrix.
+
+Under data parallelism (a process group of ``W > 1`` ranks, every rank holding the same
+statistics) the roots of a refresh are split across the ranks
+(:meth:`.RootBatch.local`, each rank computing every W-th chunk of matrices) and exchanged
+(:meth:`.RootBatch.exchange`, one collective per refresh), synchronous or not: a background
+job computes its rank's share only, and the exchange happens in the training process when
+the slot is settled (:meth:`RootWork._settle`: at its install, or at :meth:`RootWork.drain`),
+at the same step on every rank whichever rank's job finished first, so the asynchronous run
+equals the synchronous split run bit for bit. Under ``strategy = zero`` (:meth:`own_roots`)
+each rank holds only its own tensors' statistics and computes all their roots, no split.
 """
 
 from __future__ import annotations
@@ -28,7 +38,9 @@ class RootWork:
         self.every, self.staleness = every, staleness
         self.slots = -(-staleness // every) if staleness else 0
         self.batch = RootBatch(epsilon, method)         # the roots themselves
-        self.jobs = RootJobs((epsilon, method), self._fill)
+        self.jobs = RootJobs((epsilon, method, None), self._fill_local)
+        self.split = True           # split across data-parallel ranks (not under zero: own_roots)
+        self._unshared: dict[int, tuple] = {}   # slot: (fresh, ps), its share not yet exchanged
         self._warned_at = 0
 
     def refresh(self, t, stats, ps, pending, background):
@@ -43,23 +55,40 @@ class RootWork:
             return ({"step": due, **self.batch.compute(stats, ps)},)
         slot = (t // self.every) % self.slots
         self.jobs.wait(slot)                   # installed already; its job is done
+        self._unshared.pop(slot, None)
         fresh = {"step": due,
                  "roots": tuple(tuple(torch.empty_like(s) for s in ss) for ss in stats),
                  "status": tuple(tuple(torch.zeros(s.shape[0], dtype=torch.int8, device=s.device)
                                        for s in ss) for ss in stats)}
         if background:
             self.jobs.submit(slot, stats, ps, fresh)
+            if self.batch.shard is not None:   # this rank's share only, until settled
+                self._unshared[slot] = (fresh, ps)
         else:
             self._fill(fresh, stats, ps)
         return pending[:slot] + (fresh,) + pending[slot + 1:]
 
-    def _fill(self, slot: dict, stats, ps) -> None:
-        """Compute the roots of ``stats`` into ``slot``'s tensors (a job's body)."""
-        done = self.batch.compute(stats, ps)
+    def _fill(self, slot: dict, stats, ps, local: bool = False) -> None:
+        """Compute the roots of ``stats`` into ``slot``'s tensors (``local``: this rank's
+        share only, a background job's body)."""
+        done = (self.batch.local if local else self.batch.compute)(stats, ps)
         for key in ("roots", "status"):
             for dst, src in zip(slot[key], done[key]):
                 for d, s in zip(dst, src):
                     d.copy_(s)
+
+    def _fill_local(self, slot: dict, stats, ps) -> None:
+        self._fill(slot, stats, ps, local=True)
+
+    def _settle(self, slot: int) -> None:
+        """Wait for ``slot``'s job; under data parallelism exchange its share with the other
+        ranks' (a collective: every rank settles the same slots at the same step)."""
+        self.jobs.wait(slot)
+        share = self._unshared.pop(slot, None)
+        if share is not None:
+            fresh, ps = share
+            done = self.batch.exchange({"roots": fresh["roots"], "status": fresh["status"]}, ps)
+            fresh["roots"], fresh["status"] = done["roots"], done["status"]
 
     def install(self, t, roots, failures, pending):
         """Install the slots due at ``t`` (waiting for their jobs): accepted roots replace
@@ -70,7 +99,7 @@ class RootWork:
             return roots, failures, pending
         clean = True
         for i in due:
-            self.jobs.wait(i)
+            self._settle(i)
             slot = pending[i]
             roots, failures, accepted = merge(roots, failures, slot["roots"], slot["status"])
             clean = clean and accepted
@@ -100,20 +129,37 @@ class RootWork:
             self._warned_at = 0
 
     def start(self, background: bool) -> None:
-        """Start the background worker (``async_roots``, :meth:`.RootJobs.start`); under a
-        process group of several ranks (and synchronous roots) shard the root work."""
-        if background:
-            self.jobs.start()
+        """Under a process group of several ranks (unless :meth:`own_roots`) split the root
+        work; start the background worker (``async_roots``, :meth:`.RootJobs.start`),
+        which then computes this rank's share."""
         import torch.distributed as dist
-        if not background and dist.is_available() and dist.is_initialized():
+        if self.split and dist.is_available() and dist.is_initialized():
             world = dist.get_world_size()
             self.batch.shard = (dist.get_rank(), world) if world > 1 else None
+        self.jobs.settings = (self.batch.epsilon, self.batch.method, self.batch.shard)
+        if background:
+            self.jobs.start()
+
+    def own_roots(self) -> None:
+        """Compute every root of the statistics this rank holds, no split (``strategy = zero``:
+        each rank holds its own tensors' statistics); a worker started with a share restarts."""
+        self.split = False
+        if self.batch.shard is not None:
+            self.drain()
+            self.batch.shard = None
+            self.jobs.restart((self.batch.epsilon, self.batch.method, None))
 
     def drain(self) -> None:
-        """Wait for every root job: the state's pending slots are then complete."""
+        """Wait for every root job and exchange the shares (every rank calls it at the same
+        point under data parallelism): the state's pending slots are then complete."""
         self.jobs.drain()
+        for slot in sorted(self._unshared):
+            self._settle(slot)
 
     def close(self) -> None:
+        """Stop the worker; shares not exchanged are dropped (no collective: a failing rank
+        closes alone)."""
+        self._unshared.clear()
         self.jobs.close()
 
 

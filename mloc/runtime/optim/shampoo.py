@@ -54,8 +54,10 @@ start it is the grafted optimizer's diagonal with its accumulator held constant 
 ``sgd``/``none``).
 
 **Data parallelism**: with a process group of several ranks (the gradients are
-all-reduced, so every rank holds the same statistics), each rank computes a contiguous
-slice of every batch of roots and the slices are all-gathered (synchronous roots only).
+all-reduced, so every rank holds the same statistics), each rank computes its chunks of
+every batch of roots and the ranks exchange them, one all-gather per refresh; with
+``async_roots`` each rank's worker computes its share and the exchange happens when the
+roots are due (:mod:`.rootwork`).
 """
 
 from __future__ import annotations
@@ -246,13 +248,14 @@ class Shampoo(Optimizer):
     # --- lifecycle (the root work's background worker) ---------------------------------
     def start(self) -> None:
         """Start the root worker (``async_roots``); under a process group of several ranks
-        (and synchronous roots) shard the root work."""
+        split the root work (synchronous or asynchronous, :mod:`.rootwork`)."""
         self.work.start(self.hyper.async_roots)
 
     def own_roots(self) -> None:
         """Under `strategy = zero` (:mod:`.zero`): this rank holds the statistics of its own
-        tensors only, so it computes all of their roots itself (no split, no all-gather)."""
-        self.work.batch.shard = None
+        tensors only, so it computes all of their roots itself (no split, no exchange), in
+        its background worker with ``async_roots``."""
+        self.work.own_roots()
 
     def drain(self) -> None:
         """Wait for every root job: the state's pending slots are then complete."""

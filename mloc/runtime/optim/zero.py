@@ -76,10 +76,10 @@ class Zero(Optimizer):
         return self.inner.drive(keys, like)
 
     def start(self) -> None:
-        self.inner.start()
         own = getattr(self.inner, "own_roots", None)
-        if own is not None:
+        if own is not None:         # first: a root worker then starts with no share to split
             own()
+        self.inner.start()
 
     def drain(self) -> None:
         self.inner.drain()

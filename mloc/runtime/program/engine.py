@@ -232,8 +232,7 @@ class Program:
         read. So no checkpoint ever holds a non-finite parameter or optimizer state,
         whatever wrote it. Module buffers are not verified (a buffer may hold ``-inf`` on
         purpose). ``sharded``: `zero` optimizer states as this rank's shard (``snapshot``)."""
-        for lv in self.live.values():        # background optimizer work lands in the state
-            lv.problem.optimizer.drain()
+        drain(self)                          # background optimizer work lands in the state
         self.guard.check()
         verify_state(self.step_count, {n: lv.problem.params + tree.tensors(lv.problem.state)
                                        for n, lv in self.live.items()})
@@ -252,6 +251,14 @@ class Program:
                 lv.problem.optimizer.close()
         finally:
             self.dist.close()
+
+
+def drain(program: Program) -> None:
+    """Every optimizer's background work lands in its state. Under data parallelism every
+    rank calls it before the main one takes :meth:`Program.state_dict` (Shampoo's
+    asynchronous roots are exchanged across the ranks then, :mod:`mloc.runtime.optim.rootwork`)."""
+    for lv in program.live.values():
+        lv.problem.optimizer.drain()
 
 
 def _hypergradient(program: Program, name: str) -> dict[str, torch.Tensor]:

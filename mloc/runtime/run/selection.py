@@ -216,6 +216,9 @@ class Watch:
         if step >= self.steps:           # the last step: the run finishes anyway
             stop, self.selection.stopped_at = False, None
         gathered = improved and self.program.strategy[0] == "zero"     # every rank gathers the state
+        if improved:
+            from mloc.runtime.program.engine import drain
+            drain(self.program)         # every rank: background work may be exchanged across ranks
         state = self.program.state_dict() if gathered or (improved and self.program.dist.is_main) else None
         if improved and self.program.dist.is_main:
             from mloc.runtime.program.checkpoint import save_checkpoint
