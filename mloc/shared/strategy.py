@@ -8,7 +8,8 @@ line and the runtime's choice. Torch-free.
   the parameters only, and the updated parameters are broadcast from their owners (ZeRO
   stage 1, Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
   Parameter Models", SC 2020; :mod:`mloc.runtime.optim.zero`);
-- ``fsdp``: parameters sharded too (FSDP2); not yet available (:data:`UNAVAILABLE`);
+- ``fsdp``: parameters sharded too (FSDP2, :mod:`mloc.runtime.program.sharded`); what it
+  cannot run is :mod:`mloc.shared.sharding`'s to say; never chosen by `auto`;
 - ``auto``: :func:`decide`.
 
 `auto`'s rule (:func:`decide`), from the parameter bytes ``P`` and optimizer-state bytes
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 STRATEGIES = ("auto", "ddp", "zero", "fsdp")
 
-UNAVAILABLE = {"fsdp": "sharded modules (FSDP2) are not yet available in this mloc"}
+UNAVAILABLE: dict[str, str] = {}
 """Strategies the vocabulary names but the runtime cannot run yet, and why."""
 
 UNAVAILABLE_HELP = "use `zero` (sharded optimizer state) or `ddp`"

@@ -274,7 +274,7 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
         torch.set_num_threads(threads)
     try:
         program = build(declaration, config)
-    except (DeviceError, LaunchError) as e:
+    except (DeviceError, LaunchError, OptionError) as e:
         _say(e)
         return 2
     except ScheduleError as e:
@@ -289,8 +289,9 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
     if refused is not None:
         return refused
     chosen = decide_threads(program.modules.values(), threads, local_processes(program.dist.world))
-    if threads is None and program.dist.is_main:
-        amend_config(Path(out), threads=chosen.count, threads_reason=chosen.reason)
+    if program.dist.is_main:    # known once built: the threads chosen, rank 0's parameter bytes (its shards under fsdp)
+        amend_config(Path(out), param_bytes=program.param_bytes(), **({} if threads is not None else {
+            "threads": chosen.count, "threads_reason": chosen.reason}))
     launched = launched_rank() is not None     # a worker: its launcher says it is stopping, and sends SIGINT
     stop = Stop(note=not launched)
     try:

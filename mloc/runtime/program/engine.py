@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from mloc.runtime.program import state as _state
+from mloc.runtime.program import sharded, state as _state
 from mloc.runtime.base import tree
 from mloc.runtime.grad.accumulate import Accumulator
 from mloc.runtime.grad.buffers import buffers_of, frozen, guard_step, inference
@@ -67,6 +67,8 @@ class Program:
         self.step_count = 0
         self.evaluations = tuple(evaluations)
         self.guard = FiniteGuard()
+        if config.strategy == "fsdp":     # what a sharded run cannot do: exit 2 (mloc.shared.sharding)
+            sharded.refuse(specs, edges, chains, schedule, config.compile)
         built = build(specs, edges, semantics, build_modules, data, config, self.dist, self.device, compositions)
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
         self.hierarchy, self._cast, self.sync, self.strategy = built.hierarchy, built.cast, built.sync, built.strategy
@@ -74,7 +76,8 @@ class Program:
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
             lv.problem.optimizer.start()
-        self.compiling = Compiling(self, config.compile, self._steps)   # `--compile`: how each step runs
+        self.sharded = sharded.Steps(self.live, edges) if self.strategy[0] == "fsdp" else None
+        self.compiling = Compiling(self, "off" if self.sharded else config.compile, self._steps)   # `--compile`: how each step runs
 
     # --- the schedule's vocabulary ------------------------------------------------------
     def draw(self, name: str) -> None:
@@ -130,6 +133,8 @@ class Program:
         """Where `name`'s steps take their gradients: its plain gradient (a lowest problem) or its hypergradient,
         with the buffer rule (`mloc.runtime.grad.buffers`), compiled where the run compiles (with the update where
         ``pipeline`` allows: :mod:`mloc.runtime.program.compiling`), averaged as it runs (``OverlappedSync.final``)."""
+        if self.sharded is not None:        # strategy fsdp: mloc.runtime.program.sharded
+            return self.sharded.source(name)
         lv, final, wrap = self.live[name], self.sync.final(micro), partial(self.compiling.source, pipeline=pipeline)
         if not self.hierarchy.lowers.get(name):
             reads = lv.spec.reads
@@ -167,7 +172,8 @@ class Program:
         precision setting changed before it is taken into account)."""
         lv = self.live[name]
         if lv.pipeline is None:
-            lv.pipeline = build_pipeline(lv, self.sync, self.guard, self, upper=bool(self.hierarchy.lowers.get(name)))
+            sync = self.sync if self.sharded is None else self.sharded.sync
+            lv.pipeline = build_pipeline(lv, sync, self.guard, self, upper=bool(self.hierarchy.lowers.get(name)))
         return lv.pipeline
 
     # --- reading ------------------------------------------------------------------------
@@ -190,6 +196,9 @@ class Program:
     def losses(self) -> dict[str, float]:
         """Each problem's loss on its current batch (for logging), with the modules in
         evaluation mode, no autograd, no buffer changed (:func:`~mloc.runtime.grad.buffers.inference`)."""
+        if self.sharded is not None:
+            with inference(self.modules.values()):
+                return self.sharded.losses()
         out = {}
         with inference(self.modules.values()):
             for name, lv in self.live.items():
@@ -203,6 +212,8 @@ class Program:
 
     def hypergradients(self) -> dict[str, dict[str, torch.Tensor]]:
         """Each upper problem's hypergradient at the current state, without stepping."""
+        if self.sharded is not None:
+            raise NotImplementedError("hypergradients() of a sharded (strategy fsdp) run: use one process or ddp")
         return {name: _hypergradient(self, name) for name in self.live if self.hierarchy.lowers.get(name)}
 
     def evaluate(self, labels: Sequence[str] | None = None) -> dict[str, float]:
@@ -220,6 +231,11 @@ class Program:
                 if labels is None or e.name in labels:
                     out.update(metrics(e.name, e.function, e.function(self), e.named))
         return out
+
+    def param_bytes(self) -> int:
+        """The bytes of parameters this process holds: every module's, or its shards of them
+        under `strategy = fsdp` (``config.json``'s ``param_bytes``, rank 0's)."""
+        return sharded.param_bytes(list(self.modules.values()))
 
     # --- state --------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -109,7 +109,7 @@ def save(program: Program, out: Path, owner: int | None = None, extra: dict | No
     if program.dist.is_main:
         if owner is not None:
             check_owner(Path(out), owner)
-    state = program.state_dict() if program.dist.is_main or program.strategy[0] == "zero" else None   # zero: gathered
+    state = program.state_dict() if program.dist.is_main or program.strategy[0] in ("zero", "fsdp") else None   # gathered
     if program.dist.is_main:
         save_checkpoint(path, {**state, **(extra or {})}, program.name)
     program.dist.barrier()
