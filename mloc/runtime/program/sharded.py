@@ -184,8 +184,9 @@ def load(lv: Any, saved: dict) -> None:
     with torch.no_grad():
         for k, v in lv.module.state_dict().items():
             fsdp.local(v).copy_(fsdp._part(v, saved["module"][k]) if isinstance(v, fsdp.DTensor) else saved["module"][k])
-    state = tree_to_state(saved["optimizer"], lv.problem.state)
     view = _whole_view(lv)
+    whole = fsdp.gathered(view)["state"]        # the whole state's structure and shapes, to check against
+    state = tree_to_state(saved["optimizer"], whole)
     fsdp.load_gathered(view, {"params": saved["params"], "state": state})
     lv.problem.state = tree.clone(view.state)
 
