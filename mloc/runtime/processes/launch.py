@@ -38,7 +38,7 @@ from mloc.runtime.program.build import resolve_device
 from mloc.runtime.program.checkpoint import CheckpointError, load_checkpoint
 from mloc.runtime.run.declaration import Declaration
 from mloc.runtime.base.distributed import LaunchError, is_peer_failure, launched_rank, local_processes
-from mloc.runtime.program.engine import Program, RunConfig
+from mloc.runtime.program.engine import Program, RunConfig, param_bytes
 from mloc.runtime.grad.finite import NonFiniteError
 from mloc.runtime.files.loggers import LoggerError
 from mloc.runtime.run.loop import Stop, Where, resume, train
@@ -290,7 +290,7 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
         return refused
     chosen = decide_threads(program.modules.values(), threads, local_processes(program.dist.world))
     if program.dist.is_main:    # known once built: the threads chosen, rank 0's parameter bytes (its shards under fsdp)
-        amend_config(Path(out), param_bytes=program.param_bytes(), **({} if threads is not None else {
+        amend_config(Path(out), param_bytes=param_bytes(program), **({} if threads is not None else {
             "threads": chosen.count, "threads_reason": chosen.reason}))
     launched = launched_rank() is not None     # a worker: its launcher says it is stopping, and sends SIGINT
     stop = Stop(note=not launched)

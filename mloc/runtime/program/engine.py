@@ -67,8 +67,7 @@ class Program:
         self.step_count = 0
         self.evaluations = tuple(evaluations)
         self.guard = FiniteGuard()
-        if config.strategy == "fsdp":     # what a sharded run cannot do: exit 2 (mloc.shared.sharding)
-            sharded.refuse(specs, edges, chains, schedule, config.compile)
+        sharded.refuse(config, specs, edges, chains, schedule)    # what fsdp cannot run: exit 2
         built = build(specs, edges, semantics, build_modules, data, config, self.dist, self.device, compositions)
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
         self.hierarchy, self._cast, self.sync, self.strategy = built.hierarchy, built.cast, built.sync, built.strategy
@@ -172,8 +171,7 @@ class Program:
         precision setting changed before it is taken into account)."""
         lv = self.live[name]
         if lv.pipeline is None:
-            sync = self.sync if self.sharded is None else self.sharded.sync
-            lv.pipeline = build_pipeline(lv, sync, self.guard, self, upper=bool(self.hierarchy.lowers.get(name)))
+            lv.pipeline = build_pipeline(lv, self.sharded.sync if self.sharded else self.sync, self.guard, self, upper=bool(self.hierarchy.lowers.get(name)))
         return lv.pipeline
 
     # --- reading ------------------------------------------------------------------------
@@ -196,24 +194,11 @@ class Program:
     def losses(self) -> dict[str, float]:
         """Each problem's loss on its current batch (for logging), with the modules in
         evaluation mode, no autograd, no buffer changed (:func:`~mloc.runtime.grad.buffers.inference`)."""
-        if self.sharded is not None:
-            with inference(self.modules.values()):
-                return self.sharded.losses()
-        out = {}
         with inference(self.modules.values()):
-            for name, lv in self.live.items():
-                if lv.batch is None:
-                    continue
-                args = [self.live[r].problem.params for r in lv.problem.reads]
-                with lv.autocast():
-                    value = lv.problem.loss(*args)
-                out[name] = float(value)
-        return out
+            return self.sharded.losses() if self.sharded is not None else _losses(self.live)
 
     def hypergradients(self) -> dict[str, dict[str, torch.Tensor]]:
         """Each upper problem's hypergradient at the current state, without stepping."""
-        if self.sharded is not None:
-            raise NotImplementedError("hypergradients() of a sharded (strategy fsdp) run: use one process or ddp")
         return {name: _hypergradient(self, name) for name in self.live if self.hierarchy.lowers.get(name)}
 
     def evaluate(self, labels: Sequence[str] | None = None) -> dict[str, float]:
@@ -231,11 +216,6 @@ class Program:
                 if labels is None or e.name in labels:
                     out.update(metrics(e.name, e.function, e.function(self), e.named))
         return out
-
-    def param_bytes(self) -> int:
-        """The bytes of parameters this process holds: every module's, or its shards of them
-        under `strategy = fsdp` (``config.json``'s ``param_bytes``, rank 0's)."""
-        return sharded.param_bytes(list(self.modules.values()))
 
     # --- state --------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -270,10 +250,30 @@ class Program:
             self.dist.close()
 
 
+def param_bytes(program: Program) -> int:
+    """The bytes of parameters this process holds: every module's, or its shards of them
+    under `strategy = fsdp` (``config.json``'s ``param_bytes``, rank 0's)."""
+    return sharded.param_bytes(list(program.modules.values()))
+
+
+def _losses(live) -> dict[str, float]:
+    """:meth:`Program.losses` of whole modules (under :func:`inference`)."""
+    out = {}
+    for name, lv in live.items():
+        if lv.batch is None:
+            continue
+        args = [live[r].problem.params for r in lv.problem.reads]
+        with lv.autocast():
+            out[name] = float(lv.problem.loss(*args))
+    return out
+
+
 def _hypergradient(program: Program, name: str) -> dict[str, torch.Tensor]:
     """Upper problem ``name``'s hypergradient by slot, at the program's current state (its
     batches and those of the problems below drawn where none is), the buffers frozen and
     the parameters' ``.grad`` as they were before."""
+    if program.sharded is not None:
+        raise NotImplementedError("hypergradients() of a sharded (strategy fsdp) run: use one process or ddp")
     lv = program.live[name]
     for below in program.hierarchy.lowers[name]:
         if program.live[below].batch is None:

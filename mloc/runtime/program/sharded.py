@@ -44,11 +44,13 @@ from mloc.shared.sharding import ProblemFacts, refusals
 _STEP_KINDS = ("accumulate", "apply", "meta_batch", "chain_step")
 
 
-def refuse(specs: Sequence[Any], edges: Sequence[Any], chains: Sequence[Any], schedule: Any, compile: str) -> None:
-    """An :class:`OptionError` (exit 2) naming the first thing of the program that
-    `strategy = fsdp` cannot run (:func:`mloc.shared.sharding.refusals`). A train.py holds
+def refuse(config: Any, specs: Sequence[Any], edges: Sequence[Any], chains: Sequence[Any], schedule: Any) -> None:
+    """Under ``config.strategy`` fsdp, an :class:`OptionError` (exit 2) naming the first thing
+    of the program that it cannot run (:func:`mloc.shared.sharding.refusals`). A train.py holds
     no `accumulate` field: the schedule's calls say it (the generated schedule's code names
     the step kinds it calls)."""
+    if config.strategy != "fsdp":
+        return
     names = set(getattr(getattr(schedule, "__code__", None), "co_names", ()))
     facts = tuple(ProblemFacts(
         s.name, _optimizer_name(s.optimizer(s.lr)),
@@ -57,7 +59,7 @@ def refuse(specs: Sequence[Any], edges: Sequence[Any], chains: Sequence[Any], sc
         precision=s.precision, clip=s.clip_grad_norm is not None, init=s.init is not None,
         reinit=s.reinit is not False, project=s.project is not None,
         accumulate=bool(names & set(_STEP_KINDS[:3]))) for s in specs)
-    found = refusals(facts, chains=bool(chains), compile=compile)
+    found = refusals(facts, chains=bool(chains), compile=config.compile)
     for e in edges:
         caps = method_caps(e.method)
         if not caps.shards:
