@@ -1,11 +1,11 @@
 """What `strategy = fsdp` runs, and why the rest is refused: one home for the rules that
 `mloc check`/`mloc plan` (E221, :mod:`mloc.passes.dataflow`) and the runtime (`--strategy
-fsdp` on a program compiled without it: exit 2, :mod:`mloc.runtime.program.sharded`) apply
+fsdp` on a program compiled without it: exit 2, :mod:`mloc.runtime.program.fsdp_run`) apply
 to the facts each of them knows. Torch-free.
 
 Under fsdp every module is sharded by FSDP2 (:mod:`mloc.runtime.base.fsdp`): each rank holds
 ``1/N`` of every parameter, and the only gradients are those a ``backward()`` reduce-scatters
-into ``.grad``. The run path (:mod:`mloc.runtime.program.sharded`) therefore takes plain steps
+into ``.grad``. The run path (:mod:`mloc.runtime.program.fsdp_run`) therefore takes plain steps
 and the first-order hypergradients (the methods whose registry caps say ``shards``; E220
 refuses the others) of **two-level** programs (each upper over exactly one lower that has
 none of its own), commits with mloc's functional optimizers on the local shards, and

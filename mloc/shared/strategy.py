@@ -8,7 +8,7 @@ line and the runtime's choice. Torch-free.
   the parameters only, and the updated parameters are broadcast from their owners (ZeRO
   stage 1, Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
   Parameter Models", SC 2020; :mod:`mloc.runtime.optim.zero`);
-- ``fsdp``: parameters sharded too (FSDP2, :mod:`mloc.runtime.program.sharded`); what it
+- ``fsdp``: parameters sharded too (FSDP2, :mod:`mloc.runtime.program.fsdp_run`); what it
   cannot run is :mod:`mloc.shared.sharding`'s to say; never chosen by `auto`;
 - ``auto``: :func:`decide`.
 

@@ -1,5 +1,5 @@
 """`mloc run --strategy fsdp` (slow tier): two gloo processes, both modules sharded
-(:mod:`mloc.runtime.program.sharded`), each with batch B, equal one process with batch 2B
+(:mod:`mloc.runtime.program.fsdp_run`), each with batch B, equal one process with batch 2B
 within 1e-5 relative (float32) for plain steps and for every method whose registry caps
 say ``shards`` (a new such method is covered here automatically); checkpoints are whole
 tensors (a ddp run's, within 1e-5), so a run stopped and resumed under fsdp equals the

@@ -33,7 +33,7 @@ from mloc.runtime.grad.compose import Edge, Hierarchy
 from mloc.runtime.program.data import DataStream
 from mloc.runtime.base.distributed import DistContext
 from mloc.runtime.base.overlap import OverlappedSync
-from mloc.runtime.program import sharded
+from mloc.runtime.program import fsdp_run as sharded
 from mloc.runtime.program.strategy import apply_strategy
 from mloc.runtime.optim import Optimizer
 from mloc.runtime.files.options import RunConfig

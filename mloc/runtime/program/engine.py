@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from mloc.runtime.program import sharded, state as _state
+from mloc.runtime.program import fsdp_run as sharded, state as _state
 from mloc.runtime.base import tree
 from mloc.runtime.grad.accumulate import Accumulator
 from mloc.runtime.grad.buffers import buffers_of, frozen, guard_step, inference
@@ -132,7 +132,7 @@ class Program:
         """Where `name`'s steps take their gradients: its plain gradient (a lowest problem) or its hypergradient,
         with the buffer rule (`mloc.runtime.grad.buffers`), compiled where the run compiles (with the update where
         ``pipeline`` allows: :mod:`mloc.runtime.program.compiling`), averaged as it runs (``OverlappedSync.final``)."""
-        if self.sharded is not None:        # strategy fsdp: mloc.runtime.program.sharded
+        if self.sharded is not None:        # strategy fsdp: mloc.runtime.program.fsdp_run
             return self.sharded.source(name)
         lv, final, wrap = self.live[name], self.sync.final(micro), partial(self.compiling.source, pipeline=pipeline)
         if not self.hierarchy.lowers.get(name):

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from mloc.runtime.base import tree
-from mloc.runtime.program import sharded
+from mloc.runtime.program import fsdp_run as sharded
 from mloc.runtime.program.checkpoint import capture_rng, restore_rng, state_to_tree, tree_to_state
 from mloc.runtime.program.data import DataStream
 from mloc.runtime.optim.zero import Zero, ZeroState

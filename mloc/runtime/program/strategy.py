@@ -4,7 +4,7 @@ sizes measured on the built problems: every parameter's bytes and every optimize
 
 Under ``zero`` with more than one process each problem's optimizer is wrapped in
 :class:`~mloc.runtime.optim.zero.Zero` and its state cut to the rank's shard; under
-``fsdp`` the modules were sharded already (:mod:`mloc.runtime.program.sharded`, before the
+``fsdp`` the modules were sharded already (:mod:`mloc.runtime.program.fsdp_run`, before the
 optimizers are built on the local shards); under ``ddp`` (and with one process, where
 nothing is sharded) nothing changes.
 """
