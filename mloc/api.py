@@ -101,14 +101,16 @@ class Session:
 
 def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int | None = None,
          device: str = "cpu", precision: str | None = None, dtype: str | None = None,
-         compile: str = "off", overlap: str = "on", strategy: str | None = None) -> Session:
+         compile: str = "off", overlap: str = "on", strategy: str | None = None,
+         checkpoint_form: str | None = None) -> Session:
     """Compile and instantiate the program at `path` (raises ProgramError on errors).
     `compile="on"` runs the training steps compiled with torch.compile
     (:mod:`mloc.runtime.compiled`; `session.program.compiling.reports` says how each step ran);
     "auto" is decided by `mloc run`'s loop, so here it is "off". `overlap`: under torchrun's
     environment (data parallelism), whether gradients are averaged as the backward runs
     (:mod:`mloc.runtime.base.overlap`). `strategy`: ddp, zero or auto (:mod:`mloc.shared.strategy`);
-    None keeps the program's."""
+    None keeps the program's. `checkpoint_form`: gathered or sharded, how `mloc run` writes a zero
+    run's checkpoints (:mod:`mloc.runtime.program.sharded`; `Session.save` writes gathered)."""
     compiled = compile_program(str(path), tuple(set), compile=compile)
     if not compiled.ok:
         raise ProgramError(compiled.diagnostics)
@@ -118,5 +120,6 @@ def load(path: str | Path, *, set: tuple[str, ...] | list[str] = (), seed: int |
     config = replace(defaults, seed=defaults.seed if seed is None else seed, device=device,
                      precision=precision or defaults.precision, dtype=dtype,
                      compile="off" if compile == "auto" else compile, overlap=overlap,
-                     strategy=strategy or defaults.strategy)
+                     strategy=strategy or defaults.strategy,
+                     checkpoint_form=checkpoint_form or defaults.checkpoint_form)
     return Session(compiled, build(declaration, config), declaration)

@@ -215,7 +215,14 @@ def load_run(directory: Path) -> Run:
     except RunIOError as e:
         raise UsageError(str(e), help="docs/reliability.md says what a run folder may hold; "
                                       "move the file aside to read the rest") from None
-    return Run(directory, records, config.get("run") or {}, summary or None)
+    return Run(directory, records, latest_start(config), summary or None)
+
+
+def latest_start(config: dict) -> dict:
+    """What the run was last started with: the first start's record (``config.json``'s
+    "run") with the latest resume's fields over it (a resume may give more ``--steps``)."""
+    resumes = [r for r in config.get("resumes") or () if isinstance(r, dict)]
+    return {**(config.get("run") or {}), **(resumes[-1] if resumes else {})}
 
 
 def load_runs(dirs: list[Path], out: Output) -> list[Run]:

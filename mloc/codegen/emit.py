@@ -313,8 +313,10 @@ def _overrides_doc(name: str, overrides: tuple[str, ...]) -> list[str]:
 
 
 def _strategy(train) -> str:
-    """`, strategy='zero'` in the defaults of a program that names one (`auto` is RunConfig's own)."""
-    return f", strategy={train.strategy!r}" if train.strategy != "auto" else ""
+    """`, strategy='zero'` in the defaults of a program that names one (`auto` is RunConfig's own),
+    and `, checkpoint_form='sharded'` likewise (`gathered` is RunConfig's own)."""
+    form = f", checkpoint_form={train.checkpoint_form!r}" if train.checkpoint_form != "gathered" else ""
+    return (f", strategy={train.strategy!r}" if train.strategy != "auto" else "") + form
 
 
 def _recompute(plan: Plan) -> str:

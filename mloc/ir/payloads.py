@@ -153,6 +153,7 @@ class TrainSpec:
     precision: str = "fp32"
     memory_budget: int | None = None
     strategy: str = "auto"      # mloc.shared.strategy
+    checkpoint_form: str = "gathered"   # mloc.shared.strategy.CHECKPOINT_FORMS
     evals: tuple[EvalSpec, ...] = ()
     checkpoint_every: int | None = None
     log_every: int = 10

@@ -50,7 +50,8 @@ def dump_text(g: ProgramGraph) -> str:
     t = info.train
     out.append(f"train steps={t.steps} seed={t.seed} device={t.device} precision={t.precision} "
                f"memory_budget={t.memory_budget} log_every={t.log_every} checkpoint_every={t.checkpoint_every}"
-               + (f" strategy={t.strategy}" if t.strategy != "auto" else ""))
+               + (f" strategy={t.strategy}" if t.strategy != "auto" else "")
+               + (f" checkpoint_form={t.checkpoint_form}" if t.checkpoint_form != "gathered" else ""))
     out += [f"  eval {e.name} every {e.every} = {e.call.text}" + ("" if e.named else "  # named after the function")
             for e in t.evals]
     if t.best is not None:

@@ -13,7 +13,7 @@ from mloc.lang.types import Bool, Device, Enum, Float, Int, ListOf, Size, Str, T
 from mloc.shared.composition import SEMANTICS
 from mloc.shared.limits import MAX_REPEATS, MAX_SEED, WHY_REPEATS, WHY_SEED
 from mloc.shared.precision import PRECISIONS
-from mloc.shared.strategy import STRATEGIES
+from mloc.shared.strategy import CHECKPOINT_FORMS, STRATEGIES
 
 ITD_MODES = ("reverse", "forward", "recompute", "auto")
 
@@ -95,6 +95,9 @@ TRAIN_FIELDS: dict[str, FieldSpec] = {f.name: f for f in (
     FieldSpec("memory_budget", "value", "memory the planner may use", type=Size()),
     FieldSpec("strategy", "value", "data parallelism: `ddp` (replicated), `zero` (optimizer state "
               "sharded), `fsdp`, or `auto` (the default: the planner's choice)", type=Enum(STRATEGIES)),
+    FieldSpec("checkpoint_form", "value", "under `strategy = zero`: `gathered` (the default: one "
+              "checkpoint.pt, as ddp writes it) or `sharded` (each rank writes its optimizer-state "
+              "shard, checkpoint.pt holds the rest and the manifest)", type=Enum(CHECKPOINT_FORMS)),
 )}
 
 TRAIN_EVERY = {"eval": "run an evaluation call", "checkpoint": "write a checkpoint",

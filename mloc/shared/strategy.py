@@ -25,6 +25,12 @@ from __future__ import annotations
 
 STRATEGIES = ("auto", "ddp", "zero", "fsdp")
 
+CHECKPOINT_FORMS = ("gathered", "sharded")
+"""How a `zero` run writes its checkpoints (`checkpoint_form`, `--checkpoint-form`): the whole
+optimizer state gathered into rank 0's `checkpoint.pt` (the default, as `ddp` writes it), or
+each rank's shard in a file of its own beside a manifest (:mod:`mloc.runtime.program.sharded`).
+Every other strategy, and one process, writes gathered."""
+
 UNAVAILABLE: dict[str, str] = {}
 """Strategies the vocabulary names but the runtime cannot run yet, and why."""
 

@@ -52,3 +52,16 @@ def test_a_pruned_search_trial_is_listed_as_pruned_not_resumable(tmp_path):
     assert load_run(sweep / "02-c").status() == "interrupted (resumable)"   # the sweep itself was stopped
     (sweep / "sweep.json").write_text("{not json")                          # unreadable: the run's own files
     assert load_run(sweep / "01-b").status() == "interrupted (resumable)"
+
+
+def test_a_run_resumed_for_more_steps_is_listed_with_the_steps_it_was_last_given(tmp_path, capsys):
+    from tests.conftest import ROOT
+    out = tmp_path / "r"
+    small = str(ROOT / "tests" / "run" / "small.mlo")
+    assert main(["run", small, "--steps", "3", "--quiet", "--out", str(out)]) == 0
+    assert main(["run", small, "--resume", str(out), "--steps", "6", "--quiet"]) == 0
+    run = load_run(out)
+    assert (run.steps_done, run.config.get("steps"), run.status()) == (6, 6, "finished")
+    capsys.readouterr()
+    assert main(["runs", str(tmp_path)]) == 0
+    assert "6/6" in capsys.readouterr().out

@@ -17,7 +17,7 @@ from pathlib import Path
 from mloc.runtime.files.loggers import check_available, parse
 from mloc.shared.limits import flag_error
 from mloc.shared.precision import PRECISIONS
-from mloc.shared.strategy import STRATEGIES, UNAVAILABLE_HELP, unavailable
+from mloc.shared.strategy import CHECKPOINT_FORMS, STRATEGIES, UNAVAILABLE_HELP, unavailable
 
 
 
@@ -35,6 +35,7 @@ class RunConfig:
     compile: str = "auto"             # on, off, auto (mloc.runtime.compiled.decision)
     overlap: str = "on"               # on, off: gradient averaging overlapped (mloc.runtime.base.overlap)
     strategy: str = "auto"            # auto, ddp, zero, fsdp (mloc.shared.strategy)
+    checkpoint_form: str = "gathered"  # gathered, sharded: zero's checkpoints (mloc.runtime.program.sharded)
     recompute: bool = False           # activation checkpointing, the planner's (mloc.passes.recompute)
 
 
@@ -71,6 +72,7 @@ class RunOptions:
     compile: str | None = None          # on, off, auto (mloc.runtime.compiled.decision)
     overlap: str | None = None          # on, off (mloc.runtime.base.overlap)
     strategy: str | None = None         # auto, ddp, zero, fsdp (mloc.shared.strategy)
+    checkpoint_form: str | None = None  # gathered, sharded (mloc.shared.strategy.CHECKPOINT_FORMS)
     nnodes: int | None = None           # mloc run --nnodes: machines, each with its own launcher
     node_rank: int | None = None        # mloc run --node-rank: this machine's place, 0 .. nnodes - 1
     rdzv_endpoint: str | None = None    # mloc run --rdzv-endpoint HOST:PORT: where rank 0 (node 0) listens
@@ -106,14 +108,15 @@ class RunOptions:
     def config(self, defaults: RunConfig) -> RunConfig:
         given = {k: v for k, v in (("steps", self.steps), ("seed", self.seed), ("device", self.device),
                                     ("precision", self.precision), ("compile", self.compile),
-                                    ("overlap", self.overlap), ("strategy", self.strategy)) if v is not None}
+                                    ("overlap", self.overlap), ("strategy", self.strategy),
+                                    ("checkpoint_form", self.checkpoint_form)) if v is not None}
         return replace(defaults, dtype=self.dtype, **given)
 
     def argv(self) -> list[str]:
         """The same options as `train.py` arguments (what a `--nproc` launch passes on)."""
         out = []
         for flag in ("steps", "seed", "device", "precision", "dtype", "out", "resume", "launched_by", "threads",
-                     "compile", "overlap", "strategy"):
+                     "compile", "overlap", "strategy", "checkpoint_form"):
             if getattr(self, flag) is not None:
                 out += [f"--{flag.replace('_', '-')}", str(getattr(self, flag))]
         out += ["--logger", ",".join(self.logger)] if self.logger else []
@@ -191,6 +194,11 @@ def add_flags(p: argparse.ArgumentParser, defaults: RunConfig | None = None) -> 
                    help="under --nproc: ddp (every rank holds the optimizer state), zero (each rank keeps and updates "
                         f"its shard of it), fsdp, or auto (decided from the model's size and the world size); "
                         f"{said('strategy')}")
+    p.add_argument("--checkpoint-form", choices=CHECKPOINT_FORMS,
+                   help="under --strategy zero: gathered (one checkpoint.pt holding the whole state, as ddp writes "
+                        "it) or sharded (each rank writes its optimizer-state shard beside checkpoint.pt, which "
+                        f"holds the rest and the shards' manifest); either resumes into any --nproc and strategy; "
+                        f"{said('checkpoint_form')}")
     p.add_argument("--out", metavar="DIR",
                    help="where config.json, metrics.jsonl and checkpoint.pt go (and, under mloc run, train.py); "
                         "it must not hold another run (default: a fresh runs/PROGRAM/N, linked from "

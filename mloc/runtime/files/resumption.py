@@ -7,7 +7,7 @@ apply unless this command changes them explicitly:
 - ``--set``: the recorded overrides are applied again; a ``--set`` of this command adds one,
   or replaces the recorded one with the same path (and those below a whole field it sets:
   ``classifier.optimizer=adam(...)`` drops a recorded ``classifier.optimizer.lr``).
-- ``--steps``, ``--device``, ``--precision``, ``--nproc``, ``--strategy`` (:data:`INHERITED`): the recorded
+- ``--steps``, ``--device``, ``--precision``, ``--nproc``, ``--strategy``, ``--checkpoint-form`` (:data:`INHERITED`): the recorded
   value, unless given (as the flag, or for steps, device and precision as ``--set train.F``).
 - ``--seed`` and ``--dtype`` (:data:`FIXED`) cannot change: the seed drew the initial state
   and the checkpoint holds the random generators' states since, and the checkpoint's tensors
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from mloc.runtime.files.runfolder import CONFIG, RunFolderError
 
-INHERITED = ("steps", "device", "precision", "nproc", "strategy")
+INHERITED = ("steps", "device", "precision", "nproc", "strategy", "checkpoint_form")
 """What a resume takes from the run unless the command gives it: a change is shown."""
 
 FIXED = {
@@ -40,7 +40,7 @@ QUIET = ("steps",)
 """Inherited, but a change is no news: more steps is how a run is trained further (the
 banner says `(from step N)`, the progress `step K/STEPS`)."""
 
-TRAIN = ("steps", "seed", "device", "precision", "strategy")
+TRAIN = ("steps", "seed", "device", "precision", "strategy", "checkpoint_form")
 """The options `--set train.F` also sets (the train block's fields of the run's config)."""
 
 

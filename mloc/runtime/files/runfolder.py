@@ -38,6 +38,7 @@ from pathlib import Path
 
 CHECKPOINT, METRICS, CONFIG, LOCK = "checkpoint.pt", "metrics.jsonl", "config.json", ".lock"
 RUN_FILES = (CHECKPOINT, METRICS, CONFIG)
+SHARDS = "checkpoint.shard-*.pt"    # a sharded checkpoint's shards, beside checkpoint.pt (mloc.runtime.program.sharded)
 
 
 class RunFolderError(Exception):
@@ -177,10 +178,10 @@ class RunFolder:
         for tmp in self.dir.glob("*.tmp"):
             tmp.unlink(missing_ok=True)
         if clear:
-            for name in RUN_FILES:
+            for name in (*RUN_FILES, *(p.name for p in self.dir.glob(SHARDS))):
                 (self.dir / name).unlink(missing_ok=True)
-        if copy_from is not None:
-            for name in RUN_FILES:
+        if copy_from is not None:                   # the shards first: checkpoint.pt names them
+            for name in (*sorted(p.name for p in copy_from.glob(SHARDS)), *RUN_FILES):
                 if (copy_from / name).is_file():
                     shutil.copyfile(copy_from / name, self.dir / f".{name}.copy.tmp")
                     os.replace(self.dir / f".{name}.copy.tmp", self.dir / name)

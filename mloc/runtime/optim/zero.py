@@ -27,7 +27,9 @@ holds about ``S/N``; parameters and gradients stay replicated.
   with the wrapped optimizer itself and hands back a whole state, which the next commit
   cuts to the shard (:meth:`Zero.local`).
 - **Checkpoints** hold the whole state as a replicated run writes it (:meth:`Zero.gathered`,
-  :meth:`Zero.restored`), so they resume into any world size and either strategy.
+  :meth:`Zero.select`), so they resume into any world size and either strategy; or, with
+  `checkpoint_form = sharded`, each rank's shard in a file of its own beside a manifest
+  (:mod:`mloc.runtime.program.sharded`), which resumes into any of them too.
 """
 
 from __future__ import annotations

@@ -328,7 +328,8 @@ def _identity(declaration: Declaration, config: RunConfig, resume_dir: Path | No
     """What every rank of a run must train alike (checked across ranks once built)."""
     return {"program": declaration.name, "--set": list(declaration.overrides), "--steps": config.steps,
             "--seed": config.seed, "--precision": config.precision, "--dtype": config.dtype,
-            "--compile": config.compile, "--resume": resume_dir is not None, "--strategy": config.strategy}
+            "--compile": config.compile, "--resume": resume_dir is not None, "--strategy": config.strategy,
+            "--checkpoint-form": config.checkpoint_form}
 
 
 def _kept(out: Path) -> str:

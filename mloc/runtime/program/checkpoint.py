@@ -56,8 +56,10 @@ class CheckpointError(Exception):
         self.path, self.message, self.help = path, message, help
 
 
-def save_checkpoint(path: str | os.PathLike, payload: dict, program: str) -> None:
-    """Atomically write ``payload`` (a tree, see the module docstring) for ``program``.
+def save_checkpoint(path: str | os.PathLike, payload: dict, program: str) -> tuple[int, str]:
+    """Atomically write ``payload`` (a tree, see the module docstring) for ``program``;
+    returns the file's size in bytes and the SHA-256 of its bytes (what a sharded
+    checkpoint's manifest records of each shard: :mod:`mloc.runtime.program.manifest`).
 
     Raises ``TypeError`` naming the offending entry when the payload holds anything but
     tensors, numbers, strings, ``None`` and plain containers, and
@@ -84,6 +86,7 @@ def save_checkpoint(path: str | os.PathLike, payload: dict, program: str) -> Non
         _remove(tmp)
         raise
     _fsync_dir(path.parent)
+    return buf.getbuffer().nbytes, hashlib.sha256(buf.getbuffer()).hexdigest()
 
 
 def _remove(tmp: str | None) -> None:

@@ -218,7 +218,7 @@ class Program:
         return out
 
     # --- state --------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self, sharded: bool = False) -> dict:
         """The training state (:func:`mloc.runtime.program.state.snapshot`), what every checkpoint
         holds (``checkpoint.pt``, ``best.pt``, ``Session.save``). Raises
         :class:`~mloc.runtime.grad.finite.NonFiniteError` instead of returning a state with a
@@ -226,14 +226,14 @@ class Program:
         step), then the whole state is verified, parameters and every floating tensor of
         the optimizer states (Shampoo's pending roots included, after the drain), in one
         read. So no checkpoint ever holds a non-finite parameter or optimizer state,
-        whatever wrote it. Module buffers are not verified: a buffer may hold ``-inf`` on
-        purpose (an attention mask)."""
+        whatever wrote it. Module buffers are not verified (a buffer may hold ``-inf`` on
+        purpose). ``sharded``: `zero` optimizer states as this rank's shard (``snapshot``)."""
         for lv in self.live.values():        # background optimizer work lands in the state
             lv.problem.optimizer.drain()
         self.guard.check()
         verify_state(self.step_count, {n: lv.problem.params + tree.tensors(lv.problem.state)
                                        for n, lv in self.live.items()})
-        return _state.snapshot(self.name, self.step_count, self.live, self.streams)
+        return _state.snapshot(self.name, self.step_count, self.live, self.streams, sharded)
 
     def load_state_dict(self, state: dict) -> None:
         for lv in self.live.values():

@@ -15,22 +15,26 @@ from typing import Any, Mapping
 import torch
 
 from mloc.runtime.base import tree
-from mloc.runtime.program import fsdp_run as sharded
+from mloc.runtime.program import fsdp_run
 from mloc.runtime.program.checkpoint import capture_rng, restore_rng, state_to_tree, tree_to_state
 from mloc.runtime.program.data import DataStream
 from mloc.runtime.optim.zero import Zero, ZeroState
 
 
-def snapshot(name: str, step: int, live: Mapping[str, Any], streams: Mapping[str, DataStream]) -> dict:
+def snapshot(name: str, step: int, live: Mapping[str, Any], streams: Mapping[str, DataStream],
+             sharded: bool = False) -> dict:
     """The state of program ``name`` after ``step`` outer steps (``live``: each problem's
-    :class:`mloc.runtime.program.build.Live`)."""
+    :class:`mloc.runtime.program.build.Live`). ``sharded``: a `zero` problem's optimizer
+    state is this rank's shard, ``{"shard": {"index": [owned parameters], "state": plain}}``
+    (a sharded checkpoint's: :mod:`mloc.runtime.program.sharded`), not gathered."""
     problems = {}
     for n, lv in live.items():
         if lv.shards is not None:      # strategy fsdp: whole tensors, gathered (every rank calls)
-            problems[n] = {**sharded.gathered(lv), "steps": lv.steps}
+            problems[n] = {**fsdp_run.gathered(lv), "steps": lv.steps}
             continue
         problems[n] = {"params": [p.detach().clone() for p in lv.problem.params],
-                       "optimizer": _whole(lv.problem),
+                       "optimizer": _shard(lv.problem) if sharded and isinstance(lv.problem.optimizer, Zero)
+                       else _whole(lv.problem),
                        "module": {k: v.detach().clone() for k, v in lv.module.state_dict().items()},
                        "steps": lv.steps}
     return {"program": name, "step": step, "problems": problems,
@@ -45,7 +49,7 @@ def restore(state: dict, live: Mapping[str, Any], streams: Mapping[str, DataStre
         saved = state["problems"][n]
         lv.steps = int(saved["steps"])
         if lv.shards is not None:      # strategy fsdp: this rank's shards of the whole tensors
-            sharded.load(lv, saved)
+            fsdp_run.load(lv, saved)
             continue
         lv.module.load_state_dict(saved["module"])
         with torch.no_grad():
@@ -69,12 +73,22 @@ def _whole(problem) -> Any:
     return state_to_tree(tree.clone(problem.state))
 
 
+def _shard(problem) -> dict:
+    """This rank's shard of a `zero` problem's optimizer state, cloned, as a plain tree."""
+    opt = problem.optimizer
+    return {"shard": {"index": list(opt.owned(problem.params)),
+                      "state": state_to_tree(tree.clone(opt.local(problem.state, problem.params)))}}
+
+
 def _restored(problem, plain: Any) -> Any:
-    """A checkpoint's whole optimizer state as the problem's (its shard under `zero`),
+    """A checkpoint's whole optimizer state as the problem's (its shard under `zero`; or
+    this rank's shard as :func:`_shard` holds it, under `zero` with the same partition),
     copied: commits overwrite the state's tensors in place (Optimizer.commit)."""
     opt = problem.optimizer
     if isinstance(opt, Zero):
-        local = tree_to_state(opt.select(plain, problem.params), opt.local(problem.state, problem.params))
+        mine = plain["shard"]["state"] if type(plain) is dict and set(plain) == {"shard"} \
+            else opt.select(plain, problem.params)
+        local = tree_to_state(mine, opt.local(problem.state, problem.params))
         return ZeroState({"state": tree.clone(local)})
     return tree.clone(tree_to_state(plain, problem.state))
 

@@ -35,7 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mloc.runtime.program.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from mloc.runtime.program import sharded
+from mloc.runtime.program.checkpoint import CheckpointError, save_checkpoint
 from mloc.runtime.program.engine import Program
 from mloc.runtime.files.loggers import open_loggers
 from mloc.runtime.run.metrics import MetricsWriter
@@ -104,7 +105,11 @@ class Stop:
 def save(program: Program, out: Path, owner: int | None = None, extra: dict | None = None) -> Path:
     """Write `out/checkpoint.pt` on the main process (after checking that the run folder is
     still locked by `owner`, when given), `extra` entries added to the program's state
-    (the selection's); every process waits for it."""
+    (the selection's); every process waits for it. A sharded checkpoint under `zero` when
+    the run asks (`checkpoint_form`: :mod:`mloc.runtime.program.sharded`); a gathered one
+    removes the shards of one written before it in `out`."""
+    if sharded.wanted(program):
+        return sharded.save(program, out, owner, extra)
     path = checkpoint_path(out)
     if program.dist.is_main:
         if owner is not None:
@@ -112,16 +117,17 @@ def save(program: Program, out: Path, owner: int | None = None, extra: dict | No
     state = program.state_dict() if program.dist.is_main or program.strategy[0] in ("zero", "fsdp") else None   # gathered
     if program.dist.is_main:
         save_checkpoint(path, {**state, **(extra or {})}, program.name)
+        sharded.clean(Path(out))
     program.dist.barrier()
     return path
 
 
 def resume(program: Program, directory: Path, selection: Selection | None = None) -> int:
-    """Load `directory/checkpoint.pt` into `program` (and its best-so-far and patience count
-    into `selection`); returns the step to continue from.
+    """Load `directory/checkpoint.pt` (and its shards, when sharded) into `program` (and its
+    best-so-far and patience count into `selection`); returns the step to continue from.
     Anything that fails while restoring is a :class:`CheckpointError` naming the file."""
     path = checkpoint_path(directory)
-    state = load_checkpoint(path, program.name)
+    state = sharded.load(program, Path(directory))
     try:
         program.load_state_dict(state)
         if selection is not None:
