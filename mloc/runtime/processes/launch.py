@@ -49,8 +49,7 @@ from mloc.runtime.files.runfiles import amend_config, write_config, write_text
 from mloc.runtime.files.runfolder import CHECKPOINT, Choice, RunFolder, RunFolderError, RunIOError, check_owner, choose
 from mloc.runtime.program.schedules import ScheduleError
 from mloc.runtime.run.selection import Selection, failed_summary
-from mloc.runtime.processes.threads import Threads
-from mloc.runtime.processes.threads import decide as decide_threads
+from mloc.runtime.processes.threads import Threads, decide as decide_threads
 from mloc.runtime.base.user_modules import put_first
 from mloc.runtime.base.usercode import user_error
 from mloc.runtime.processes.workers import EXIT_PEER, die_with_parent
