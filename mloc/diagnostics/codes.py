@@ -74,6 +74,7 @@ _ALL = (
     Code("E218", "bad-accumulate", "`accumulate` on a lower problem whose steps `itd` unrolls (one batch per unrolled step)"),
     Code("E219", "bad-vmap", "`vmap = true` on a problem whose meta-batch cannot be vectorized"),
     Code("E220", "unsharded-method", "`strategy = fsdp` with a hypergradient method that cannot run on sharded modules"),
+    Code("E221", "unsharded-setting", "`strategy = fsdp` with a setting that sharded modules cannot run (three levels, Shampoo, clipping, ...)"),
     Code("E301", "unknown-optimizer", "an optimizer that mloc does not provide"),
     Code("E302", "unknown-method", "a hypergradient method that mloc does not provide"),
     Code("E303", "unknown-argument", "a keyword argument that the callee does not take"),

@@ -169,6 +169,15 @@ EXPLANATIONS: dict[str, Explanation] = {
               "(`MethodCaps.shards` in the registry).",
               "train { strategy = fsdp }  outer -> inner { hypergrad = cg(iters=5) }",
               "train { strategy = fsdp }  outer -> inner { hypergrad = sama }"),
+    "E221": E("Under `strategy = fsdp` each rank holds a shard of every parameter and of its gradient, "
+              "and the run path takes plain steps and first-order hypergradients of two-level programs, "
+              "committed by mloc's functional optimizers on the shards. A setting that needs a whole "
+              "tensor (Shampoo's matrices, clip_grad_norm's norm, fp16 loss scaling), a whole module "
+              "(`project`, `init`, `reinit`), three levels, interlocking stages or meta-batches is "
+              "refused, with what to use instead (mloc.shared.sharding). `mloc run --strategy fsdp` "
+              "refuses the same with exit 2, and `--compile on` besides.",
+              "train { strategy = fsdp }  problem inner { optimizer = shampoo(lr=0.01) }",
+              "train { strategy = fsdp }  problem inner { optimizer = adam(lr=0.01) }"),
     "E301": E("An optimizer mloc does not provide. The built-ins are listed in the help; torch's own "
               "optimizers are written in full as a call, e.g. `torch.optim.SGD(lr=0.1)`, and `SGD` "
               "alone gets a did-you-mean to `sgd`.",

@@ -26,6 +26,7 @@ from mloc.diagnostics import Diagnostics
 from mloc.ir.graph import ProgramGraph
 from mloc.ir.payloads import DataflowEdge, Read, ResolvedProgram
 from mloc.passes.hierarchy import declared_hierarchy
+from mloc.passes.sharding import check_sharded_settings
 
 
 def _reads_init(method: str) -> bool:
@@ -62,6 +63,7 @@ def infer_dataflow(g: ProgramGraph, r: ResolvedProgram, uncertain: frozenset[str
     _check_problems(r, h, uncertain, diags)
     _check_vmap(g, diags)
     _check_sharded(g, diags)
+    check_sharded_settings(g, r, diags)
     _check_chains(r, diags)
     if g.info.semantics == "exact":
         _check_exact(g, h, feedback_middles(r, h), diags)

@@ -8,7 +8,8 @@ line and the runtime's choice. Torch-free.
   the parameters only, and the updated parameters are broadcast from their owners (ZeRO
   stage 1, Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
   Parameter Models", SC 2020; :mod:`mloc.runtime.optim.zero`);
-- ``fsdp``: parameters sharded too (FSDP2); not yet available (:data:`UNAVAILABLE`);
+- ``fsdp``: parameters sharded too (FSDP2, :mod:`mloc.runtime.program.fsdp_run`); what it
+  cannot run is :mod:`mloc.shared.sharding`'s to say; never chosen by `auto`;
 - ``auto``: :func:`decide`.
 
 `auto`'s rule (:func:`decide`), from the parameter bytes ``P`` and optimizer-state bytes
@@ -30,7 +31,7 @@ optimizer state gathered into rank 0's `checkpoint.pt` (the default, as `ddp` wr
 each rank's shard in a file of its own beside a manifest (:mod:`mloc.runtime.program.sharded`).
 Every other strategy, and one process, writes gathered."""
 
-UNAVAILABLE = {"fsdp": "sharded modules (FSDP2) are not yet available in this mloc"}
+UNAVAILABLE: dict[str, str] = {}
 """Strategies the vocabulary names but the runtime cannot run yet, and why."""
 
 UNAVAILABLE_HELP = "use `zero` (sharded optimizer state) or `ddp`"

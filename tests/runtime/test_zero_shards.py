@@ -92,13 +92,6 @@ def test_auto_rule(world, params, state, chosen):
     assert decide("zero", world, params, state) == ("zero", "as asked")
 
 
-def test_fsdp_is_not_yet_available_at_either_door(mloc_here, tmp_path):
-    flag = mloc_here("run", REWEIGHTING, "--steps", "1", "--strategy", "fsdp", "--out", tmp_path / "r")
-    assert flag.returncode == 2 and "--strategy fsdp: sharded modules (FSDP2) are not yet available" in flag.stderr
-    block = mloc_here("plan", REWEIGHTING, "--set", "train.strategy=fsdp")
-    assert block.returncode != 0 and "E305" in block.stderr and "not yet available" in block.stderr
-
-
 def test_the_plan_names_the_strategy_and_why(mloc_here):
     out = mloc_here("plan", REWEIGHTING).stdout
     assert "strategy under --nproc N > 1: ddp (auto: parameters, gradients and optimizer state (" in out

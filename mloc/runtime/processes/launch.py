@@ -38,7 +38,7 @@ from mloc.runtime.program.build import resolve_device
 from mloc.runtime.program.checkpoint import CheckpointError, load_checkpoint
 from mloc.runtime.run.declaration import Declaration
 from mloc.runtime.base.distributed import LaunchError, is_peer_failure, launched_rank, local_processes
-from mloc.runtime.program.engine import Program, RunConfig
+from mloc.runtime.program.engine import Program, RunConfig, param_bytes
 from mloc.runtime.grad.finite import NonFiniteError
 from mloc.runtime.files.loggers import LoggerError
 from mloc.runtime.run.loop import Stop, Where, resume, train
@@ -49,8 +49,7 @@ from mloc.runtime.files.runfiles import amend_config, write_config, write_text
 from mloc.runtime.files.runfolder import CHECKPOINT, Choice, RunFolder, RunFolderError, RunIOError, check_owner, choose
 from mloc.runtime.program.schedules import ScheduleError
 from mloc.runtime.run.selection import Selection, failed_summary
-from mloc.runtime.processes.threads import Threads
-from mloc.runtime.processes.threads import decide as decide_threads
+from mloc.runtime.processes.threads import Threads, decide as decide_threads
 from mloc.runtime.base.user_modules import put_first
 from mloc.runtime.base.usercode import user_error
 from mloc.runtime.processes.workers import EXIT_PEER, die_with_parent
@@ -274,7 +273,7 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
         torch.set_num_threads(threads)
     try:
         program = build(declaration, config)
-    except (DeviceError, LaunchError) as e:
+    except (DeviceError, LaunchError, OptionError) as e:
         _say(e)
         return 2
     except ScheduleError as e:
@@ -289,8 +288,9 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
     if refused is not None:
         return refused
     chosen = decide_threads(program.modules.values(), threads, local_processes(program.dist.world))
-    if threads is None and program.dist.is_main:
-        amend_config(Path(out), threads=chosen.count, threads_reason=chosen.reason)
+    if program.dist.is_main:    # known once built: the threads chosen, rank 0's parameter bytes (its shards under fsdp)
+        amend_config(Path(out), param_bytes=param_bytes(program), **({} if threads is not None else {
+            "threads": chosen.count, "threads_reason": chosen.reason}))
     launched = launched_rank() is not None     # a worker: its launcher says it is stopping, and sends SIGINT
     stop = Stop(note=not launched)
     try:

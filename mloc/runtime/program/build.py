@@ -33,6 +33,7 @@ from mloc.runtime.grad.compose import Edge, Hierarchy
 from mloc.runtime.program.data import DataStream
 from mloc.runtime.base.distributed import DistContext
 from mloc.runtime.base.overlap import OverlappedSync
+from mloc.runtime.program import fsdp_run as sharded
 from mloc.runtime.program.strategy import apply_strategy
 from mloc.runtime.optim import Optimizer
 from mloc.runtime.files.options import RunConfig
@@ -137,6 +138,7 @@ class Live:
     batch: Any = None                    # the current batch; None until the first draw
     last_loss: torch.Tensor | None = None
     steps: int = 0
+    shards: tuple | None = None          # strategy fsdp: the sharded parameters (params: their local shards)
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,9 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
     streams = {n: DataStream(n, f, device=device, rank=dist.rank, world=dist.world)
                for n, f in data.items()}
     live = {spec.name: _live(spec, modules[spec.name], config.precision, device, cast) for spec in specs}
+    if config.strategy == "fsdp" and dist.world > 1:    # rank 0's tensors, then each rank's shards of them
+        dist.broadcast_params([t for lv in live.values() for t in lv.params])
+        sharded.shard(live)
     for lv in live.values():    # every problem's parameters exist now: bind the losses
         lv.problem = _problem(lv, live, device, cast)
     strategy = apply_strategy(live, config.strategy, dist.rank, dist.world)
@@ -176,7 +181,8 @@ def build(specs: Sequence[ProblemSpec], edges: Sequence[Edge], semantics: str,
     sync = OverlappedSync(dist.world, overlap=config.overlap != "off")
     hierarchy = Hierarchy([lv.problem for lv in live.values()], edges, semantics,
                           sync if dist.world > 1 else None, compositions)
-    dist.broadcast_params([t for lv in live.values() for t in lv.problem.params])
+    if strategy[0] != "fsdp":         # fsdp: broadcast before sharding
+        dist.broadcast_params([t for lv in live.values() for t in lv.problem.params])
     return Built(modules, streams, live, hierarchy, cast, sync, strategy)
 
 

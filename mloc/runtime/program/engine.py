@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from mloc.runtime.program import state as _state
+from mloc.runtime.program import fsdp_run, state as _state
 from mloc.runtime.base import tree
 from mloc.runtime.grad.accumulate import Accumulator
 from mloc.runtime.grad.buffers import buffers_of, frozen, guard_step, inference
@@ -67,6 +67,7 @@ class Program:
         self.step_count = 0
         self.evaluations = tuple(evaluations)
         self.guard = FiniteGuard()
+        fsdp_run.refuse(config, specs, edges, chains, schedule)    # what fsdp cannot run: exit 2
         built = build(specs, edges, semantics, build_modules, data, config, self.dist, self.device, compositions)
         self.modules, self.streams, self.live = built.modules, built.streams, built.live
         self.hierarchy, self._cast, self.sync, self.strategy = built.hierarchy, built.cast, built.sync, built.strategy
@@ -74,7 +75,8 @@ class Program:
         self._starts = {n: _start_of(lv) for n, lv in self.live.items() if lv.spec.reinit is not False}
         for lv in self.live.values():
             lv.problem.optimizer.start()
-        self.compiling = Compiling(self, config.compile, self._steps)   # `--compile`: how each step runs
+        self.fsdp = fsdp_run.Steps(self.live, edges) if self.strategy[0] == "fsdp" else None
+        self.compiling = Compiling(self, "off" if self.fsdp else config.compile, self._steps)   # `--compile`: how each step runs
 
     # --- the schedule's vocabulary ------------------------------------------------------
     def draw(self, name: str) -> None:
@@ -130,6 +132,8 @@ class Program:
         """Where `name`'s steps take their gradients: its plain gradient (a lowest problem) or its hypergradient,
         with the buffer rule (`mloc.runtime.grad.buffers`), compiled where the run compiles (with the update where
         ``pipeline`` allows: :mod:`mloc.runtime.program.compiling`), averaged as it runs (``OverlappedSync.final``)."""
+        if self.fsdp is not None:        # strategy fsdp: mloc.runtime.program.fsdp_run
+            return self.fsdp.source(name)
         lv, final, wrap = self.live[name], self.sync.final(micro), partial(self.compiling.source, pipeline=pipeline)
         if not self.hierarchy.lowers.get(name):
             reads = lv.spec.reads
@@ -167,7 +171,7 @@ class Program:
         precision setting changed before it is taken into account)."""
         lv = self.live[name]
         if lv.pipeline is None:
-            lv.pipeline = build_pipeline(lv, self.sync, self.guard, self, upper=bool(self.hierarchy.lowers.get(name)))
+            lv.pipeline = build_pipeline(lv, self.fsdp.sync if self.fsdp else self.sync, self.guard, self, upper=bool(self.hierarchy.lowers.get(name)))
         return lv.pipeline
 
     # --- reading ------------------------------------------------------------------------
@@ -190,16 +194,8 @@ class Program:
     def losses(self) -> dict[str, float]:
         """Each problem's loss on its current batch (for logging), with the modules in
         evaluation mode, no autograd, no buffer changed (:func:`~mloc.runtime.grad.buffers.inference`)."""
-        out = {}
         with inference(self.modules.values()):
-            for name, lv in self.live.items():
-                if lv.batch is None:
-                    continue
-                args = [self.live[r].problem.params for r in lv.problem.reads]
-                with lv.autocast():
-                    value = lv.problem.loss(*args)
-                out[name] = float(value)
-        return out
+            return self.fsdp.losses() if self.fsdp is not None else _losses(self.live)
 
     def hypergradients(self) -> dict[str, dict[str, torch.Tensor]]:
         """Each upper problem's hypergradient at the current state, without stepping."""
@@ -261,10 +257,30 @@ def drain(program: Program) -> None:
         lv.problem.optimizer.drain()
 
 
+def param_bytes(program: Program) -> int:
+    """The bytes of parameters this process holds: every module's, or its shards of them
+    under `strategy = fsdp` (``config.json``'s ``param_bytes``, rank 0's)."""
+    return fsdp_run.param_bytes(list(program.modules.values()))
+
+
+def _losses(live) -> dict[str, float]:
+    """:meth:`Program.losses` of whole modules (under :func:`inference`)."""
+    out = {}
+    for name, lv in live.items():
+        if lv.batch is None:
+            continue
+        args = [live[r].problem.params for r in lv.problem.reads]
+        with lv.autocast():
+            out[name] = float(lv.problem.loss(*args))
+    return out
+
+
 def _hypergradient(program: Program, name: str) -> dict[str, torch.Tensor]:
     """Upper problem ``name``'s hypergradient by slot, at the program's current state (its
     batches and those of the problems below drawn where none is), the buffers frozen and
     the parameters' ``.grad`` as they were before."""
+    if program.fsdp is not None:
+        raise NotImplementedError("hypergradients() of a sharded (strategy fsdp) run: use one process or ddp")
     lv = program.live[name]
     for below in program.hierarchy.lowers[name]:
         if program.live[below].batch is None:

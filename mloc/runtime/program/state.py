@@ -2,7 +2,8 @@
 
 :func:`snapshot` covers parameters, optimizer states, module buffers, data positions,
 RNGs and the step counters, so a run resumed by :func:`restore` is bitwise identical to an
-uninterrupted one on CPU. Optimizer states are pytrees: cloned (a commit overwrites the
+uninterrupted one on CPU. Under `strategy = fsdp` (and `zero`) every tensor is whole,
+gathered from the ranks, so a checkpoint resumes into any strategy and world size. Optimizer states are pytrees: cloned (a commit overwrites the
 live tensors in place) and turned into checkpointable plain trees here, and nowhere else
 in the engine.
 """
@@ -14,6 +15,7 @@ from typing import Any, Mapping
 import torch
 
 from mloc.runtime.base import tree
+from mloc.runtime.program import fsdp_run
 from mloc.runtime.program.checkpoint import capture_rng, restore_rng, state_to_tree, tree_to_state
 from mloc.runtime.program.data import DataStream
 from mloc.runtime.optim.zero import Zero, ZeroState
@@ -27,6 +29,9 @@ def snapshot(name: str, step: int, live: Mapping[str, Any], streams: Mapping[str
     (a sharded checkpoint's: :mod:`mloc.runtime.program.sharded`), not gathered."""
     problems = {}
     for n, lv in live.items():
+        if lv.shards is not None:      # strategy fsdp: whole tensors, gathered (every rank calls)
+            problems[n] = {**fsdp_run.gathered(lv), "steps": lv.steps}
+            continue
         problems[n] = {"params": [p.detach().clone() for p in lv.problem.params],
                        "optimizer": _shard(lv.problem) if sharded and isinstance(lv.problem.optimizer, Zero)
                        else _whole(lv.problem),
@@ -42,13 +47,16 @@ def restore(state: dict, live: Mapping[str, Any], streams: Mapping[str, DataStre
     step = int(state["step"])
     for n, lv in live.items():
         saved = state["problems"][n]
+        lv.steps = int(saved["steps"])
+        if lv.shards is not None:      # strategy fsdp: this rank's shards of the whole tensors
+            fsdp_run.load(lv, saved)
+            continue
         lv.module.load_state_dict(saved["module"])
         with torch.no_grad():
             for p, v in zip(lv.problem.params, saved["params"]):
                 p.copy_(v)
         # copies: commits overwrite the state's tensors in place (Optimizer.commit)
         lv.problem.state = _restored(lv.problem, saved["optimizer"])
-        lv.steps = int(saved["steps"])
     for n, s in streams.items():
         s.restore(state["data"][n])
     for lv in live.values():

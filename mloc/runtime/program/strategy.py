@@ -4,7 +4,9 @@ sizes measured on the built problems: every parameter's bytes and every optimize
 
 Under ``zero`` with more than one process each problem's optimizer is wrapped in
 :class:`~mloc.runtime.optim.zero.Zero` and its state cut to the rank's shard; under
-``ddp`` (and with one process, where nothing is sharded) nothing changes.
+``fsdp`` the modules were sharded already (:mod:`mloc.runtime.program.fsdp_run`, before the
+optimizers are built on the local shards); under ``ddp`` (and with one process, where
+nothing is sharded) nothing changes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def apply_strategy(live: Mapping[str, Any], asked: str, rank: int, world: int) -
     params = sum(p.numel() * p.element_size() for lv in live.values() for p in lv.problem.params)
     state = sum(t.numel() * t.element_size() for lv in live.values() for t in tree.tensors(lv.problem.state))
     chosen, why = decide(asked, world, params, state)
-    if chosen == "zero" and world <= 1:
+    if chosen in ("zero", "fsdp") and world <= 1:
         return "ddp", f"{why}; one process: nothing to shard"
     if chosen == "zero":
         for lv in live.values():

@@ -115,7 +115,7 @@ def save(program: Program, out: Path, owner: int | None = None, extra: dict | No
         if owner is not None:
             check_owner(Path(out), owner)
     drain(program)              # every rank: background work may be exchanged across ranks
-    state = program.state_dict() if program.dist.is_main or program.strategy[0] == "zero" else None   # zero: gathered
+    state = program.state_dict() if program.dist.is_main or program.strategy[0] in ("zero", "fsdp") else None   # gathered
     if program.dist.is_main:
         save_checkpoint(path, {**state, **(extra or {})}, program.name)
         sharded.clean(Path(out))

@@ -215,7 +215,7 @@ class Watch:
         improved, stop = self.selection.observe(step, results)
         if step >= self.steps:           # the last step: the run finishes anyway
             stop, self.selection.stopped_at = False, None
-        gathered = improved and self.program.strategy[0] == "zero"     # every rank gathers the state
+        gathered = improved and self.program.strategy[0] in ("zero", "fsdp")     # every rank gathers the state
         if improved:
             from mloc.runtime.program.engine import drain
             drain(self.program)         # every rank: background work may be exchanged across ranks
