@@ -88,6 +88,7 @@ class Compiling:
         return [{"step": f"{r.kind} {r.name}", "compiled": r.compiled, "reason": r.reason,
                  "graphs": r.graphs, "operations": r.operations, "recompiles": r.recompiles,
                  "update": "fused" if r.compiled and getattr(r, "fused", False) else getattr(r, "split", None),
+                 **({"apart": r.apart} if getattr(r, "apart", None) else {}),
                  "compile_seconds": round(r.seconds, 3)} for r in self.ran()]
 
     def ran(self) -> list:
