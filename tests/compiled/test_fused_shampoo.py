@@ -73,3 +73,28 @@ def test_async_roots_keep_the_update_apart_and_say_why(monkeypatch):
     session.program.lower_step("net")
     r = session.program.compiling.reports["lower", "net"]
     assert r.compiled and not r.fused and r.split == ASYNC, r.line()
+
+
+SLOW = {
+    "sgd graft, blocks, heavy ball": ("shampoo(lr=0.01, graft=sgd, block_size=4, update_every=4, momentum=0.9, "
+                                      "nesterov=false, start_preconditioning_step=6)"),
+    "adam graft, staleness 2": "shampoo(lr=0.01, graft=adam, update_every=3, staleness=2, start_preconditioning_step=5)",
+    "adagrad graft, nesterov, coupled decay": ("shampoo(lr=0.01, graft=adagrad, update_every=5, momentum=0.9, "
+                                               "nesterov=true, weight_decay=0.01, decoupled_weight_decay=false, "
+                                               "start_preconditioning_step=3)"),
+    "rmsprop graft": "shampoo(lr=0.01, graft=rmsprop, update_every=2, start_preconditioning_step=7)",
+    "no graft, decoupled decay": ("shampoo(lr=0.001, graft=none, update_every=3, weight_decay=0.01, "
+                                  "decoupled_weight_decay=true, start_preconditioning_step=4)"),
+}
+"""Shampoo settings under the lower problem, compiled (Inductor) against eager over 100
+steps with ``test_compiled_steps``' bounds (float64 1e-12, each step from the eager state),
+no graph compiled after the fifth outer step: refreshes every 2 to 5 steps, blocking,
+staleness, every grafting kind, both momenta and weight decays, the start of
+preconditioning crossed after the warmup's first steps."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", sorted(SLOW))
+def test_shampoo_fused_compiled_equals_eager_over_100_steps_in_float64(variant):
+    from tests.compiled.test_compiled_steps import _agree
+    _agree("neumann(iters=3, alpha=0.1)", SLOW[variant], "float64", 100, 1e-12)
