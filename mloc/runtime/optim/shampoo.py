@@ -205,15 +205,22 @@ class Shampoo(Optimizer):
     def compiled_commit(self):
         """:meth:`commit` with the part of the step after the roots compiled
         (:func:`.shampoo_compiled.compiled_commit`)."""
-        return compiled.compiled_commit(self)
+        return compiled.compiled_commit(self, self._step, self._direction)
 
     def host_work(self, state) -> bool:
         """Whether the next step installs or refreshes roots (:func:`.shampoo_compiled.host_work`)."""
         return compiled.host_work(self, state)
 
     def fused_update(self, grads, state, params):
-        """The step without root work, in a step's graph (:func:`.shampoo_compiled.fused_update`)."""
-        return compiled.fused_update(self, grads, state, params)
+        """``(updates, state)``: :meth:`update` on a step without root work (the roots,
+        failures and pending slots passed through), what a step's graph holds
+        (:mod:`.shampoo_compiled`; the step count a lifted number there)."""
+        t = state.count + 1
+        lays = self.layouts(params)
+        g, x, stats = self._accumulate(FUNCTIONAL, grads, state.stats, params, lays)
+        graft, momentum, updates = self._direction(FUNCTIONAL, self._bias(t), t > self.hyper.start_preconditioning_step,
+                                                   g, x, state.roots, state.graft, state.momentum, params, lays)
+        return updates, state._replace(count=t, stats=stats, graft=graft, momentum=momentum)
 
     def _decayed(self, grads, params):
         h = self.hyper

@@ -1,12 +1,12 @@
 r"""Shampoo (:mod:`.shampoo`) compiled: its commit with the part after the roots in a
 compiled region (:func:`compiled_commit`), and its update inside a compiled step's graph
-between root refreshes (:func:`fused_update`, :func:`host_work`).
+between root refreshes (:meth:`Shampoo.fused_update <.shampoo.Shampoo.fused_update>`, :func:`host_work`).
 
 **In the step's graph** (:mod:`mloc.runtime.compiled.fused`). Between root refreshes
 Shampoo's step is pure tensor work: with ``G`` the gradient (plus ``wd·θ``, coupled decay)
 laid out in blocks, the statistics ``Sᵢ ← β₂Sᵢ + w·G₍ᵢ₎G₍ᵢ₎ᵀ``, the grafted direction
 ``D``, the preconditioned ``P = G ×₁ Q₁ ⋯ ×ₖ Qₖ`` with the roots ``Qᵢ`` in use, rescaled
-to ``‖D‖``, momentum and the update. :func:`fused_update` is exactly that (no root work):
+to ``‖D‖``, momentum and the update. ``Shampoo.fused_update`` is exactly that (no root work):
 the roots, statistics, grafting accumulators and momentum buffers are the graph's inputs
 (tensors, never constants, so an install that replaces the roots changes no graph), the
 statistics and accumulators are written in place; of the step count, ``adam`` grafting's
@@ -49,23 +49,11 @@ def host_work(opt, state) -> bool:
             or (shampoo_roots_due(t, h.update_every, h.staleness) is not None and any(state.stats)))
 
 
-def fused_update(opt, grads, state, params):
-    """``(updates, state)``: :meth:`Shampoo.update` on a step without root work
-    (:func:`host_work` false; the module docstring), the roots, failures and pending slots
-    passed through."""
-    t = state.count + 1
-    lays = opt.layouts(params)
-    g, x, stats = opt._accumulate(FUNCTIONAL, grads, state.stats, params, lays)
-    graft, momentum, updates = opt._direction(FUNCTIONAL, opt._bias(t), t > opt.hyper.start_preconditioning_step,
-                                              g, x, state.roots, state.graft, state.momentum, params, lays)
-    return updates, state._replace(count=t, stats=stats, graft=graft, momentum=momentum)
-
-
-def compiled_commit(opt):
+def compiled_commit(opt, step, direction):
     """:meth:`Shampoo.commit <.shampoo.Shampoo.commit>` with the part of the step after the
     roots compiled (:mod:`.compiled`): :meth:`~Shampoo._step` as ever, the statistics (one matrix product
     per mode, in place) and the root work (refreshes, installs, background jobs) eager, and
-    :meth:`~Shampoo._direction` (the grafting, the preconditioning ``Q₁ G Q₂``, the
+    :meth:`~Shampoo._direction` (``direction``; ``step`` is :meth:`~Shampoo._step`: the grafting, the preconditioning ``Q₁ G Q₂``, the
     rescaling, momentum, the update: the elementwise work, fused) in one region, one graph
     for every step: the roots, the gradients' blocks and a schedule's rate are inputs; of
     the step count only ``adam`` grafting's bias corrections enter, as host numbers in a
@@ -78,7 +66,7 @@ def compiled_commit(opt):
         # FUNCTIONAL, then params += updates, with a tensor one)
         ops = FOREACH if opt.inplace else FUNCTIONAL
         bias = None if bias is None else tuple(bias.unbind())
-        graft, momentum, updates = opt._direction(ops, bias, precondition, g, x, roots, accs, buffers, params, lays)
+        graft, momentum, updates = direction(ops, bias, precondition, g, x, roots, accs, buffers, params, lays)
         if updates is not None:
             for p, u in zip(params, updates):
                 p.add_(u)
@@ -86,14 +74,14 @@ def compiled_commit(opt):
 
     region = Region(written, "Shampoo_direction")
 
-    def direction(ops, bias, started, g, x, roots, accs, buffers, params, lays):
+    def compiled(ops, bias, started, g, x, roots, accs, buffers, params, lays):
         numbers = None if bias is None else host_numbers(bias, params)
         graft, momentum = region(tuple(g), x, roots, accs, buffers, params, numbers, _flag(started, params), lays)
         return graft, momentum, None
 
     def commit(grads, state, params):
         ops = FOREACH if opt.inplace else FUNCTIONAL
-        return opt._step(ops, grads, state, list(params), direction)[1]
+        return step(ops, grads, state, list(params), compiled)[1]
     return CompiledCommit(commit, (region,))
 
 
