@@ -178,8 +178,8 @@ def schedule_lines(loop: Loop, depth: int) -> list[str]:
 
 
 def compile_lines(schedule: Loop) -> list[str]:
-    """What `--compile on` captures of the schedule (an upper step under `--nproc` runs
-    eagerly) and `auto`'s rule (:mod:`mloc.shared.compile`)."""
+    """What `--compile on` captures of the schedule (an upper step under `--nproc` with its
+    averaging in its graph) and `auto`'s rule (:mod:`mloc.shared.compile`)."""
     kinds: dict[str, list[str]] = {}
 
     def walk(loop) -> None:
@@ -190,7 +190,8 @@ def compile_lines(schedule: Loop) -> list[str]:
                 kinds[item.kind].append(item.problem)
     walk(schedule)
     captured = [f"{k} {', '.join(ps)}" for k, ps in kinds.items() if k in CAPTURED]
-    nproc = " (an upper step under --nproc runs eagerly)" if "upper_step" in kinds else ""
+    nproc = (" (under --nproc an upper step's averaging runs in its graph, as functional collectives)"
+             if "upper_step" in kinds else "")
     fused = "lower_step" in kinds or "upper_step" in kinds
     commits = (", each with its optimizer update in the graph where it fuses (else the commit compiled apart)"
                if fused else ", and every optimizer commit")

@@ -107,10 +107,12 @@ def test_fp16_loss_scaling_runs_its_steps_eagerly_with_the_reason():
 
 
 @pytest.mark.slow
-def test_nproc_compiles_its_lower_steps_and_says_why_the_upper_runs_eagerly(tmp_path):
-    """`--nproc 2 --compile on`: the lower step is compiled, the upper (whose hypergradient
-    averages its Hessian-vector products across processes inside the step) runs eagerly
-    with that reason; the run equals `--compile off` within float32's 1e-5."""
+def test_nproc_compiles_its_lower_and_upper_steps_with_the_collectives_in_the_graph(tmp_path):
+    """`--nproc 2 --compile on`: the lower step and the upper (whose hypergradient averages
+    its direct gradient and Hessian-vector products across processes inside the step: as
+    functional collectives in its graph) are compiled, their updates apart (the final
+    gradients' all-reduce between gradient and update); the run equals `--compile off`
+    within float32's 1e-5 and counts the same collectives per step."""
     from tests.run.helpers import params
     runs = {}
     for mode in ("on", "off"):
@@ -122,10 +124,15 @@ def test_nproc_compiles_its_lower_steps_and_says_why_the_upper_runs_eagerly(tmp_
     config = json.loads((runs["on"] / "config.json").read_text())["run"]
     steps = {c["step"]: c for c in config["compiled"]}
     assert steps["lower net"]["compiled"] and steps["commit net"]["compiled"], steps
-    assert "averaged across processes between the gradient and the update" in steps["lower net"]["update"]
-    assert not steps["upper weights"]["compiled"]
-    assert "averages its Hessian-vector products across processes" in steps["upper weights"]["reason"]
+    assert steps["upper weights"]["compiled"] and steps["upper weights"]["recompiles"] == 0, steps
+    for step in ("lower net", "upper weights"):
+        assert "averaged across processes between the gradient and the update" in steps[step]["update"]
     a, b = params(runs["on"]), params(runs["off"])
     assert a.keys() == b.keys()
     for k in a:
         assert ((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-30)).item() <= 1e-5, k
+
+    def collectives(out):
+        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        return {(r["step"], r["problem"]): r["collectives"] for r in rows if r["kind"] == "train"}
+    assert collectives(runs["on"]) == collectives(runs["off"])

@@ -104,7 +104,7 @@ def _refused(session, name: str) -> str | None:
     return commit.refused if commit is not None else None
 
 
-FUSED = {"sgd", "adam", "adamw"}
+FUSED = {"sgd", "adam", "adamw", "shampoo"}
 """The registry's optimizers whose functional update a compiled step runs in its graph."""
 
 

@@ -39,6 +39,10 @@ ALLOWED = {
     # AD's zero tangents, whose storage has a nominal size and no memory
     # (mloc/runtime/base/memory.py counts allocations with both)
     "OpOverload._schema, Tensor._is_zerotensor": re.compile(r"_schema|_is_zerotensor"),
+    # functional collectives, the dispatcher operations that make_fx records and Inductor
+    # runs (a compiled step's averaging under --nproc, mloc/runtime/base/overlap.py); their
+    # only Python spelling is torch.distributed._functional_collectives, private too
+    "torch.ops._c10d_functional": re.compile(r"_c10d_functional"),
 }
 
 _DICT_WRITES = {"setdefault", "update", "pop", "popitem", "clear", "__setitem__", "__delitem__"}

@@ -70,6 +70,21 @@ def async_all_reduce(t: Tensor) -> Any:
     return dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True)
 
 
+class _Captured:
+    """The sum of ``t`` across replicas as functional collectives (``_c10d_functional``'s
+    ``all_reduce`` and ``wait_tensor``, dispatcher operations, so ``make_fx`` records them
+    and TorchInductor runs them, on gloo too): how a compiled step's graph holds the
+    averaging of an upper step under ``--nproc`` (``c10d``'s in-place ``dist.all_reduce``
+    is invisible to the tracer). ``wait()`` writes the sum into ``t``, as the eager one."""
+
+    def __init__(self, t: Tensor):
+        self.t = t
+        self.sum = torch.ops._c10d_functional.all_reduce(t, "sum", dist.group.WORLD.group_name)
+
+    def wait(self) -> None:
+        self.t.copy_(torch.ops._c10d_functional.wait_tensor(self.sum))
+
+
 @dataclass(frozen=True)
 class Bucketer:
     """A bucket layout of a tuple of tensors: ``buckets[k]`` holds indices into it, each
@@ -130,6 +145,10 @@ class OverlappedSync:
     def _count(self, collectives: int) -> None:
         self.counts[self.owner] = self.counts.get(self.owner, 0) + collectives
 
+    def replayed(self, collectives: int) -> None:
+        """Count ``collectives`` that a compiled graph ran (no Python saw them)."""
+        self._count(collectives)
+
     def take(self, step: int) -> dict[str, float]:
         """Collectives per outer step of each problem since the last call (at outer step
         ``step``, 0-based steps done), then reset."""
@@ -155,7 +174,7 @@ class OverlappedSync:
             missing = [i for i, x in enumerate(g) if x is None]
             out = self.mean([torch.zeros_like(t) if x is None else x for x, t in zip(g, inputs)])
         else:
-            flight = _Flight(self._layout(inputs), inputs, self.all_reduce)
+            flight = _Flight(self._layout(inputs), inputs, self._start)
             handles = [t.register_hook(flight.hook(i)) for i, t in enumerate(inputs) if t.requires_grad]
             try:
                 torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=retain_graph, allow_unused=True)
@@ -178,13 +197,18 @@ class OverlappedSync:
             groups = _by_dtype(out)
             for group in groups:
                 flat = torch.cat([t.reshape(-1) for t in group])
-                self.all_reduce(flat).wait()
+                self._start(flat).wait()
                 flat.div_(self.world)
                 _unflatten_into(flat, group)
             self._count(len(groups))
         return tuple(out)
 
     __call__ = mean
+
+    def _start(self, t: Tensor) -> Any:
+        """``all_reduce(t)`` started; while a compiled step is captured, the functional
+        collective (:class:`_Captured`) that its graph holds."""
+        return _Captured(t) if get_proxy_mode() is not None else self.all_reduce(t)
 
     def reduced(self, grads: Sequence[Tensor]) -> bool:
         """Whether ``grads`` are the last ``final`` gradients :meth:`grad` averaged (consumed:

@@ -31,9 +31,14 @@ watches on the loss or hypergradient and on everything committed (queued flags, 
 the next log step or checkpoint, as in eager: a non-finite gradient is named and no
 checkpoint is written after it), ``project``, the step counter. A stage that acts between
 the gradient and the update (the all-reduce of data parallelism, fp16 unscaling,
-``clip_grad_norm``) keeps them apart, as does an optimizer with host work inside its step
-(``Optimizer.unfused``: Shampoo's root refreshes, ``torch.optim``'s ``step()``); the step's
-report says why. A parameter no gradient reached (whose state ``torch.optim`` leaves
+``clip_grad_norm``) keeps them apart, as does an optimizer whose step cannot be captured
+(``Optimizer.unfused``: ``torch.optim``'s ``step()``, Shampoo's async roots); the step's
+report says why. An optimizer with host work on some steps only (``Optimizer.host_work``:
+Shampoo's root refreshes and installs) runs :meth:`Optimizer.fused_update
+<mloc.runtime.optim.base.Optimizer.fused_update>` (the update without that work) in the
+graph on the other steps; on those, the step runs the source's graph alone (a second
+graph of the same step, with the same inputs) and the optimizer's compiled commit after
+it, and the report says so (``apart``). A parameter no gradient reached (whose state ``torch.optim`` leaves
 alone) keeps the update apart: the graph is the source's, and the commit runs after it,
 compiled apart (:data:`ABSENT`, in the report). Anything that refuses a plain capture
 refuses this one; the step then runs eagerly: the source, then the optimizer's commit.
@@ -113,10 +118,17 @@ class FusedStep(CompiledSource):
         self.capturing = False
         self._old: frozenset = frozenset()      # ids of the state's tensors during a capture
         report.fused = True
+        # the source's graph alone, for a step whose commit does host work (Optimizer.host_work)
+        self.plain = CompiledSource(source, inputs, numbers, report, lifted[:-1])
 
     def __call__(self, seed=None):
         self.fusion.schedule()
         old = self.problem.state
+        if self.problem.optimizer.host_work(old):     # this step's commit after its graph, compiled apart
+            self.report.apart = self.problem.optimizer.apart
+            grads, loss = self.plain(seed)
+            self.fusion.commit(grads)
+            return grads, loss
         grads, loss, finish = super().__call__(seed)
         if finish is _APART:
             self.fusion.commit(grads)
@@ -146,7 +158,7 @@ class FusedStep(CompiledSource):
         state, params = problem.state, problem.params
         self._old = frozenset(map(id, tree.tensors(state)))
         with torch.no_grad():
-            updates, new = problem.optimizer.update(grads, state, params)
+            updates, new = problem.optimizer.fused_update(grads, state, params)
             for p, u in zip(params, updates):
                 p.add_(u)
             new = _into(state, new)

@@ -56,6 +56,7 @@ class StepReport:
     counts: Counts = field(default_factory=Counts)
     fused: bool = False         # the optimizer's update is in the step's graph (compiled.fused)
     split: str | None = None    # else why it is compiled apart (None: the step commits nothing)
+    apart: str | None = None    # fused, but which steps committed apart (Optimizer.apart)
 
     @property
     def compiled(self) -> bool:
@@ -84,7 +85,7 @@ class StepReport:
             return f"{what}: eager ({self.reason})"
         if not self.counts.graphs:
             return f"{what}: not yet run"
-        update = ("; the optimizer update in the graph" if self.fused else
+        update = (f"; the optimizer update in the graph{f' ({self.apart})' if self.apart else ''}" if self.fused else
                   f"; the optimizer update compiled apart: {self.split}" if self.split else "")
         return (f"{what}: compiled ({self.counts.operations} operations, {self.counts.graphs} "
                 f"graph{'s' if self.counts.graphs != 1 else ''}, {self.counts.seconds:.1f} s to compile{update})")

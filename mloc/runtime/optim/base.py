@@ -74,6 +74,21 @@ class Optimizer(ABC):
     lifted into an input, :mod:`mloc.runtime.compiled.fused`). An optimizer with host work
     inside its step says so here, and its commit is compiled apart."""
 
+    apart: ClassVar[str | None] = None
+    """Which steps a fused step still commits apart (None: none), where :meth:`host_work`
+    can be true: the phrase a step's report and banner show."""
+
+    def host_work(self, state: Any) -> bool:
+        """Whether the next step from ``state`` does host work inside its commit (Shampoo's
+        root refreshes and installs): a fused step then runs its graph without the update
+        and commits after it (the compiled commit), that step only. False by default."""
+        return False
+
+    def fused_update(self, grads: Params, state: Any, params: Params) -> tuple[Params, Any]:
+        """The update a fused step's graph runs (:mod:`mloc.runtime.compiled.fused`), on a
+        step where :meth:`host_work` is false: :meth:`update` by default."""
+        return self.update(grads, state, params)
+
     def __init__(self, hyper: Hyper = Hyper()):
         self.hyper = hyper
 

@@ -42,8 +42,11 @@ with respect to the gradients, the parameters and a tensor learning rate, with t
 (and the statistics they come from) treated as constants between refreshes: the graph
 runs through ``Q₁ G Q₂``, the grafting norms and accumulators, and momentum.
 
-**Compiled** (:meth:`Shampoo.compiled_commit`): the part of the step after the roots under
-``torch.compile``, the statistics and every root job eager around it; the same state.
+**Compiled** (:mod:`.shampoo_compiled`): the commit with the part of the step after the
+roots under ``torch.compile``, the statistics and every root job eager around it; the same
+state. In a compiled step's graph, the whole update on the steps between root refreshes
+(roots and statistics as the graph's inputs), and the compiled commit after the graph on
+the steps that install or refresh roots.
 
 **SAMA** (:meth:`Shampoo.diag`): per block ``η·c·σ·(diag Q₁ ⊗ … ⊗ diag Q_k)``, ``c`` the
 momentum factor (``1``, or ``1+μ`` for Nesterov), ``σ = ‖D‖/‖P‖`` the grafting scale (1 for
@@ -68,7 +71,7 @@ import torch
 from torch import Tensor
 
 from mloc.shared.hyper import GRAFTS, ShampooHyper
-from mloc.runtime.optim import blocks, graft as grafting
+from mloc.runtime.optim import blocks, graft as grafting, shampoo_compiled as compiled
 from mloc.runtime.optim.base import Optimizer, is_zero, numbers, takes
 from mloc.runtime.optim.ops import FOREACH, FUNCTIONAL
 from mloc.runtime.optim.rootwork import RootWork, clone_tuple, failure_counts, merge_due
@@ -90,8 +93,12 @@ class Shampoo(Optimizer):
     """See the module docstring. A scheduler may drive ``momentum`` (OneCycleLR's momentum
     cycling: Shampoo has no ``betas``) and ``weight_decay`` (:class:`ShampooHyper`)."""
 
-    unfused = ("its root refreshes are host work (eigendecompositions, background jobs) between the "
-               "statistics and the update; the update after the roots is compiled apart")
+    apart = compiled.APART
+
+    @property
+    def unfused(self) -> str | None:
+        """Async roots keep the update out of a step's graph (:func:`.shampoo_compiled.unfused`)."""
+        return compiled.unfused(self)
 
     def __init__(self, hyper: ShampooHyper):
         super().__init__(hyper)
@@ -199,8 +206,23 @@ class Shampoo(Optimizer):
 
     def compiled_commit(self):
         """:meth:`commit` with the part of the step after the roots compiled
-        (:func:`_compiled_commit`)."""
-        return _compiled_commit(self)
+        (:func:`.shampoo_compiled.compiled_commit`)."""
+        return compiled.compiled_commit(self, self._step, self._direction)
+
+    def host_work(self, state) -> bool:
+        """Whether the next step installs or refreshes roots (:func:`.shampoo_compiled.host_work`)."""
+        return compiled.host_work(self, state)
+
+    def fused_update(self, grads, state, params):
+        """``(updates, state)``: :meth:`update` on a step without root work (the roots,
+        failures and pending slots passed through), what a step's graph holds
+        (:mod:`.shampoo_compiled`; the step count a lifted number there)."""
+        t = state.count + 1
+        lays = self.layouts(params)
+        g, x, stats = self._accumulate(FUNCTIONAL, grads, state.stats, params, lays)
+        graft, momentum, updates = self._direction(FUNCTIONAL, self._bias(t), t > self.hyper.start_preconditioning_step,
+                                                   g, x, state.roots, state.graft, state.momentum, params, lays)
+        return updates, state._replace(count=t, stats=stats, graft=graft, momentum=momentum)
 
     def _decayed(self, grads, params):
         h = self.hyper
@@ -297,54 +319,6 @@ def _sama_diagonal(opt: Shampoo, grads, state, params):
         else:
             out.append(h.lr * c * grafting.diagonal(h.graft, h.graft_beta2, t, acc))
     return tuple(out)
-
-
-def _compiled_commit(opt: Shampoo):
-    """:meth:`Shampoo.commit` with the part of the step after the roots compiled
-    (:mod:`.compiled`): :meth:`~Shampoo._step` as ever, the statistics (one matrix product
-    per mode, in place) and the root work (refreshes, installs, background jobs) eager, and
-    :meth:`~Shampoo._direction` (the grafting, the preconditioning ``Q₁ G Q₂``, the
-    rescaling, momentum, the update: the elementwise work, fused) in one region, one graph
-    for every step: the roots, the gradients' blocks and a schedule's rate are inputs; of
-    the step count only ``adam`` grafting's bias corrections enter, as host numbers in a
-    tensor, and the start of preconditioning, as a 0-dim flag (before it both directions
-    are computed, and the grafted one taken)."""
-    from mloc.runtime.optim.compiled import CompiledCommit, Region, host_numbers
-
-    def written(g, x, roots, accs, buffers, params, bias, precondition, lays):
-        # the region: _direction as commit runs it (FOREACH with number hyperparameters;
-        # FUNCTIONAL, then params += updates, with a tensor one)
-        ops = FOREACH if opt.inplace else FUNCTIONAL
-        bias = None if bias is None else tuple(bias.unbind())
-        graft, momentum, updates = opt._direction(ops, bias, precondition, g, x, roots, accs, buffers, params, lays)
-        if updates is not None:
-            for p, u in zip(params, updates):
-                p.add_(u)
-        return graft, momentum
-
-    region = Region(written, "Shampoo_direction")
-
-    def direction(ops, bias, started, g, x, roots, accs, buffers, params, lays):
-        numbers = None if bias is None else host_numbers(bias, params)
-        graft, momentum = region(tuple(g), x, roots, accs, buffers, params, numbers, _flag(started, params), lays)
-        return graft, momentum, None
-
-    def commit(grads, state, params):
-        ops = FOREACH if opt.inplace else FUNCTIONAL
-        return opt._step(ops, grads, state, list(params), direction)[1]
-    return CompiledCommit(commit, (region,))
-
-
-_FLAGS: dict = {}
-
-
-def _flag(value: bool, params) -> Tensor:
-    """``value`` as a 0-dim bool tensor on the parameters' device (one of two kept per
-    device, never written: an input of a compiled region, not a constant)."""
-    device = params[0].device if params else torch.device("cpu")
-    if device not in _FLAGS:
-        _FLAGS[device] = (torch.tensor(False, device=device), torch.tensor(True, device=device))
-    return _FLAGS[device][bool(value)]
 
 
 def _orders(lays) -> tuple:

@@ -9,7 +9,10 @@ commit (:meth:`Optimizer.compiled_commit <mloc.runtime.optim.base.Optimizer.comp
 a lower or upper step whose pipeline has no stage between gradient and update, of an
 optimizer that allows it, runs its update in its own graph instead
 (:class:`~mloc.runtime.compiled.fused.FusedStep`; the report says so, or why not);
-an upper step under data parallelism runs eagerly and is reported with its reason.
+an upper step under data parallelism holds its averaging (the direct gradient's,
+each Hessian-vector product's, SAMA's lower gradient's) in its graph as functional
+collectives (:class:`~mloc.runtime.base.overlap.OverlappedSync`), and its final
+gradients are averaged after it by the pipeline, as a lower step's.
 ``auto`` is eager until the run loop decides (:mod:`mloc.runtime.compiled.decision`).
 
 What a step reads, its inputs: every problem's parameters, the current batches of the
@@ -34,8 +37,6 @@ from mloc.runtime.compiled.fused import FusedStep
 from mloc.runtime.compiled.step import CommitReport, CompiledSource, StepReport, flatten_each, rebuild_each
 
 ACCUMULATED = "the update applies the mean of several micro-steps' gradients (accumulate)"
-DATA_PARALLEL = ("under data parallelism the hypergradient averages its Hessian-vector products across "
-                 "processes inside the step, which the capture does not record")
 
 
 class Compiling:
@@ -88,6 +89,7 @@ class Compiling:
         return [{"step": f"{r.kind} {r.name}", "compiled": r.compiled, "reason": r.reason,
                  "graphs": r.graphs, "operations": r.operations, "recompiles": r.recompiles,
                  "update": "fused" if r.compiled and getattr(r, "fused", False) else getattr(r, "split", None),
+                 **({"apart": r.apart} if getattr(r, "apart", None) else {}),
                  "compile_seconds": round(r.seconds, 3)} for r in self.ran()]
 
     def ran(self) -> list:
@@ -104,9 +106,6 @@ class Compiling:
         if self.mode != "on":
             return self._counted(source)
         report = self.reports[kind, name] = StepReport(kind, name)
-        if kind == "upper" and self.program.dist.world > 1:
-            report.reason = DATA_PARALLEL
-            return source
         below = _below(self.program.hierarchy, name)
         batches = (name, *below) if kind == "upper" else (name,)
         states = below if kind == "upper" else ()
@@ -117,8 +116,9 @@ class Compiling:
             states = (*states, name)
             return FusedStep(source, pipeline.fusion, live[name].problem, lambda: self._tensors(batches, states),
                              lambda: self._numbers(batches), report, lifted=[live[n].problem for n in states])
-        return CompiledSource(source, lambda: self._tensors(batches, states), lambda: self._numbers(batches),
+        step = CompiledSource(source, lambda: self._tensors(batches, states), lambda: self._numbers(batches),
                               report, lifted=[live[n].problem for n in states])
+        return _collectives_counted(step, self.program.sync) if self.program.dist.world > 1 else step
 
     def chain(self, first: str, gradients: Any) -> Any:
         """An interlocking chain's ``gradients`` (every stage's ``(grads, loss)`` at once,
@@ -246,3 +246,22 @@ def _plain_leaves(value) -> tuple:
     if isinstance(value, dict):
         return tuple(x for k, v in value.items() for x in (k, *_plain_leaves(v)))
     return (value,)
+
+
+def _collectives_counted(step: Any, sync: Any) -> Any:
+    """``step`` (a compiled step under data parallelism), its collectives counted per call
+    as an eager step counts them (``sync.counts``, the train records' ``collectives``): a
+    replayed graph runs its functional collectives without Python, so a call that counted
+    none counts those of the last call that ran Python (the capture, or an eager step)."""
+    last = [0]
+
+    def run(seed=None):
+        before = sync.counts.get(sync.owner, 0)
+        out = step(seed)
+        n = sync.counts.get(sync.owner, 0) - before
+        if n:
+            last[0] = n
+        elif last[0]:
+            sync.replayed(last[0])
+        return out
+    return run
