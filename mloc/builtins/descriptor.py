@@ -196,6 +196,17 @@ class MethodCaps:
         return self.unrolls or bool(self.needs)
 
     @property
+    def sharded_form(self) -> str | None:
+        """How the method's hypergradient runs on FSDP2 shards (:mod:`mloc.runtime.base.fsdp`),
+        what the generated code's ``Edge(..., sharded=...)`` hands the runtime: ``direct``
+        (``∇_x F`` alone: no indirect term), ``preconditioned`` (a finite difference along
+        ``s ⊙ v``, the lower optimizer's diagonal), ``finite`` (along ``v``); None when it
+        cannot (:attr:`unsharded_reason`)."""
+        if not self.shards:
+            return None
+        return "direct" if self.no_indirect else "preconditioned" if "sama_diag" in self.needs else "finite"
+
+    @property
     def unsharded_reason(self) -> str | None:
         """Why the method cannot run on FSDP2-sharded modules (None when it `shards`): what
         `mloc plan`/`mloc check` and the runtime say under `strategy = fsdp`."""

@@ -245,14 +245,15 @@ def _declaration_types(plan: Plan, train) -> list[str]:
 
 
 def _method_call(e) -> str:
-    """The runtime factory call of a planned edge; an unrolling method's `steps` default to
-    the edge's `unroll`."""
+    """The runtime factory call of a planned edge (an unrolling method's `steps` default to
+    the edge's `unroll`), then the `Edge`'s `sharded` form when the method runs on shards."""
     descriptor = METHODS[e.method]
     args = dict(e.args)
     if descriptor.caps.unrolls and args.get("steps") is None:
         args["steps"] = e.unroll
     inner = ", ".join(f"{k}={v!r}" for k, v in args.items() if v is not None)
-    return f"{descriptor.runtime_attr}({inner})"
+    form = descriptor.caps.sharded_form
+    return f"{descriptor.runtime_attr}({inner})" + (f", sharded={form!r}" if form else "")
 
 
 def _hooks(p: ProblemNode, at) -> list[list[str]]:

@@ -73,7 +73,7 @@ PROGRAM = Declaration(
     ),
     edges=(
         Edge(  # data_reweighting.mlo:22: as written; lower optimizer sgd
-            'weight_net', 'classifier', sama(eps=0.01)),
+            'weight_net', 'classifier', sama(eps=0.01), sharded='preconditioned'),
     ),
     semantics='per_edge',
     compositions={  # each upper's hypergradient: BR-VJP order and step shape, planned

@@ -56,7 +56,7 @@ def test_plan_refuses_a_setting_with_e221(mloc_here):
 
 
 @pytest.mark.parametrize("extra, said", [
-    ((), "`neumann` on `weights -> net`: it solves with Hessian-vector"),
+    ((), "`neumann` on `weights -> net`: it is not a method that runs on shards"),
     (("--set", "weights->net.hypergrad=sama", "--compile", "on"), "torch.compile"),
     (("--set", "weights->net.hypergrad=sama", "--set", "net.optimizer=shampoo(lr=0.01)"), "Shampoo"),
 ])

@@ -244,8 +244,8 @@ def gathered(problem: Sharded) -> dict[str, Any]:
 def load_gathered(problem: Sharded, saved: dict[str, Any]) -> None:
     """Put :func:`gathered`'s whole tensors back: this rank's shard of each."""
     for p, full in zip(problem.params, saved["params"]):
-        local(p).copy_(_part(p, full))
-    problem.state = _map_state(problem, lambda p, t: _part(p, t), saved["state"])
+        local(p).copy_(part(p, full))
+    problem.state = _map_state(problem, lambda p, t: part(p, t), saved["state"])
 
 
 def _full(p: Tensor, shard_: Tensor) -> Tensor:
@@ -255,7 +255,9 @@ def _full(p: Tensor, shard_: Tensor) -> Tensor:
                               stride=p.stride()).full_tensor()
 
 
-def _part(p: Tensor, full: Tensor) -> Tensor:
+def part(p: Tensor, full: Tensor) -> Tensor:
+    """This rank's shard of the whole tensor ``full`` laid out as the parameter ``p`` (a copy
+    of ``full`` when ``p`` is not sharded)."""
     if not isinstance(p, DTensor):
         return full.clone()
     return distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None).to_local().clone()

@@ -192,7 +192,9 @@ def add_flags(p: argparse.ArgumentParser, defaults: RunConfig | None = None) -> 
                         "the default) or after it, in one flat collective (off); the numbers are the same")
     p.add_argument("--strategy", choices=STRATEGIES,
                    help="under --nproc: ddp (every rank holds the optimizer state), zero (each rank keeps and updates "
-                        f"its shard of it), fsdp, or auto (decided from the model's size and the world size); "
+                        "its shard of it), fsdp (each rank holds a shard of the parameters too: plain steps and the first-order "
+                        "methods of two-level programs; `mloc explain E221`), or auto (decided from the model's size and "
+                        "the world size); "
                         f"{said('strategy')}")
     p.add_argument("--checkpoint-form", choices=CHECKPOINT_FORMS,
                    help="under --strategy zero: gathered (one checkpoint.pt holding the whole state, as ddp writes "

@@ -50,11 +50,14 @@ __all__ = ["SEMANTICS", "Edge", "Hierarchy", "ReducedOp"]
 
 @dataclass(frozen=True)
 class Edge:
-    """A hierarchy edge: ``lower`` is solved for given ``upper``, differentiated by ``method``."""
+    """A hierarchy edge: ``lower`` is solved for given ``upper``, differentiated by ``method``.
+    ``sharded``: how the method runs on FSDP2 shards under `strategy = fsdp` (the registry's
+    ``MethodCaps.sharded_form``, written by the generated code); None: it cannot."""
 
     upper: str
     lower: str
     method: Any
+    sharded: str | None = None
 
 
 @dataclass(frozen=True)

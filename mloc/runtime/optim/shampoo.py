@@ -274,9 +274,8 @@ class Shampoo(Optimizer):
         self.work.start(self.hyper.async_roots)
 
     def own_roots(self) -> None:
-        """Under `strategy = zero` (:mod:`.zero`): this rank holds the statistics of its own
-        tensors only, so it computes all of their roots itself (no split, no exchange), in
-        its background worker with ``async_roots``."""
+        """Under `strategy = zero` (:mod:`.zero`): this rank computes all the roots of its own
+        tensors' statistics itself (no split, no exchange; in the background with ``async_roots``)."""
         self.work.own_roots()
 
     def drain(self) -> None:

@@ -28,12 +28,12 @@ path refuses under fsdp, and why, is :mod:`mloc.shared.sharding` (exit 2 here, E
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from mloc.builtins import METHODS
 from mloc.runtime.base import fsdp, tree
 from mloc.runtime.base.overlap import OverlappedSync
 from mloc.runtime.files.options import OptionError
@@ -61,10 +61,10 @@ def refuse(config: Any, specs: Sequence[Any], edges: Sequence[Any], chains: Sequ
         accumulate=bool(names & set(_STEP_KINDS[:3]))) for s in specs)
     found = refusals(facts, chains=bool(chains), compile=config.compile)
     for e in edges:
-        caps = method_caps(e.method)
+        caps = method_caps(e)
         if not caps.shards:
             found.append((f"`{type(e.method).__name__}` on `{e.upper} -> {e.lower}`: {caps.unsharded_reason}",
-                          "use sama, finite_diff or first_order on this edge, or `--strategy zero`"))
+                          "give this edge a method that runs on shards (`mloc explain E220`), or use `--strategy zero`"))
     if found:
         why, help = found[0]
         raise OptionError(f"strategy fsdp cannot run this program: {why}", help)
@@ -75,10 +75,22 @@ def _optimizer_name(optimizer: Any) -> str:
     return "shampoo" if "shampoo" in kind else "torch" if kind.startswith("torch") else kind
 
 
-def method_caps(method: Any) -> Any:
-    """The registry capabilities (``MethodCaps``) of a runtime method object."""
-    name = type(method).__name__
-    return next(d.caps for d in METHODS.values() if d.runtime and d.runtime.rsplit(":", 1)[-1] == name)
+@dataclass(frozen=True)
+class EdgeCaps:
+    """What :func:`mloc.runtime.base.fsdp.hypergradient` reads of an edge's method, from the
+    generated ``Edge``'s ``sharded`` form (the registry's ``MethodCaps.sharded_form``)."""
+
+    shards: bool
+    no_indirect: bool = False
+    needs: frozenset = frozenset()
+    unsharded_reason: str = "it is not a method that runs on shards (`mloc explain E220` says which do, and why)"
+
+
+def method_caps(edge: Any) -> EdgeCaps:
+    """The :class:`EdgeCaps` of a runtime ``Edge`` (none without its ``sharded`` form)."""
+    form = getattr(edge, "sharded", None)
+    return EdgeCaps(shards=form is not None, no_indirect=form == "direct",
+                    needs=frozenset({"sama_diag"}) if form == "preconditioned" else frozenset())
 
 
 def shard(live: Mapping[str, Any]) -> None:
@@ -147,7 +159,7 @@ class Steps:
                     (grads,) = fsdp.gradients(view.loss, [view], self.everyone)
                 return grads, view.taken()
             return plain
-        lower, caps = self.views[edge.lower], method_caps(edge.method)
+        lower, caps = self.views[edge.lower], method_caps(edge)
 
         def upper(seed=None):
             with frozen(others):
@@ -185,7 +197,7 @@ def load(lv: Any, saved: dict) -> None:
     rank's shard of each parameter and optimizer tensor, every buffer whole."""
     with torch.no_grad():
         for k, v in lv.module.state_dict().items():
-            fsdp.local(v).copy_(fsdp._part(v, saved["module"][k]) if isinstance(v, fsdp.DTensor) else saved["module"][k])
+            fsdp.local(v).copy_(fsdp.part(v, saved["module"][k]) if isinstance(v, fsdp.DTensor) else saved["module"][k])
     view = _whole_view(lv)
     whole = fsdp.gathered(view)["state"]        # the whole state's structure and shapes, to check against
     state = tree_to_state(saved["optimizer"], whole)
