@@ -118,7 +118,7 @@ def _implicit(vectors: int):
         k = args.get("iters") or 1
         if not s.known:
             return 2.0 + 2.0 * k, None
-        held = vectors * s.d * s.b
+        held = int((vectors + s.solver) * s.d * s.b)     # compiled: the inlined iterates' extra vectors
         if s.differentiable:                  # every product's graph is kept for the pass above
             return 2.0 + 2.0 * k, _step(s, _graph(s) + k * (_hvp(s) - _graph(s)) + held)
         return 2.0 + 2.0 * k, _step(s, _hvp(s) + held)

@@ -33,12 +33,26 @@ def product_of_pointwise(a, b):
     return (y @ b).sum()
 
 
+def long_sum(a, b):
+    """A sum built over 20 matrix products, ``x = q₀ + q₁ + ...`` with ``qᵢ₊₁ = qᵢ b`` (an
+    unrolled solver's iterate): each partial sum is pointwise and has one reader, so it is
+    inlined, and every ``qᵢ`` it reads stays alive until the sum (20 buffers). (Inductor
+    writes ``x₁₂``, whose body reads 13 buffers, but fuses it into the sum's kernel: it is
+    computed there, at the end.)"""
+    q = x = a @ b
+    for _ in range(19):
+        q = q @ b
+        x = x + q
+    return x.sum()
+
+
 def _inputs():
     g = torch.Generator().manual_seed(0)
     return torch.randn(N, N, generator=g, dtype=torch.float64), torch.randn(N, N, generator=g, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("fn,fused,unfused", [(chain, S + 8, 2 * S), (product_of_pointwise, 2 * S, 2 * S)])
+@pytest.mark.parametrize("fn,fused,unfused", [(chain, S + 8, 2 * S), (product_of_pointwise, 2 * S, 2 * S),
+                                              (long_sum, 20 * S + 8, 3 * S)])
 def test_closed_forms(fn, fused, unfused):
     graph = make_fx(fn)(*_inputs()).graph
     assert buffer_bytes(graph)[0] == fused
@@ -97,7 +111,7 @@ def test_the_allocator_reads_an_eager_block_as_peak_memory_does():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fn", [chain, product_of_pointwise])
+@pytest.mark.parametrize("fn", [chain, product_of_pointwise, long_sum])
 def test_the_compiled_graph_allocates_what_the_fused_replay_says(fn):
     """The same graph compiled by Inductor (as `mloc.runtime.compiled.backend` compiles a
     step), its allocator events replayed: the fused replay's bytes."""

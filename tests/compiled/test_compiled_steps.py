@@ -70,9 +70,10 @@ def _ulp_noise(session, generator) -> None:
 
 
 def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bound: float, warmup: int = 5,
-           program=SMALL, extra=()):
+           program=SMALL, extra=(), reports: list | None = None):
     """Every step of ``steps`` compiled and eager from the eager state, within the module
-    docstring's bound; no compile at all after the first ``warmup`` steps."""
+    docstring's bound; no compile at all after the first ``warmup`` steps. The compiled
+    run's step reports are appended to ``reports`` where given."""
     eager, compiled = _pair(method, optimizer, dtype, program, extra)
     noisy = _pair(method, optimizer, dtype, program, extra)[0]
     generator = torch.Generator().manual_seed(0)
@@ -88,7 +89,10 @@ def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bo
         worst = max(worst, _worst(eager, compiled) / allowed * bound)
         if i + 1 == warmup:
             compiles = [r.graphs + r.recompiles for r in compiled.program.compiling.ran()]
-    reports = compiled.program.compiling.ran()
+    ran = compiled.program.compiling.ran()
+    if reports is not None:
+        reports.extend(ran)
+    reports = ran
     assert reports and all(r.compiled or r.kind == "commit" and r.reason == _refused(compiled, r.name)
                            for r in reports), [r.line() for r in reports]
     _fused_where_allowed(compiled)
