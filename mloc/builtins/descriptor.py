@@ -253,7 +253,6 @@ class Shape:
     nested: int = 0
     differentiable: bool = False
     compiled: bool = False      # the step compiled: the sizes are a compiled step's (`mloc.passes.plan.Sizes.compiled`)
-    solver: float = 0.0         # compiled: vectors an implicit solver's graph keeps beyond eager (`solver_vectors`)
 
     @property
     def known(self) -> bool:

@@ -21,7 +21,6 @@ per edge as `state_memory`, apart from `memory`, the step's peak, which the deci
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 
 from mloc.builtins import METHODS, OPTIMIZERS, Shape
 from mloc.builtins.methods import ITD
@@ -232,19 +231,8 @@ def _cost(g: ProgramGraph, method: str, args: dict, sizes: Sizes, lower: str, up
                   graph=sizes.graphs.get(lower), hvp=sizes.hvps.get(lower),
                   upper=sizes.backwards.get(upper, 0) if evaluated else 0, batch=sizes.batches.get(upper, 0),
                   state=_state_floats(g, lower),
-                  nested=nested, differentiable=differentiable, compiled=sizes.is_compiled,
-                  solver=_solver_vectors(method, tuple(args.items())) if sizes.is_compiled and desc.caps.implicit else 0.0)
+                  nested=nested, differentiable=differentiable, compiled=sizes.is_compiled)
     return desc.cost(args, shape)
-
-
-@lru_cache(maxsize=None)
-def _solver_vectors(method: str, args: tuple) -> float:
-    """What a compiled graph of the method's solver keeps beyond its eager form, in
-    lower-sized vectors (`mloc.runtime.base.inductor_memory.solver_vectors`: its own code
-    replayed under Inductor's rules; the runtime, hence torch, imported only here)."""
-    from mloc.runtime.base.inductor_memory import solver_vectors
-
-    return solver_vectors(METHODS[method].load()(**{k: v for k, v in args if v is not None}))
 
 
 def _nested(g: ProgramGraph, middle: str, planned: dict, sizes: Sizes) -> int:

@@ -122,3 +122,16 @@ def test_the_compiled_graph_allocates_what_the_fused_replay_says(fn):
     run(*_inputs())                               # compiles
     a, b = _inputs()
     assert allocator_peak(lambda: run(a, b)) == buffer_bytes(gm.graph)[0]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 6, pytest.param(10, marks=pytest.mark.slow), pytest.param(30, marks=pytest.mark.slow)])
+def test_the_planners_compiled_solver_vectors_are_the_replay_of_the_solver(k):
+    """The planner's closed forms (`mloc.builtins.methods`) of the vectors a compiled cg or
+    neumann keeps beyond its eager run equal Inductor's rules replayed over the runtime
+    solver's own trace (`solver_vectors`; beside the vectors, a few 0-dim scalars: < 0.01)."""
+    from mloc.builtins.methods import cg_compiled_vectors, neumann_compiled_vectors
+    from mloc.runtime.base.inductor_memory import solver_vectors
+    from mloc.runtime.methods.implicit import cg, neumann
+
+    assert solver_vectors(cg(iters=k)) == pytest.approx(cg_compiled_vectors(k), abs=0.01)
+    assert solver_vectors(neumann(iters=k)) == pytest.approx(neumann_compiled_vectors(k), abs=0.01)

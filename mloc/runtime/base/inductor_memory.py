@@ -211,8 +211,9 @@ def solver_vectors(solver) -> float:
     freed after its last reader. Compiled, the solver's vector updates (``x + α p``,
     ``r − α Hp``, a Neumann sum) are pointwise and inlined into their readers until
     Inductor's realization rules (:func:`_realized`) write them, so the iterations' ``p``
-    and ``Hp`` stay alive until then: measured on imaml.mlo's cg(iters=10), two vectors
-    more than eager; a Neumann sum of 30 terms, ten more. The solver's own code is traced
+    and ``Hp`` stay alive until then (cg(iters=10): six vectors more than eager). The
+    planner prices this by closed forms (`mloc.builtins.methods.cg_compiled_vectors`), which
+    tests/compiled/test_buffers.py checks against this replay. The solver's own code is traced
     (``make_fx``, meta tensors) on one vector, the Hessian-vector product a stand-in matrix
     product (an extern kernel: its output and its input are buffers, as a real product's
     are), and both replays of :func:`buffer_bytes` are divided by one vector's bytes."""
