@@ -114,10 +114,11 @@ FUSED = {"sgd", "adam", "adamw"}
 
 def _fused_where_allowed(session) -> None:
     """Every compiled plain or hypergradient step that commits through a pipeline without a
-    stage between gradient and update (no clip, fp16 or all-reduce here) ran its problem's
-    optimizer update in its graph where the optimizer is one of :data:`FUSED`, and said
-    why not otherwise; steps of an accumulation, a chain or a meta-batch commit apart, and
-    so does a step where a parameter got no gradient (``first_order``'s upper here)."""
+    stage between gradient and update ran its problem's optimizer update in its graph where
+    the optimizer is one of :data:`FUSED`, and said why not otherwise; steps of an
+    accumulation, a chain or a meta-batch commit apart, so does one under `clip_grad_norm`
+    (hpo.mlo's upper: a stage between), and so does a step where a parameter got no
+    gradient (``first_order``'s upper here)."""
     for r in session.program.compiling.ran():
         if r.kind not in ("lower", "upper") or not r.compiled:
             continue
@@ -125,8 +126,8 @@ def _fused_where_allowed(session) -> None:
         kind = type(optimizer).__name__.lower().replace("torchoptimizer", "torch")
         if kind == "adam" and optimizer.decoupled:
             kind = "adamw"
-        if r.split is not None and ("accumulate" in r.split or r.split == ABSENT):
-            continue
+        if r.split is not None and ("accumulate" in r.split or "clip_grad_norm" in r.split or r.split == ABSENT):
+            continue                # a stage between gradient and update: apart, with its reason
         assert r.fused == (kind in FUSED), r.line()
         assert r.fused or r.split, r.line()
 
