@@ -41,6 +41,8 @@ def check(case, compiled: bool = False) -> None:
     for edge, method, estimate, measured in rows:
         assert estimate is not None, f"{case}: {edge} has no estimate (sizes not measured)"
         r = estimate / measured
+        print(f"{case}: {edge} {method}: estimate {estimate / 1024:.1f} KiB, measured {measured / 1024:.1f} KiB, "
+              f"ratio {r:.2f}")
         assert 1 / pm.TOLERANCE <= r <= pm.TOLERANCE, (
             f"{case}: {edge} {method}: estimate {estimate} B, measured {measured} B, ratio {r:.2f}")
 
@@ -80,6 +82,20 @@ def test_the_bench_table(case):
 @pytest.mark.parametrize("case", [c for _, c in pm.registry_cases()], ids=[i for i, _ in pm.registry_cases()])
 def test_the_compiled_estimate_of_each_method_and_mode(case):
     """Every method and itd mode, its steps compiled: the planner's compiled estimate within
-    the same tolerance of the allocator's measurement. (The examples as written are not
-    measured compiled yet: `python3 bench/plan_memory.py --compiled --cases examples`.)"""
+    the same tolerance of the allocator's measurement."""
+    check(case, compiled=True)
+
+
+COMPILED_ELSEWHERE = {"trilevel.mlo": "its top step's graph (3309 operations) compiles for minutes"}
+"""Examples whose compiled steps are not measured here, and why."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in pm.EXAMPLES if c.program not in COMPILED_ELSEWHERE],
+                         ids=[c.program for c in pm.EXAMPLES if c.program not in COMPILED_ELSEWHERE])
+def test_the_compiled_estimate_of_each_example(case):
+    """Every example as written, its steps compiled (`python3 bench/plan_memory.py --compiled
+    --cases examples`): the compiled estimate within the same tolerance (imaml.mlo's cg,
+    ten iterations in one graph, was 0.62 before the planner counted the vectors a compiled
+    solver's inlined iterates keep: `mloc.runtime.base.inductor_memory.solver_vectors`)."""
     check(case, compiled=True)

@@ -112,13 +112,31 @@ def _finite_difference(args: dict, s: Shape):
     return 3.0, _step(s, _FD_VECTORS * s.d * s.b + _FD_FORWARDS * s.act)
 
 
-def _implicit(vectors: int):
-    """cg and neumann: 2 G for the mixed product, 2 G per Hessian-vector product."""
+def cg_compiled_vectors(k: int) -> int:
+    """The lower-sized vectors a compiled graph of ``cg(iters=k)`` keeps beyond its eager
+    run: the solution ``x = Σ αᵢ pᵢ`` is pointwise, inlined into its last reader, so every
+    direction ``pᵢ`` lives to the end (k of them, where eager holds x, r, p, Hp); below 4
+    iterations inlining saves more than it keeps. Read off Inductor's rules replayed over the
+    solver's own trace (`mloc.runtime.base.inductor_memory.solver_vectors`, which
+    tests/compiled/test_buffers.py compares with this); imaml.mlo's cg(iters=10) was
+    estimated at 0.62 × its measured compiled peak without it."""
+    return max(k - 4, -2)
+
+
+def neumann_compiled_vectors(k: int) -> int:
+    """As :func:`cg_compiled_vectors`, for ``neumann(iters=k)``: the series' sum is inlined,
+    each term ``(I − αH)ʲv`` kept to the end (k − 3 beyond eager's p and the sum)."""
+    return k - 3 if k >= 2 else 0
+
+
+def _implicit(vectors: int, compiled_vectors):
+    """cg and neumann: 2 G for the mixed product, 2 G per Hessian-vector product; compiled,
+    the vectors the solver's inlined sum keeps beside (``compiled_vectors(iters)``)."""
     def cost(args: dict, s: Shape):
         k = args.get("iters") or 1
         if not s.known:
             return 2.0 + 2.0 * k, None
-        held = vectors * s.d * s.b
+        held = (vectors + (compiled_vectors(k) if s.compiled else 0)) * s.d * s.b
         if s.differentiable:                  # every product's graph is kept for the pass above
             return 2.0 + 2.0 * k, _step(s, _graph(s) + k * (_hvp(s) - _graph(s)) + held)
         return 2.0 + 2.0 * k, _step(s, _hvp(s) + held)
@@ -209,7 +227,7 @@ CG = Descriptor(
               Param("iters", REPEATS, 10), Param("tol", Float(0), 1e-10)),
     MethodCaps(implicit=True, differentiable=True, task_vmap=True, sync=SyncCaps(hvps="iters"),
                auto=AutoRank(0, "the most accurate implicit method (10 CG steps) fits the budget")),
-    "mloc.runtime.methods:cg", _implicit(_CG_VECTORS),
+    "mloc.runtime.methods:cg", _implicit(_CG_VECTORS, cg_compiled_vectors),
     (Alias("imaml", "cg", "iMAML's implicit hypergradient by conjugate gradients (Rajeswaran et al., 2019)"),
      Alias("hoag", "cg", "HOAG's implicit hypergradient by conjugate gradients (Pedregosa, 2016)")))
 
@@ -217,7 +235,7 @@ NEUMANN = Descriptor(
     signature("neumann", "implicit differentiation, H⁻¹v by a truncated Neumann series",
               Param("iters", REPEATS, 5), Param("alpha", POSITIVE, 0.1)),
     MethodCaps(implicit=True, differentiable=True, task_vmap=True, sync=SyncCaps(hvps="iters")),
-    "mloc.runtime.methods:neumann", _implicit(_NEUMANN_VECTORS))
+    "mloc.runtime.methods:neumann", _implicit(_NEUMANN_VECTORS, neumann_compiled_vectors))
 
 FINITE_DIFF = Descriptor(
     signature("finite_diff", "identity Hessian, mixed product by central differences (DARTS)",

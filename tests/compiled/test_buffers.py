@@ -33,12 +33,26 @@ def product_of_pointwise(a, b):
     return (y @ b).sum()
 
 
+def long_sum(a, b):
+    """A sum built over 20 matrix products, ``x = q₀ + q₁ + ...`` with ``qᵢ₊₁ = qᵢ b`` (an
+    unrolled solver's iterate): each partial sum is pointwise and has one reader, so it is
+    inlined, and every ``qᵢ`` it reads stays alive until the sum (20 buffers). (Inductor
+    writes ``x₁₂``, whose body reads 13 buffers, but fuses it into the sum's kernel: it is
+    computed there, at the end.)"""
+    q = x = a @ b
+    for _ in range(19):
+        q = q @ b
+        x = x + q
+    return x.sum()
+
+
 def _inputs():
     g = torch.Generator().manual_seed(0)
     return torch.randn(N, N, generator=g, dtype=torch.float64), torch.randn(N, N, generator=g, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("fn,fused,unfused", [(chain, S + 8, 2 * S), (product_of_pointwise, 2 * S, 2 * S)])
+@pytest.mark.parametrize("fn,fused,unfused", [(chain, S + 8, 2 * S), (product_of_pointwise, 2 * S, 2 * S),
+                                              (long_sum, 20 * S + 8, 3 * S)])
 def test_closed_forms(fn, fused, unfused):
     graph = make_fx(fn)(*_inputs()).graph
     assert buffer_bytes(graph)[0] == fused
@@ -97,7 +111,7 @@ def test_the_allocator_reads_an_eager_block_as_peak_memory_does():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fn", [chain, product_of_pointwise])
+@pytest.mark.parametrize("fn", [chain, product_of_pointwise, long_sum])
 def test_the_compiled_graph_allocates_what_the_fused_replay_says(fn):
     """The same graph compiled by Inductor (as `mloc.runtime.compiled.backend` compiles a
     step), its allocator events replayed: the fused replay's bytes."""
@@ -108,3 +122,16 @@ def test_the_compiled_graph_allocates_what_the_fused_replay_says(fn):
     run(*_inputs())                               # compiles
     a, b = _inputs()
     assert allocator_peak(lambda: run(a, b)) == buffer_bytes(gm.graph)[0]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 6, pytest.param(10, marks=pytest.mark.slow), pytest.param(30, marks=pytest.mark.slow)])
+def test_the_planners_compiled_solver_vectors_are_the_replay_of_the_solver(k):
+    """The planner's closed forms (`mloc.builtins.methods`) of the vectors a compiled cg or
+    neumann keeps beyond its eager run equal Inductor's rules replayed over the runtime
+    solver's own trace (`solver_vectors`; beside the vectors, a few 0-dim scalars: < 0.01)."""
+    from mloc.builtins.methods import cg_compiled_vectors, neumann_compiled_vectors
+    from mloc.runtime.base.inductor_memory import solver_vectors
+    from mloc.runtime.methods.implicit import cg, neumann
+
+    assert solver_vectors(cg(iters=k)) == pytest.approx(cg_compiled_vectors(k), abs=0.01)
+    assert solver_vectors(neumann(iters=k)) == pytest.approx(neumann_compiled_vectors(k), abs=0.01)

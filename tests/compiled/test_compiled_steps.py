@@ -70,9 +70,10 @@ def _ulp_noise(session, generator) -> None:
 
 
 def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bound: float, warmup: int = 5,
-           program=SMALL, extra=()):
+           program=SMALL, extra=(), reports: list | None = None):
     """Every step of ``steps`` compiled and eager from the eager state, within the module
-    docstring's bound; no compile at all after the first ``warmup`` steps."""
+    docstring's bound; no compile at all after the first ``warmup`` steps. The compiled
+    run's step reports are appended to ``reports`` where given."""
     eager, compiled = _pair(method, optimizer, dtype, program, extra)
     noisy = _pair(method, optimizer, dtype, program, extra)[0]
     generator = torch.Generator().manual_seed(0)
@@ -88,7 +89,10 @@ def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bo
         worst = max(worst, _worst(eager, compiled) / allowed * bound)
         if i + 1 == warmup:
             compiles = [r.graphs + r.recompiles for r in compiled.program.compiling.ran()]
-    reports = compiled.program.compiling.ran()
+    ran = compiled.program.compiling.ran()
+    if reports is not None:
+        reports.extend(ran)
+    reports = ran
     assert reports and all(r.compiled or r.kind == "commit" and r.reason == _refused(compiled, r.name)
                            for r in reports), [r.line() for r in reports]
     _fused_where_allowed(compiled)
@@ -110,10 +114,11 @@ FUSED = {"sgd", "adam", "adamw", "shampoo"}
 
 def _fused_where_allowed(session) -> None:
     """Every compiled plain or hypergradient step that commits through a pipeline without a
-    stage between gradient and update (no clip, fp16 or all-reduce here) ran its problem's
-    optimizer update in its graph where the optimizer is one of :data:`FUSED`, and said
-    why not otherwise; steps of an accumulation, a chain or a meta-batch commit apart, and
-    so does a step where a parameter got no gradient (``first_order``'s upper here)."""
+    stage between gradient and update ran its problem's optimizer update in its graph where
+    the optimizer is one of :data:`FUSED`, and said why not otherwise; steps of an
+    accumulation, a chain or a meta-batch commit apart, so does one under `clip_grad_norm`
+    (hpo.mlo's upper: a stage between), and so does a step where a parameter got no
+    gradient (``first_order``'s upper here)."""
     for r in session.program.compiling.ran():
         if r.kind not in ("lower", "upper") or not r.compiled:
             continue
@@ -121,8 +126,8 @@ def _fused_where_allowed(session) -> None:
         kind = type(optimizer).__name__.lower().replace("torchoptimizer", "torch")
         if kind == "adam" and optimizer.decoupled:
             kind = "adamw"
-        if r.split is not None and ("accumulate" in r.split or r.split == ABSENT):
-            continue
+        if r.split is not None and ("accumulate" in r.split or "clip_grad_norm" in r.split or r.split == ABSENT):
+            continue                # a stage between gradient and update: apart, with its reason
         assert r.fused == (kind in FUSED), r.line()
         assert r.fused or r.split, r.line()
 

@@ -60,6 +60,54 @@ def _nbytes(node: fx.Node) -> int:
     return sum(v.numel() * v.element_size() for v in vals if isinstance(v, torch.Tensor))
 
 
+# TorchInductor's rule for writing a pointwise value that could be inlined (torch 2.13,
+# `torch/_inductor/graph.py` `run_node`, `ir.py` `StorageBox.should_realize_on_reuse`, CPU
+# defaults of `torch/_inductor/config.py`): a value with several readers is written when its
+# loop body reads more than 4 buffers (`realize_reads_threshold`) or computes a costly
+# function. Its other rule, a body of more than 12 reads (`realize_cpu_acc_reads_threshold`)
+# or 50 operations written, is left out: such a value, read by one reader, is fused into that
+# reader's kernel by the scheduler and computed there, so its sources live as long as if it
+# had been inlined (measured: `tests/compiled/test_buffers.py`'s `long_sum`).
+_REUSE_READS = 4
+_HEAVY = {"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"}
+
+
+def _realized(nodes, kinds, owner, readers, outputs, fused: bool) -> tuple[dict, dict]:
+    """Which values are written to memory (``kept``) and the kept values, graph inputs
+    included, that each value's loop body reads (``sources``). Inlining chains: a sum
+    ``x + a p₀ + b p₁ + ...`` built over many operations (an unrolled solver's iterate) is
+    inlined into its last reader, which keeps every ``pᵢ`` alive until then; a residual read
+    by several operations is written once its body reads more than 4 buffers."""
+    kept: dict = {}
+    sources: dict[fx.Node, set] = {}
+    heavy: dict[fx.Node, bool] = {}
+    for n in nodes:
+        got: set = set()
+        costly = _name(n) in _HEAVY
+        for a in n.all_input_nodes:
+            if a.op != "call_function":
+                got.add(a)                      # a graph input: read from memory
+                continue
+            base = owner[a]
+            if kept.get(base, True):
+                got.add(base)
+            else:
+                got |= sources[base]
+                costly = costly or heavy[base]
+        sources[n], heavy[n] = got, costly
+        if owner[n] is n:
+            users = len({u for u in readers.get(n, ())})
+            kept[n] = not (fused and kinds[n] == "inline" and n not in outputs
+                           and all(kinds[u] in ("inline", "reduce") for u in readers.get(n, ()))
+                           and not (users > 1 and (len(got) > _REUSE_READS or costly)))
+    return kept, {n: {s for s in got if s.op == "call_function"} for n, got in sources.items()}
+
+
+def _name(node: fx.Node) -> str:
+    op = node.target
+    return op._schema.name.split("::")[-1] if type(op).__name__ == "OpOverload" else ""
+
+
 def buffer_bytes(graph: fx.Graph, marks: Sequence[int] = (), fused: bool = True) -> tuple[int, list[int]]:
     """(peak bytes alive, bytes alive just after each of the ``marks``-th operations) of
     ``graph`` run as the module docstring says (``fused=False``: every value a buffer)."""
@@ -74,22 +122,7 @@ def buffer_bytes(graph: fx.Graph, marks: Sequence[int] = (), fused: bool = True)
     readers: dict[fx.Node, list[fx.Node]] = {}      # the operations reading each value, through views
     for v in nodes:
         readers.setdefault(owner[v], []).extend(u for u in v.users if u.op == "call_function" and kinds[u] != "view")
-    kept = {}
-    for n in nodes:
-        if owner[n] is n:
-            inlined = fused and kinds[n] == "inline" and n not in outputs and \
-                all(kinds[u] in ("inline", "reduce") for u in readers.get(n, ()))
-            kept[n] = not inlined
-    # what each operation reads from memory: its kept inputs, and those of the inlined ones it computes
-    sources: dict[fx.Node, set] = {}
-    for n in nodes:
-        got: set = set()
-        for a in n.all_input_nodes:
-            if a.op != "call_function":
-                continue
-            base = owner[a]
-            got |= {base} if kept[base] else sources[base]
-        sources[n] = got
+    kept, sources = _realized(nodes, kinds, owner, readers, outputs, fused)
     position = {n: i for i, n in enumerate(nodes)}
     last: dict[fx.Node, int] = {}
     for n in nodes:
@@ -165,3 +198,34 @@ def compiled_sizes(fn, modules, batch, params: Sequence[torch.Tensor], own: Sequ
     except (RuntimeError, NotImplementedError, TypeError):
         pass
     return out
+
+
+_PROBE = 4096
+"""Elements of the stand-in vector :func:`solver_vectors` traces (the count is per vector:
+any size large beside the solver's scalars gives the same)."""
+
+
+def solver_vectors(solver) -> float:
+    """The lower-sized vectors a compiled graph of ``solver.solve(op, v)`` (cg, neumann:
+    `mloc.runtime.methods.implicit`) keeps *beyond* the same graph run eagerly, each value
+    freed after its last reader. Compiled, the solver's vector updates (``x + α p``,
+    ``r − α Hp``, a Neumann sum) are pointwise and inlined into their readers until
+    Inductor's realization rules (:func:`_realized`) write them, so the iterations' ``p``
+    and ``Hp`` stay alive until then (cg(iters=10): six vectors more than eager). The
+    planner prices this by closed forms (`mloc.builtins.methods.cg_compiled_vectors`), which
+    tests/compiled/test_buffers.py checks against this replay. The solver's own code is traced
+    (``make_fx``, meta tensors) on one vector, the Hessian-vector product a stand-in matrix
+    product (an extern kernel: its output and its input are buffers, as a real product's
+    are), and both replays of :func:`buffer_bytes` are divided by one vector's bytes."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    class Product:
+        def hvp(self, p, create_graph=False):
+            return [torch.mm(p[0].view(-1, 1), self.w).view(-1)]
+
+    def solve(v, w):
+        op = Product()
+        op.w = w
+        return solver.solve(op, [v])
+    graph = make_fx(solve)(torch.empty(_PROBE, device="meta"), torch.empty(1, 1, device="meta")).graph
+    return (buffer_bytes(graph)[0] - buffer_bytes(graph, fused=False)[0]) / (4 * _PROBE)
