@@ -2,6 +2,8 @@
 
     MLOC_DEBUG=1   show Python tracebacks for internal errors (exit code 101)
     MLOC_ACCEPT=1  let tests rewrite golden files instead of comparing with them
+    MLOC_TEST_DEADLINE=T  (seconds since the epoch) skip the tests not started by then:
+                   .ci/run's time budget for the slow tier (tests/conftest.py)
     NO_COLOR       disable colored output (https://no-color.org)
 """
 
@@ -20,7 +22,14 @@ class Env:
     debug: bool
     accept: bool
     no_color: bool
+    test_deadline: float | None = None
 
 
 def read_env() -> Env:
-    return Env(debug=_flag("MLOC_DEBUG"), accept=_flag("MLOC_ACCEPT"), no_color="NO_COLOR" in os.environ)
+    deadline = os.environ.get("MLOC_TEST_DEADLINE", "").strip()
+    try:
+        test_deadline = float(deadline) if deadline else None
+    except ValueError:
+        test_deadline = None
+    return Env(debug=_flag("MLOC_DEBUG"), accept=_flag("MLOC_ACCEPT"), no_color="NO_COLOR" in os.environ,
+               test_deadline=test_deadline)

@@ -4,10 +4,15 @@ The slow tier: tests marked ``slow`` (long fault injection, many processes, ever
 registry entry where the default tier runs a few) run only when the marker is selected:
 ``python -m pytest -m slow`` (those alone) or ``-m "slow or not slow"`` (everything). The
 default run skips them. Here, at the root, so that a slow test is skipped wherever it
-lives and however the suite is narrowed (``pytest tests/test_run.py``)."""
+lives and however the suite is narrowed (``pytest tests/test_run.py``).
+
+A time budget: with ``MLOC_TEST_DEADLINE`` (seconds since the epoch; ``.ci/run`` sets it for
+the slow tier so that CI ends inside its limit) a test not started by then is skipped, and
+says so, rather than the whole run being cut off."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +67,12 @@ def mloc_here(capsys):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long fault-injection and multi-process cases; select with -m slow")
+
+
+def pytest_runtest_setup(item):
+    deadline = read_env().test_deadline
+    if deadline is not None and time.time() > deadline:
+        pytest.skip("the time budget (MLOC_TEST_DEADLINE, set by .ci/run) was spent before this test started")
 
 
 def pytest_collection_modifyitems(config, items):
