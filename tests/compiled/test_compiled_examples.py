@@ -41,10 +41,11 @@ WARMUP = {"shampoo_reweighting.mlo": 12}
 """Steps after which nothing compiles again: 5 (SGD's first momentum step is a second graph;
 a last smaller batch one more), 12 where Shampoo starts preconditioning at step 10 (its
 compiled direction changes inputs once: the roots)."""
-KNOWN = {"shampoo_reweighting.mlo": "after its first steps (all compiled over 4 steps) a step falls back to eager "
-         "with 'a value is read back to Python': found 2026-12-02 by this test, not yet fixed in mloc"}
-"""Examples this test found a step of running eagerly, not yet fixed: expected to fail (strict,
-so a fix shows), until mloc compiles them."""
+KNOWN = {"shampoo_reweighting.mlo": "its upper step (SAMA over the classifier's Shampoo) runs eagerly: SAMA's "
+         "diagonal of Shampoo does root work on the host (waits for the background root jobs, installs the "
+         "roots due), which a graph cannot replay; the run says so from its first step"}
+"""Examples with a step that runs eagerly, said by the run with its reason: expected to fail
+(strict, so a change shows)."""
 EXAMPLES = [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=True)) if n in KNOWN else n
             for n in sorted(p.name for p in PROGRAMS.glob("*.mlo") if p.name not in ELSEWHERE)]
 

@@ -69,6 +69,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from mloc.shared.hyper import GRAFTS, ShampooHyper
 from mloc.runtime.optim import blocks, graft as grafting, shampoo_compiled as compiled
@@ -295,7 +296,11 @@ class Shampoo(Optimizer):
 def _sama_diagonal(opt: Shampoo, grads, state, params):
     """SAMA's diagonal of ∂update/∂grad (see the module docstring): ``η·c·σ·(diag Q₁ ⊗ …)``
     with the roots the next update would use (computed synchronously, no job started), or
-    the graft's diagonal."""
+    the graft's diagonal. Host work (a drain, the roots due, a refresh), so a step that
+    reads it cannot be captured into a graph: it runs eagerly, and says why."""
+    if get_proxy_mode() is not None:
+        raise RuntimeError("SAMA's diagonal of Shampoo does root work on the host (waits for the "
+                           "background root jobs, installs the roots due at the step), which a graph cannot replay")
     opt.drain()                     # the slots due at the next step are complete
     t = state.count + 1
     g = opt._decayed(grads, params)

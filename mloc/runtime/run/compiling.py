@@ -26,6 +26,7 @@ class CompileWatch:
         self.program, self.out, self.start, self.steps, self.progress = program, out, start, steps, progress
         self.times: list[float] = []
         self.reported = False
+        self.eager: set[int] = set()    # the reports of the steps already said to run eagerly
         self.operations = 0     # the first step's gradient operations (`auto`)
         kept = program.compiling.decision
         if kept:
@@ -63,8 +64,21 @@ class CompileWatch:
             self.reported = True
             for r in program.compiling.ran():
                 self._say(f"compile: {r.line()}")
+            self.eager = {id(r) for r in program.compiling.ran() if r.reason is not None}
             if program.dist.is_main:
                 amend_config(self.out, compiled=program.compiling.report())
+        elif self.reported:
+            self._fallbacks(done)
+
+    def _fallbacks(self, done: int) -> None:
+        """A step compiled at first that runs eagerly from a later step on (a recapture the
+        tracer refused, too many signatures): said once, when it happens, and recorded."""
+        fell = [r for r in self.program.compiling.ran() if r.reason is not None and id(r) not in self.eager]
+        for r in fell:
+            self.eager.add(id(r))
+            self._say(f"compile: from step {done}: {r.line()}")
+        if fell and self.program.dist.is_main:
+            amend_config(self.out, compiled=self.program.compiling.report())
 
     def _median(self) -> float:
         """The median eager step, rank 0's under data parallelism (broadcast): the ranks
