@@ -20,17 +20,8 @@ import pytest
 import torch
 
 from tests.runtime_loop._gloo import run_workers
+from tests.shampoo.test_nproc_run import leaves
 from tests.shampoo._async_sharded_worker import initial, train
-
-
-def leaves(x) -> list:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, dict):
-        return [t for k in sorted(x) for t in leaves(x[k])]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in leaves(v)]
-    return []
 
 
 def bitwise(a, b) -> bool:
