@@ -70,10 +70,12 @@ def _ulp_noise(session, generator) -> None:
 
 
 def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bound: float, warmup: int = 5,
-           program=SMALL, extra=(), reports: list | None = None):
+           program=SMALL, extra=(), reports: list | None = None, eager: dict | None = None):
     """Every step of ``steps`` compiled and eager from the eager state, within the module
     docstring's bound; no compile at all after the first ``warmup`` steps. The compiled
-    run's step reports are appended to ``reports`` where given."""
+    run's step reports are appended to ``reports`` where given. ``eager``: steps expected to
+    run eagerly (``"upper weights"``) with a text their reason holds."""
+    eager = eager or {}
     eager, compiled = _pair(method, optimizer, dtype, program, extra)
     noisy = _pair(method, optimizer, dtype, program, extra)[0]
     generator = torch.Generator().manual_seed(0)
@@ -94,7 +96,9 @@ def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bo
         reports.extend(ran)
     reports = ran
     assert reports and all(r.compiled or r.kind == "commit" and r.reason == _refused(compiled, r.name)
+                           or eager.get(f"{r.kind} {r.name}", "\0") in (r.reason or "")
                            for r in reports), [r.line() for r in reports]
+    assert all(any(f"{r.kind} {r.name}" == k and not r.compiled for r in reports) for k in eager), eager
     _fused_where_allowed(compiled)
     assert [r.graphs + r.recompiles for r in reports] == compiles, [r.line() for r in reports]   # steady
     assert worst <= bound, f"{method}: a compiled step differs from the eager one by {worst / bound:.3g} × its bound"
@@ -128,6 +132,9 @@ def _fused_where_allowed(session) -> None:
             kind = "adamw"
         if r.split is not None and ("accumulate" in r.split or "clip_grad_norm" in r.split or r.split == ABSENT):
             continue                # a stage between gradient and update: apart, with its reason
+        if getattr(optimizer, "unfused", None):     # the optimizer's own reason (Shampoo's async roots)
+            assert not r.fused and optimizer.unfused in (r.split or ""), r.line()
+            continue
         assert r.fused == (kind in FUSED), r.line()
         assert r.fused or r.split, r.line()
 
