@@ -60,7 +60,7 @@ def test_the_exceptions_are_examples():
 def test_every_example_compiled_equals_eager_over_100_steps(example):
     start, reports = time.perf_counter(), []
     worst = _agree(None, None, "float64", STEPS, 1e-12, warmup=WARMUP.get(example, 5), program=PROGRAMS / example,
-                   reports=reports, eager=EAGER.get(example))
+                   reports=reports, eager_steps=EAGER.get(example))
     compile_s = sum(r.seconds for r in reports)
     print(f"\n{example}: worst {worst:.3g} (bound 1e-12), {STEPS} steps, "
           f"recompiles {sum(r.recompiles for r in reports)} in all, none after warm-up; compile {compile_s:.0f} s; "

@@ -70,12 +70,12 @@ def _ulp_noise(session, generator) -> None:
 
 
 def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bound: float, warmup: int = 5,
-           program=SMALL, extra=(), reports: list | None = None, eager: dict | None = None):
+           program=SMALL, extra=(), reports: list | None = None, eager_steps: dict | None = None):
     """Every step of ``steps`` compiled and eager from the eager state, within the module
     docstring's bound; no compile at all after the first ``warmup`` steps. The compiled
-    run's step reports are appended to ``reports`` where given. ``eager``: steps expected to
+    run's step reports are appended to ``reports`` where given. ``eager_steps``: steps expected to
     run eagerly (``"upper weights"``) with a text their reason holds."""
-    eager = eager or {}
+    expected_eager = eager_steps or {}
     eager, compiled = _pair(method, optimizer, dtype, program, extra)
     noisy = _pair(method, optimizer, dtype, program, extra)[0]
     generator = torch.Generator().manual_seed(0)
@@ -96,9 +96,9 @@ def _agree(method: str | None, optimizer: str | None, dtype: str, steps: int, bo
         reports.extend(ran)
     reports = ran
     assert reports and all(r.compiled or r.kind == "commit" and r.reason == _refused(compiled, r.name)
-                           or eager.get(f"{r.kind} {r.name}", "\0") in (r.reason or "")
+                           or expected_eager.get(f"{r.kind} {r.name}", "\0") in (r.reason or "")
                            for r in reports), [r.line() for r in reports]
-    assert all(any(f"{r.kind} {r.name}" == k and not r.compiled for r in reports) for k in eager), eager
+    assert all(any(f"{r.kind} {r.name}" == k and not r.compiled for r in reports) for k in expected_eager), expected_eager
     _fused_where_allowed(compiled)
     assert [r.graphs + r.recompiles for r in reports] == compiles, [r.line() for r in reports]   # steady
     assert worst <= bound, f"{method}: a compiled step differs from the eager one by {worst / bound:.3g} × its bound"
