@@ -26,6 +26,9 @@ from __future__ import annotations
 STRATEGIES = ("auto", "ddp", "zero", "fsdp")
 
 CHECKPOINT_FORMS = ("gathered", "sharded")
+SHARDED = frozenset({"zero", "fsdp"})
+"""The strategies whose state is split across the ranks: every rank takes part in gathering
+it for a checkpoint (the run loop's `save`, the selection's `best.pt`)."""
 """How a `zero` run writes its checkpoints (`checkpoint_form`, `--checkpoint-form`): the whole
 optimizer state gathered into rank 0's `checkpoint.pt` (the default, as `ddp` writes it), or
 each rank's shard in a file of its own beside a manifest (:mod:`mloc.runtime.program.sharded`).

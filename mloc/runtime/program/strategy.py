@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from mloc.runtime.base import tree
 from mloc.runtime.files.options import OptionError
 from mloc.runtime.optim.zero import Zero
-from mloc.shared.strategy import UNAVAILABLE_HELP, decide, unavailable
+from mloc.shared.strategy import SHARDED, UNAVAILABLE_HELP, decide, unavailable
 
 
 def apply_strategy(live: Mapping[str, Any], asked: str, rank: int, world: int) -> tuple[str, str]:
@@ -29,7 +29,7 @@ def apply_strategy(live: Mapping[str, Any], asked: str, rank: int, world: int) -
     params = sum(p.numel() * p.element_size() for lv in live.values() for p in lv.problem.params)
     state = sum(t.numel() * t.element_size() for lv in live.values() for t in tree.tensors(lv.problem.state))
     chosen, why = decide(asked, world, params, state)
-    if chosen in ("zero", "fsdp") and world <= 1:
+    if chosen in SHARDED and world <= 1:
         return "ddp", f"{why}; one process: nothing to shard"
     if chosen == "zero":
         for lv in live.values():

@@ -38,6 +38,7 @@ from pathlib import Path
 from mloc.runtime.program import sharded
 from mloc.runtime.program.checkpoint import CheckpointError, save_checkpoint
 from mloc.runtime.program.engine import Program, drain
+from mloc.shared.strategy import SHARDED
 from mloc.runtime.files.loggers import open_loggers
 from mloc.runtime.run.metrics import MetricsWriter
 from mloc.runtime.run.records import log_train
@@ -115,7 +116,7 @@ def save(program: Program, out: Path, owner: int | None = None, extra: dict | No
         if owner is not None:
             check_owner(Path(out), owner)
     drain(program)              # every rank: background work may be exchanged across ranks
-    state = program.state_dict() if program.dist.is_main or program.strategy[0] in ("zero", "fsdp") else None   # gathered
+    state = program.state_dict() if program.dist.is_main or program.strategy[0] in SHARDED else None   # gathered
     if program.dist.is_main:
         save_checkpoint(path, {**state, **(extra or {})}, program.name)
         sharded.clean(Path(out))

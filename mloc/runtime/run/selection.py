@@ -47,6 +47,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from mloc.shared.strategy import SHARDED
+
 BEST = "best.pt"
 SUMMARY = "summary.json"
 
@@ -215,7 +217,7 @@ class Watch:
         improved, stop = self.selection.observe(step, results)
         if step >= self.steps:           # the last step: the run finishes anyway
             stop, self.selection.stopped_at = False, None
-        gathered = improved and self.program.strategy[0] in ("zero", "fsdp")     # every rank gathers the state
+        gathered = improved and self.program.strategy[0] in SHARDED     # every rank gathers the state
         if improved:
             from mloc.runtime.program.engine import drain
             drain(self.program)         # every rank: background work may be exchanged across ranks
