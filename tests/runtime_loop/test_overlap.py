@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mloc.runtime.base import tree
@@ -40,19 +41,40 @@ def _loss(ws, x):
     return x.square().sum()
 
 
-def test_buckets_take_tensors_in_reverse_up_to_the_cap_one_dtype_each():
+def test_a_bucket_closes_once_it_reaches_the_cap_one_dtype_each_launched_last_first():
     ts = [torch.zeros(10), torch.zeros(10), torch.zeros(30), torch.zeros(4, dtype=torch.float64), torch.zeros(5)]
     layout = Bucketer.of(ts, cap_bytes=80)       # 20 float32 elements
-    assert layout.buckets == ((4,), (3,), (2,), (1, 0))
+    assert layout.buckets == ((4,), (3,), (2,), (0, 1))
     assert layout.sizes == (5, 4, 30, 20)
-    assert Bucketer.of(ts).buckets == ((4, 2, 1, 0), (3,))     # 25 MiB: one per dtype
+    assert Bucketer.of(ts).buckets == ((3,), (0, 1, 2, 4))     # 25 MiB: one per dtype
+
+
+def _ddp_assignment(tensors, limits):
+    """DDP's own bucket assignment (what its constructor computes), in launch order."""
+    import torch.distributed as dist
+    buckets, _ = dist._compute_bucket_assignment_by_size(list(tensors), limits)
+    return tuple(tuple(b) for b in reversed(buckets))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_buckets_are_ddps_for_random_models(seed):
+    g = torch.Generator().manual_seed(seed)
+    dtypes = (torch.float32, torch.float32, torch.float64, torch.float16)
+    ts = [torch.empty(int(torch.randint(1, 300_000, (1,), generator=g)),
+                      dtype=dtypes[int(torch.randint(0, 4, (1,), generator=g))], device="meta")
+          for _ in range(int(torch.randint(1, 40, (1,), generator=g)))]
+    first, cap = 2**20, 3 * 2**20
+    assert Bucketer.of(ts, cap, first_bytes=first).buckets == _ddp_assignment(ts, [first, cap])
+    assert Bucketer.of(ts, cap).buckets == _ddp_assignment(ts, [cap])     # a cap of one's own: no small first
+    default = Bucketer.of(ts).buckets
+    assert default == _ddp_assignment(ts, [2**20, 25 * 2**20])
 
 
 def test_the_overlapped_average_is_the_gradient_and_launches_during_the_backward():
     ws, x = _mlp()
     want = torch.autograd.grad(_loss(ws, x), ws)
     fake = FakeSum()
-    sync = OverlappedSync(2, all_reduce=fake, cap_bytes=16 * 16 * 4)   # one weight per bucket
+    sync = OverlappedSync(2, all_reduce=fake, cap_bytes=64)   # each weight over the cap: one per bucket
 
     def spy(g):
         fake.running = True

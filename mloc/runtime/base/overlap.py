@@ -8,8 +8,9 @@ the global batch. :class:`OverlappedSync` computes it in one call,
 grad_outputs)``, in two ways that give the same numbers:
 
 - **overlapped** (the default): the ``inputs`` are laid out in buckets by
-  :class:`Bucketer` (in reverse order, as autograd tends to produce them, at most
-  ``cap_bytes`` each, one dtype and device per bucket: DDP's layout, 25 MiB by default).
+  :class:`Bucketer` (DDP's layout: about ``cap_bytes`` each, 25 MiB by default, with a
+  1 MiB bucket for the tensors defined first; one dtype and device per bucket; launched
+  last-defined first, as autograd tends to produce them).
   A hook on each input (``Tensor.register_hook``, registered for this one call and
   removed after: a hook that stayed would fire in every other backward through the same
   tensors, e.g. a Hessian-vector product's) copies its gradient into its bucket's slot as
@@ -61,6 +62,9 @@ from mloc.runtime.base import tree
 DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's default ``bucket_cap_mb`` (25 MiB)."""
 
+FIRST_BUCKET_BYTES = 2**20
+"""DDP's first bucket under its default cap (``dist._DEFAULT_FIRST_BUCKET_BYTES``, 1 MiB)."""
+
 AllReduce = Callable[[Tensor], Any]
 """Starts an in-place sum of a tensor across replicas and returns something with ``wait()``."""
 
@@ -87,34 +91,38 @@ class _Captured:
 
 @dataclass(frozen=True)
 class Bucketer:
-    """A bucket layout of a tuple of tensors: ``buckets[k]`` holds indices into it, each
-    bucket one dtype and device and at most ``cap_bytes`` (a tensor larger than the cap is a
-    bucket of its own). Tensors are taken in reverse order; a bucket stays open for its
-    dtype and device until it is full (DDP's rule), so the buckets are ordered by the
-    position of their first (last-in-order) tensor."""
+    """A bucket layout of a tuple of tensors, DDP's: ``buckets[k]`` holds indices into it,
+    each bucket one dtype and device, in launch order. The rule is
+    ``torch.distributed._compute_bucket_assignment_by_size``'s, which DDP's constructor
+    calls on the parameters in the order they are defined: each tensor joins the open bucket
+    of its dtype and device, and a bucket closes as soon as it holds at least its limit (so
+    it can pass the limit by its last tensor). The first bucket of each dtype and device has
+    the limit ``first_bytes``, the others ``cap_bytes``; with DDP's default cap the first is
+    1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``): the tensors defined first get their
+    gradients last, so a small bucket for them leaves little to send once the backward has
+    ended. The buckets are then sorted by their first index and reversed, so that the last
+    tensors' bucket, whose gradients autograd makes first, is launched first."""
 
     buckets: tuple[tuple[int, ...], ...]
     sizes: tuple[int, ...]              # elements per bucket
 
     @classmethod
-    def of(cls, tensors: Sequence[Tensor], cap_bytes: int = DDP_BUCKET_BYTES) -> Bucketer:
+    def of(cls, tensors: Sequence[Tensor], cap_bytes: int = DDP_BUCKET_BYTES,
+           first_bytes: int | None = None) -> Bucketer:
         if cap_bytes <= 0:
             raise ValueError(f"a bucket holds at least one byte, not {cap_bytes}")
+        if first_bytes is None:
+            first_bytes = FIRST_BUCKET_BYTES if cap_bytes == DDP_BUCKET_BYTES else cap_bytes
         closed: list[list[int]] = []
-        opened: dict[tuple, tuple[list[int], list[int]]] = {}    # key -> (indices, [bytes])
-        for i in reversed(range(len(tensors))):
-            t = tensors[i]
-            key, size = (t.dtype, t.device), t.numel() * t.element_size()
-            members, used = opened.get(key, (None, None))
-            if members is not None and used[0] + size > cap_bytes:
-                closed.append(members)
-                members = None
-            if members is None:
-                members, used = [], [0]
-                opened[key] = (members, used)
-            members.append(i)
-            used[0] += size
-        closed.extend(m for m, _ in opened.values())
+        opened: dict[tuple, list] = {}          # key -> [indices, bytes, buckets closed]
+        for i, t in enumerate(tensors):
+            entry = opened.setdefault((t.dtype, t.device), [[], 0, 0])
+            entry[0].append(i)
+            entry[1] += t.numel() * t.element_size()
+            if entry[1] >= (first_bytes if entry[2] == 0 else cap_bytes):
+                closed.append(entry[0])
+                entry[:] = [[], 0, entry[2] + 1]
+        closed.extend(e[0] for e in opened.values() if e[0])
         closed.sort(key=lambda m: -m[0])
         buckets = tuple(tuple(m) for m in closed)
         return cls(buckets, tuple(sum(tensors[i].numel() for i in b) for b in buckets))
@@ -305,12 +313,13 @@ class DelayedAllReduce:
 
     def __init__(self, delay_s: float, inner: AllReduce = async_all_reduce, per_mib: bool = False):
         self.delay_s, self.inner, self.per_mib, self.free_at = delay_s, inner, per_mib, 0.0
-        self.sent = 0       # bytes, all calls
+        self.sent = self.calls = 0       # bytes and collectives, all calls
 
     def __call__(self, t: Tensor) -> Any:
         work = self.inner(t)
         size = t.numel() * t.element_size()
         self.sent += size
+        self.calls += 1
         delay = self.delay_s * (size / 2**20 if self.per_mib else 1)
         self.free_at = max(time.perf_counter(), self.free_at) + delay
         return _Delayed(work, self.free_at)
