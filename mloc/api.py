@@ -91,8 +91,15 @@ class Session:
         return self.program.evaluate()
 
     def save(self, path: str | Path) -> None:
+        """Write the program's whole state to ``path`` (what :meth:`restore` reads). Under
+        torchrun every rank calls it, as every rank steps: background Shampoo roots are
+        exchanged and sharded state is gathered across the ranks, then rank 0 alone writes
+        and every rank waits for the file."""
         from mloc.runtime.program.checkpoint import save_checkpoint
-        save_checkpoint(Path(path), self.program.state_dict(), self.program.name)
+        state = self.program.state_dict()
+        if self.program.dist.is_main:
+            save_checkpoint(Path(path), state, self.program.name)
+        self.program.dist.barrier()
 
     def restore(self, path: str | Path) -> None:
         from mloc.runtime.program.checkpoint import load_checkpoint
