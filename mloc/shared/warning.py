@@ -13,8 +13,10 @@ Python's ``FILE:LINE: UserWarning: TEXT`` and the source line (a place in mloc's
 cannot act on). Any other warning (the user's code, torch) is passed on to the
 ``showwarning`` it replaced, in Python's format. In a run of several processes a warning
 about what every rank does alike is said by rank 0 alone; one about a rank's own state
-(``every_rank``: its Shampoo root worker, its files) by each rank, naming it:
-``warning (rank 1 of 2): TEXT``. No torch here, and nothing else of mloc.
+(``every_rank``: its Shampoo root worker, its files), or any in a run whose ranks differ (a
+pipeline's stages), by each rank, naming it: ``warning (rank 1 of 2): TEXT``. (The ``--nproc``
+launcher shows rank 0's stderr as it comes and the other ranks' warnings when they end:
+:mod:`mloc.runtime.processes.workers`.) No torch here, and nothing else of mloc.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-__all__ = ["MlocWarning", "shown", "line"]
+__all__ = ["MlocWarning", "shown", "line", "RANKED"]
+
+RANKED = "warning (rank "
+"""How a rank's own warning begins (the ``--nproc`` launcher picks them out of its workers' stderr)."""
 
 
 class MlocWarning(UserWarning):
@@ -40,15 +45,14 @@ class MlocWarning(UserWarning):
         return type(self), (str(self), self.every_rank)
 
 
-def line(message, rank: int | None = None, world: int = 1) -> str | None:
+def line(message, rank: int | None = None, world: int = 1, alike: bool = True) -> str | None:
     """The line ``message`` (an :class:`MlocWarning`, or its text) is said as by ``rank`` of
-    ``world`` processes (``rank`` None: the only one, or a launcher), or None when another
-    rank says it."""
-    every_rank = getattr(message, "every_rank", False)
+    ``world`` processes (``rank`` None: the only one, or a launcher; ``alike``: the ranks run
+    the same program on their shards), or None when rank 0 says it for every rank."""
     if rank is None or world <= 1:
         return f"warning: {message}"
-    if every_rank:
-        return f"warning (rank {rank} of {world}): {message}"
+    if getattr(message, "every_rank", False) or not alike:
+        return f"{RANKED}{rank} of {world}): {message}"
     return f"warning: {message}" if rank == 0 else None
 
 
@@ -62,10 +66,10 @@ def _stderr(text: str) -> None:
 
 
 @contextmanager
-def shown(rank: int | None = None, world: int = 1, write: Callable[[str], None] | None = None,
+def shown(rank: int | None = None, world: int = 1, alike: bool = True, write: Callable[[str], None] | None = None,
           record: Callable[[str], None] | None = None) -> Iterator[None]:
     """For the duration, an :class:`MlocWarning` the filters let through is said as
-    :func:`line` says (by ``rank`` of ``world``), through ``write`` (default: the enclosing
+    :func:`line` says (by ``rank`` of ``world``, ``alike``), through ``write`` (default: the enclosing
     :func:`shown`'s, else stderr), and passed to ``record`` (where the run records it) when
     this process says it; any other warning goes to the ``showwarning`` this replaced."""
     previous = warnings.showwarning
@@ -74,7 +78,7 @@ def shown(rank: int | None = None, world: int = 1, write: Callable[[str], None] 
     def show(message, category, filename, lineno, file=None, source=None):
         if not issubclass(category, MlocWarning):
             return previous(message, category, filename, lineno, file, source)
-        text = line(message, rank, world)
+        text = line(message, rank, world, alike)
         if text is None:
             return None
         with _lock:

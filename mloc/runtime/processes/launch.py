@@ -358,7 +358,7 @@ def _train(program: Program, declaration: Declaration, config: RunConfig, out: P
     try:
         with failed_summary(selection, program, out):
             if resume_dir:
-                resume(program, Path(resume_dir), selection)
+                resume(program, Path(resume_dir), selection, where)
             start, t0 = program.step_count, time.perf_counter()
             with Progress(declaration.name, config.steps, enabled=not quiet and program.dist.is_main) as progress:
                 progress.note(banner(program, config, out, chosen) + (f" (from step {start})" if start else ""))
