@@ -27,6 +27,7 @@ from mloc.cli.output import (EXIT_ERRORS, EXIT_INTERNAL, EXIT_OK, EXIT_PIPE, EXI
                              add_pass_options, io_error)
 from mloc.env import read_env
 from mloc.shared.version import __version__
+from mloc.shared.warning import shown
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERRORS", "EXIT_USAGE", "EXIT_INTERNAL", "EXIT_PIPE"]
 
@@ -118,7 +119,8 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     out = Output(args.color)
     try:
-        code = args.fn(args, out)
+        with shown(write=out.err):      # mloc's warnings as its other notes (mloc.shared.warning)
+            code = args.fn(args, out)
         sys.stdout.flush()              # a reader that went away shows here, not at exit
         return code
     except UsageError as e:

@@ -11,5 +11,7 @@ without loading the compiler, and the checker without loading torch.
 - :mod:`mloc.shared.limits`: mloc's bounds on step counts and seeds (the checker's field
   types, both doors' flags);
 - :mod:`mloc.shared.precision`: the autocast precisions;
-- :mod:`mloc.shared.version`: mloc's version.
+- :mod:`mloc.shared.version`: mloc's version;
+- :mod:`mloc.shared.warning`: mloc's warning category, and its one-line form where mloc owns the
+  terminal.
 """

@@ -26,6 +26,7 @@ from mloc.runtime import Edge, Problem, adam, itd, sgd
 from mloc.runtime.optim import commit_present
 from mloc.runtime.grad.problem import LowerOp
 from mloc.runtime.methods import unrolled
+from mloc.shared.warning import MlocWarning
 from tests.runtime.hand_built import hierarchy
 from tests.runtime.oracles import F64, gen, leaf, randn, rel
 
@@ -287,7 +288,7 @@ def test_forward_falls_back_to_one_direction_at_a_time():
         hierarchy([lower, upper], [Edge("lam", "w", itd(5, mode=mode))]).hypergrad("lam")
         return lam.grad
     want = build("reverse")
-    with pytest.warns(UserWarning, match="one at a time"):
+    with pytest.warns(MlocWarning, match="one at a time"):
         got = build("forward")
     assert rel(got, want) < TOL
     with warnings.catch_warnings():

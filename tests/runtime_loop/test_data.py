@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from mloc.runtime.program.data import DataStream, distributed_loader, to_device
+from mloc.shared.warning import MlocWarning
 
 
 class Counting(Dataset):
@@ -96,7 +97,7 @@ def test_restoring_past_the_end_of_an_epoch_is_reported():
 
 def test_restoring_an_unseeded_shuffle_warns():
     s = DataStream("p", lambda: DataLoader(Counting(6), batch_size=2, shuffle=True))
-    with pytest.warns(UserWarning, match="without a seeded generator"):
+    with pytest.warns(MlocWarning, match="without a seeded generator"):
         s.restore({"epoch": 1, "index": 0})
 
 
@@ -161,7 +162,7 @@ def test_a_position_written_by_another_number_of_processes_is_rescaled_with_a_wa
     saved = two.state()
     assert saved == {"epoch": 0, "index": 3, "world": 2}
     three = DataStream("p", factory, rank=1, world=3, seed=2)
-    with pytest.warns(RuntimeWarning, match=r"batch 3 of epoch 0 on each of 2 .*resumes at batch 2"):
+    with pytest.warns(MlocWarning, match=r"batch 3 of epoch 0 on each of 2 .*resumes at batch 2"):
         three.restore(saved)                                           # 2·3 = 6 per-rank batches = 3·2
     fresh = DataStream("p", factory, rank=1, world=3, seed=2)
     assert [three.next()[0].tolist() for _ in range(3)] == [fresh.next()[0].tolist() for _ in range(5)][2:]
@@ -170,7 +171,7 @@ def test_a_position_written_by_another_number_of_processes_is_rescaled_with_a_wa
 def test_a_rescaled_position_past_its_epochs_end_goes_on_with_the_next_epoch():
     factory = tensor_loader(70, 16, True)          # 2 ranks: 35 each, 3 batches; 1 process: 5 batches
     one = DataStream("p", factory, seed=2)
-    with pytest.warns(RuntimeWarning, match="resumes at batch 6"):
+    with pytest.warns(MlocWarning, match="resumes at batch 6"):
         one.restore({"epoch": 0, "index": 3, "world": 2})
     fresh = DataStream("p", factory, seed=2)
     assert one.next()[0].tolist() == [fresh.next()[0].tolist() for _ in range(6)][5]   # epoch 1's first

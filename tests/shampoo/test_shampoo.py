@@ -14,6 +14,7 @@ import torch
 from mloc.runtime.base import tree
 from mloc.runtime.optim import adam as make_adam, sgd as make_sgd, shampoo
 from mloc.runtime.optim.blocks import from_blocks, kron_diagonal, layout, precondition, to_blocks
+from mloc.shared.warning import MlocWarning
 from tests.shampoo.helpers import F64, blockwise_direction, eig_root
 
 
@@ -234,7 +235,7 @@ def test_asynchronous_roots_reproduce_the_staleness_mode(every, s, worker):
 
 
 def test_a_root_worker_that_dies_is_replaced_by_the_training_process():
-    """SIGKILL the worker process mid-run: one RuntimeWarning, the unanswered and later
+    """SIGKILL the worker process mid-run: one MlocWarning, the unanswered and later
     refreshes computed in the training process, the run equal to the synchronous one bit
     for bit; close() leaves no process and no shared files."""
     import glob
@@ -244,9 +245,10 @@ def test_a_root_worker_that_dies_is_replaced_by_the_training_process():
     mine = f"/dev/shm/mloc-roots-{os.getpid()}-*"       # this process's: other tests may run beside it
     before = set(glob.glob(mine))
     want_p, want_s, _ = run_async(kw, "sync", seq, init)
-    with pytest.warns(RuntimeWarning, match="root worker process stopped") as caught:
+    with pytest.warns(MlocWarning, match="root worker process stopped") as caught:
         got_p, got_s, answered = run_async(kw, "process", seq, init, kill_after=7)
     assert len([w for w in caught if "root worker" in str(w.message)]) == 1
+    assert all(w.message.every_rank for w in caught if "root worker" in str(w.message))   # its own worker
     assert 0 < answered < len(seq) // 2
     assert all(torch.equal(x, y) for x, y in zip(want_p, got_p))
     assert all(torch.equal(x, y) for x, y in zip(want_s, got_s))
@@ -322,6 +324,7 @@ def test_a_non_finite_statistic_never_reaches_the_parameters_through_a_root(how)
             assert int(state.failures[0][0].max()) == fails
             assert bool(torch.isnan(state.stats[0][0]).any())
     assert len(reports) == 1 and "rejected" in str(reports[0].message)
+    assert reports[0].category is MlocWarning and not reports[0].message.every_rank   # one process: split
     # what a run's train records hold (Shampoo.report): the NaN gradient reaches both
     # statistics (G Gᵀ and Gᵀ G), the written NaN the left one only; 9 refreshes since
     assert opt.report(state) == {"roots_rejected": 2 if how == "gradient" else 1, "root_failures": 9}
@@ -594,7 +597,7 @@ def test_no_room_for_the_shared_files_falls_back_to_the_thread(monkeypatch):
     init = grads_seq([(6, 5), (5,)], 1, seed=18)[0]
     kw = dict(lr=0.05, staleness=2, update_every=2, start_preconditioning_step=1, block_size=4)
     want_p, want_s, _ = run_async(kw, "sync", seq, init)
-    with pytest.warns(RuntimeWarning, match="no room for the root worker's shared files"):
+    with pytest.warns(MlocWarning, match="no room for the root worker's shared files"):
         got_p, got_s, answered = run_async(kw, "process", seq, init)
     assert answered == 0
     assert all(torch.equal(x, y) for x, y in zip(want_p, got_p))

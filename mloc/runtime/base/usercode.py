@@ -1,12 +1,17 @@
 """Errors raised by the program's own code: which frames of a traceback are the user's
 (not mloc's, not torch's or the standard library's), and the E702 report that points at
 them (exit 1). `mloc run`, `python train.py`, `--pipeline` workers, `mloc hypergrad` and
-the trace pass all report through here, so an error reads the same wherever it is met."""
+the trace pass all report through here, so an error reads the same wherever it is met.
+So does one of mloc's own warnings that Python's warning filter made an error
+(``-W error::mloc.shared.warning.MlocWarning``, ``PYTHONWARNINGS``): the run stops there,
+exit 1, saying the warning as the error it was made."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+from mloc.shared.warning import MlocWarning
 
 
 def user_error(err: Exception, when: str, dtype: str | None = None, device=None,
@@ -15,6 +20,10 @@ def user_error(err: Exception, when: str, dtype: str | None = None, device=None,
     ``--dtype`` run a dtype mismatch gets a note, and on a device other than the CPU a device
     mismatch: mloc casts and moves what it passes to the code (the modules, the batches, an
     evaluation's data arguments), not what a function makes or loads in its own body."""
+    if isinstance(err, MlocWarning):
+        print(f"error: {err} (during {when})\n  = note: one of mloc's warnings, made an error by Python's warning "
+              f"filter (-W error or PYTHONWARNINGS)\n  = help: {after}", file=sys.stderr)
+        return 1
     frames = getattr(err, "frames", None) or user_frames(err)   # EvaluationError: located
     if not frames:
         raise err

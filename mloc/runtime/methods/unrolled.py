@@ -63,6 +63,7 @@ import torch
 from mloc.runtime.base import tree
 from mloc.runtime.optim import apply_updates, keep_absent
 from mloc.shared.unroll import DIRECTIONS_PER_BATCH, segment_length
+from mloc.shared.warning import MlocWarning
 
 _MODES = ("reverse", "forward", "recompute")
 
@@ -310,9 +311,9 @@ class _BatchedJvp:
                                            is_grads_batched=True)
             except RuntimeError as err:
                 self.batched = False
-                warnings.warn(f"itd(mode='forward'): the tangent directions could not be batched "
-                              f"({str(err).splitlines()[0]}); pushing them one at a time "
-                              f"({self.m} backwards per step instead of one)", stacklevel=2)
+                warnings.warn(MlocWarning(f"itd(mode='forward'): the tangent directions could not be batched "
+                                          f"({str(err).splitlines()[0]}); pushing them one at a time "
+                                          f"({self.m} backwards per step instead of one)"), stacklevel=2)
         rows = [torch.autograd.grad(ws, u, [t[j] for t in ts], retain_graph=True, allow_unused=True)
                 for j in range(ts[0].shape[0])]
         return tuple(None if r[0] is None else torch.stack(r) for r in zip(*rows))

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from mloc.runtime.optim.rootproc import Job, RootProcess
+from mloc.shared.warning import MlocWarning
 
 
 class RootJobs:
@@ -56,8 +57,8 @@ class RootJobs:
             process.start()
             self._process = process
         except OSError as e:
-            warnings.warn(f"shampoo: the root worker process could not start ({e}); the roots "
-                          "are computed on a background thread", RuntimeWarning, stacklevel=4)
+            warnings.warn(MlocWarning(f"shampoo: the root worker process could not start ({e}); the roots "
+                                      "are computed on a background thread", every_rank=True), stacklevel=4)
 
     def restart(self, settings: tuple) -> None:
         """New ``settings`` (:class:`.RootBatch`'s arguments); a running worker process is
@@ -90,8 +91,8 @@ class RootJobs:
                 self._jobs[slot] = self._process.submit(slot, stats, ps, fresh)
                 return
             except OSError as e:            # no room for the shared files: the thread instead
-                warnings.warn(f"shampoo: no room for the root worker's shared files ({e}); the roots "
-                              "are computed on a background thread", RuntimeWarning, stacklevel=4)
+                warnings.warn(MlocWarning(f"shampoo: no room for the root worker's shared files ({e}); the "
+                                          "roots are computed on a background thread", every_rank=True), stacklevel=4)
                 self.drain()
                 self._process.close()
                 self._process = None

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from mloc.runtime.files import scratch
 from mloc.runtime.optim.rootbatch import RootBatch
+from mloc.shared.warning import MlocWarning
 
 _LEN = struct.Struct("<Q")
 FOLDER_PREFIX = "mloc-roots"     # the shared folder: mloc-roots-PID-START-RANDOM (mloc.runtime.files.scratch)
@@ -136,9 +137,9 @@ class RootProcess:
             return
         proc, self._proc = self._proc, None
         what = "stopped" if self._ready else "exited while starting"
-        warnings.warn(f"shampoo: the root worker process {what} (exit code {proc.poll()}); the roots "
-                      "are computed in the training process from now on (the same roots, no longer "
-                      "in the background)", RuntimeWarning, stacklevel=2)
+        warnings.warn(MlocWarning(f"shampoo: the root worker process {what} (exit code {proc.poll()}); the "
+                                  "roots are computed in the training process from now on (the same roots, no "
+                                  "longer in the background)", every_rank=True), stacklevel=2)
         _stop(proc)
 
     # --- jobs ---------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ import torch
 
 from mloc.runtime.optim.rootbatch import RootBatch
 from mloc.shared.roots import shampoo_roots_due
+from mloc.shared.warning import MlocWarning
 from mloc.runtime.optim.rootjobs import RootJobs
 
 class RootWork:
@@ -121,10 +122,11 @@ class RootWork:
         bad, worst = counts
         if worst and (self._warned_at == 0 or worst >= self._warned_at + 10):
             self._warned_at = worst
-            warnings.warn(f"shampoo: {bad} inverse root(s) rejected (non-finite or inaccurate); "
-                          f"the previous roots are kept (worst: {worst} consecutive failures). "
-                          "Check the gradients for NaN/Inf, raise `epsilon`, or refresh the "
-                          "roots less often.", RuntimeWarning, stacklevel=2)
+            # split: every rank installs the same exchanged roots; own roots (zero): its own
+            warnings.warn(MlocWarning(f"shampoo: {bad} inverse root(s) rejected (non-finite or inaccurate); "
+                                      f"the previous roots are kept (worst: {worst} consecutive failures). "
+                                      "Check the gradients for NaN/Inf, raise `epsilon`, or refresh the "
+                                      "roots less often.", every_rank=not self.split), stacklevel=2)
         elif worst == 0:
             self._warned_at = 0
 

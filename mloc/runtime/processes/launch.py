@@ -44,7 +44,7 @@ from mloc.runtime.files.loggers import LoggerError
 from mloc.runtime.run.loop import Stop, Where, resume, train
 from mloc.runtime.files.options import OptionError, RunOptions, add_flags
 from mloc.runtime.base.precision import DeviceError
-from mloc.runtime.processes.progress import Progress
+from mloc.runtime.processes.progress import Progress, told
 from mloc.runtime.files.runfiles import amend_config, write_config, write_text
 from mloc.runtime.files.runfolder import CHECKPOINT, Choice, RunFolder, RunFolderError, RunIOError, check_owner, choose
 from mloc.runtime.program.schedules import ScheduleError
@@ -294,7 +294,7 @@ def run(declaration: Declaration, config: RunConfig, out: Path, resume_dir: Path
     launched = launched_rank() is not None     # a worker: its launcher says it is stopping, and sends SIGINT
     stop = Stop(note=not launched)
     try:
-        with stop.handling((signal.SIGINT,) if launched else (signal.SIGINT, signal.SIGTERM)):
+        with stop.handling((signal.SIGINT,) if launched else (signal.SIGINT, signal.SIGTERM)), told(program.dist, out):
             return _train(program, declaration, config, Path(out), resume_dir, quiet, owner, loggers, stop, chosen)
     except KeyboardInterrupt:
         if not stop.requested or not program.dist.is_main:
@@ -358,7 +358,7 @@ def _train(program: Program, declaration: Declaration, config: RunConfig, out: P
     try:
         with failed_summary(selection, program, out):
             if resume_dir:
-                resume(program, Path(resume_dir), selection)
+                resume(program, Path(resume_dir), selection, where)
             start, t0 = program.step_count, time.perf_counter()
             with Progress(declaration.name, config.steps, enabled=not quiet and program.dist.is_main) as progress:
                 progress.note(banner(program, config, out, chosen) + (f" (from step {start})" if start else ""))

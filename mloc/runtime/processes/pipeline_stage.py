@@ -30,6 +30,8 @@ from mloc.runtime.run.loop import CHECKPOINT, Stop, Where, resume
 from mloc.runtime.processes.pipeline import PipelineError, chain_of, worker_name
 from mloc.runtime.files.runfolder import check_owner
 from mloc.runtime.processes.workers import EXIT_PEER, die_with_parent
+from mloc.runtime.base.usercode import user_error
+from mloc.shared.warning import MlocWarning, shown
 
 
 # --- the messages ------------------------------------------------------------------------------
@@ -99,7 +101,6 @@ def worker(train_py: Path, rank: int, world: int, port: int, steps: int, seed: i
     """Stage ``rank``'s process (see the module docstring); its exit code. ``owner``: the
     launcher, whose lock on ``out`` is checked before anything is written there."""
     from mloc.runtime.processes.launch import build
-    from mloc.runtime.base.usercode import user_error
     torch.set_num_threads(1)
     declaration = declared(runpy.run_path(str(train_py), run_name="mloc_pipeline_worker"))
     chain = chain_of(declaration)
@@ -130,7 +131,6 @@ def worker(train_py: Path, rank: int, world: int, port: int, steps: int, seed: i
 def _run(program, chain, declaration, rank: int, world: int, steps: int, delay: float, out: Path,
          owner: int | None, stop: Stop, name: str, dtype: str | None) -> int:
     """Train, checkpoint and write this worker's files; its exit code."""
-    from mloc.runtime.base.usercode import user_error
     where = Where()
     every = declaration.intervals.checkpoint_every
     try:
@@ -286,7 +286,7 @@ def _main(argv: list[str] | None = None) -> int:
     from mloc.runtime.processes.launch import _FOLDER_ERRORS, _say
     stop = Stop(note=False)             # the launcher says that the run is stopping
     try:
-        with stop.handling((signal.SIGINT,)):
+        with stop.handling((signal.SIGINT,)), shown(a.rank, a.world, alike=False):     # the stages differ
             return worker(a.train_py, a.rank, a.world, a.port, a.steps, a.seed, a.dtype, a.delay or 0.0, a.out,
                           resume_dir=a.resume, owner=a.launched_by if a.locked else None, stop=stop)
     except KeyboardInterrupt:           # a second SIGINT: the launcher kills us and says so
@@ -297,6 +297,8 @@ def _main(argv: list[str] | None = None) -> int:
     except _FOLDER_ERRORS as e:
         _say(e)
         return 2
+    except MlocWarning as e:            # made an error by -W error while resuming
+        return user_error(e, f"the resume on {worker_name(a.rank, a.world)}")
     except Exception as e:  # noqa: BLE001 - the last line of defence, as in `mloc run`
         if is_peer_failure(e):
             return EXIT_PEER

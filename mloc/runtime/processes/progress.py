@@ -1,8 +1,14 @@
-"""Progress display for training runs: a rich bar on a terminal, plain lines otherwise."""
+"""Progress display for training runs: a rich bar on a terminal, plain lines otherwise; and
+mloc's own warnings during a run, one line each (:func:`told`)."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+from mloc.runtime.files.runfiles import amend_config
+from mloc.runtime.files.runfolder import RunIOError
+from mloc.shared.warning import shown
 
 
 class Progress:
@@ -41,3 +47,20 @@ class Progress:
             self._bar.update(self._task, completed=done, info=info)
         elif self.enabled:
             sys.stderr.write(f"{self.name} step {done}/{total}  {info}\n")
+
+
+def told(dist, out: Path | None):
+    """mloc's warnings while a run trains (:func:`mloc.shared.warning.shown`): one line
+    each on stderr, said by rank 0 unless about that rank's own state (``dist``: the run's
+    rank, world and ``is_main``); rank 0 also records each in ``out``'s ``config.json``, the
+    latest start's ``"warnings"`` (a record it cannot write is left out: the line was said,
+    and the run's own next write of the folder reports the disk)."""
+    said: list[str] = []
+
+    def record(text: str) -> None:
+        said.append(text)
+        try:
+            amend_config(Path(out), warnings=list(said))
+        except RunIOError:
+            pass
+    return shown(dist.rank if dist.world > 1 else None, dist.world, record=record if dist.is_main and out else None)

@@ -17,7 +17,8 @@ environment torchrun would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
   the launcher, removed when it ends, and by the next start when it was killed:
   :mod:`mloc.runtime.files.scratch`), never to a pipe nobody reads, so a worker that writes a lot
   never blocks; rank 0's is also shown as it comes (its banner,
-  progress and closing summary, live). When one fails the launcher stops the others and
+  progress and closing summary, live), and the other ranks' warnings about their own
+  state (:mod:`mloc.shared.warning`) when the run ends. When one fails the launcher stops the others and
   shows the diagnostic of the rank that failed first, which names its rank, and nothing
   else: no launcher traceback, no second report from the ranks whose collectives broke
   because of it (they exit with :data:`EXIT_PEER`), and rank 0's own diagnostic once.
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mloc.runtime.files import scratch
+from mloc.shared.warning import RANKED
 
 EXIT_PEER = 3           # a worker whose collective failed because another rank died first
 GRACE_S = 3.0           # how long the first failure waits for a rank that failed first-hand
@@ -158,7 +160,8 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
         own = procs[0].returncode
         if code > 0 and code != 130 and own not in (None, 0, EXIT_PEER) and own > 0:
             code, rank = own, 0     # rank 0 failed first-hand too: its diagnostic, shown already, is the one
-        return Outcome(code, _report(code, rank, names, paths))
+        report = _report(code, rank, names, paths)
+        return Outcome(code, "\n".join(s for s in (_ranks_warnings(paths, rank if code else 0), report) if s))
 
 
 @contextmanager
@@ -277,6 +280,18 @@ def _report(code: int, rank: int, names: list[str], paths: list[Path]) -> str:
     if rank == 0 and text:
         return ""
     return text or f"error: {names[rank]} exited with code {code}"
+
+
+def _ranks_warnings(paths: list[Path], reported: int) -> str:
+    """mloc's warnings about a rank's own state said by the ranks other than 0 (whose stderr
+    is shown as it comes) and ``reported`` (whose whole stderr is the report): their
+    ``warning (rank R of W): ...`` lines (:func:`mloc.shared.warning.line`)."""
+    lines = []
+    for rank, path in enumerate(paths):
+        if rank not in (0, reported) and path.is_file():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            lines += [s for s in text.splitlines() if s.startswith(RANKED)]
+    return "\n".join(lines)
 
 
 def exit_code(code: int) -> int:

@@ -68,6 +68,7 @@ from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, Iter
 
 from mloc.runtime.base.tree import map_tensors
 from mloc.runtime.program.gather import gatherable, gathered_loader
+from mloc.shared.warning import MlocWarning
 
 
 class DataStream:
@@ -156,9 +157,9 @@ class DataStream:
             index = self._rescaled(epoch, index, saved)
         self._data = self._build()
         if _unseeded_shuffle(self._data):
-            warnings.warn(f"the data of `{self.name}` shuffles without a seeded generator, so the "
-                          "resumed batches differ from an uninterrupted run's; give its DataLoader "
-                          "generator=torch.Generator().manual_seed(...)", stacklevel=2)
+            warnings.warn(MlocWarning(f"the data of `{self.name}` shuffles without a seeded generator, so "
+                                      "the resumed batches differ from an uninterrupted run's; give its "
+                                      "DataLoader generator=torch.Generator().manual_seed(...)"), stacklevel=2)
         for e in range(epoch):
             self._replay_epoch(e)
         self._epoch, self._index, self._it = epoch, 0, self._start(epoch)
@@ -181,10 +182,10 @@ class DataStream:
         one batch per rank is drawn again). The batch order itself depends on the world size
         (see the module docstring), so such a resume continues the run, not bitwise."""
         rescaled = saved * index // self.world
-        warnings.warn(f"the data of `{self.name}` was at batch {index} of epoch {epoch} on each of "
-                      f"{saved} process(es); with {self.world} it resumes at batch {rescaled} of that "
-                      "epoch (the batch order depends on the number of processes, so this run does not "
-                      f"repeat the batches a {saved}-process run would draw)", RuntimeWarning, stacklevel=3)
+        warnings.warn(MlocWarning(f"the data of `{self.name}` was at batch {index} of epoch {epoch} on each "
+                                  f"of {saved} process(es); with {self.world} it resumes at batch {rescaled} of "
+                                  "that epoch (the batch order depends on the number of processes, so this run "
+                                  f"does not repeat the batches a {saved}-process run would draw)"), stacklevel=3)
         return rescaled
 
     def _replay_epoch(self, epoch: int) -> None:

@@ -39,6 +39,7 @@ from mloc.runtime.program import sharded
 from mloc.runtime.program.checkpoint import CheckpointError, save_checkpoint
 from mloc.runtime.program.engine import Program, drain
 from mloc.shared.strategy import SHARDED
+from mloc.shared.warning import MlocWarning
 from mloc.runtime.files.loggers import open_loggers
 from mloc.runtime.run.metrics import MetricsWriter
 from mloc.runtime.run.records import log_train
@@ -124,18 +125,21 @@ def save(program: Program, out: Path, owner: int | None = None, extra: dict | No
     return path
 
 
-def resume(program: Program, directory: Path, selection: Selection | None = None) -> int:
+def resume(program: Program, directory: Path, selection: Selection | None = None, where: Where | None = None) -> int:
     """Load `directory/checkpoint.pt` (and its shards, when sharded) into `program` (and its
     best-so-far and patience count into `selection`); returns the step to continue from.
-    Anything that fails while restoring is a :class:`CheckpointError` naming the file."""
+    Anything that fails while restoring is a :class:`CheckpointError` naming the file (but
+    an mloc warning made an error: the run's to say). `where` says the loop is resuming."""
     path = checkpoint_path(directory)
+    if where is not None:
+        where.text = f"the resume from {path}"
     state = sharded.load(program, Path(directory))
     try:
         program.load_state_dict(state)
         if selection is not None:
             selection.load_state_dict(state.get("selection"))
         program.compiling.restore(state.get("compile"))
-    except CheckpointError:
+    except (CheckpointError, MlocWarning):     # a warning made an error (-W error): not the file's fault
         raise
     except Exception as e:  # noqa: BLE001 - a checksummed file that still does not restore
         raise CheckpointError(path, f"{path} does not match this program ({type(e).__name__}: {e})",
