@@ -24,7 +24,10 @@ from tests.run.helpers import ENV, HERE
 
 UNSEEDED = HERE / "unseeded.mlo"
 SHUFFLES = "the data of `{}` shuffles without a seeded generator"
-CATEGORY = "mloc.shared.warning.MlocWarning"
+STRICT = "error:the data of:UserWarning"
+"""A filter by message: Python resolves a ``-W``/``PYTHONWARNINGS`` category at start-up,
+before site-packages is on the path, so only built-in categories (``UserWarning``, which
+``MlocWarning`` is) can be named there."""
 
 
 # --- the category and its line --------------------------------------------------------
@@ -134,9 +137,9 @@ def test_a_resume_says_mlocs_warning_in_one_line_and_the_users_in_pythons(fresh)
 def test_the_warning_filter_makes_mlocs_warning_an_error_of_the_run(fresh, door):
     run = _copy(fresh, f"strict{len(door)}")
     if door.startswith("mloc"):
-        r = _mloc("run", UNSEEDED, "--steps", "4", "--resume", run, PYTHONWARNINGS=f"error::{CATEGORY}")
+        r = _mloc("run", UNSEEDED, "--steps", "4", "--resume", run, PYTHONWARNINGS=STRICT)
     else:
-        r = _train_py(run, "-W", f"error::{CATEGORY}")
+        r = _train_py(run, "-W", STRICT)
     assert r.returncode == 1, r.stderr
     assert re.search(rf"(?m)^error: {re.escape(SHUFFLES.format('net'))}.* \(during the resume from ", r.stderr)
     assert "made an error by Python's warning filter" in r.stderr
