@@ -14,7 +14,10 @@ them into the live tensors), so their sharing is never observed.
 Two tensors are "the same" when they are the same view of the same memory: storage,
 offset, shape, stride, dtype and device (:func:`view_key`), whether or not they are the same
 Python object (``state_dict()`` hands out fresh ``detach()``\\ es). A sharded ``DTensor`` is
-keyed by its local shard and its whole shape. A tensor that is only another view of a
+the same only as the same object (``state_dict(keep_vars=True)`` hands out the parameters
+themselves): the copy of one is a collective (its all-gather), so every rank must make the
+same choice, which a rank's local shard, empty when a parameter has fewer rows than there
+are ranks, cannot tell. A tensor that is only another view of a
 parameter (a flattened or sliced one) is a different view and keeps its own copy, as does
 an empty one (its storage pointer says nothing).
 """
@@ -29,18 +32,18 @@ from torch.distributed.tensor import DTensor
 
 def view_key(t: torch.Tensor) -> Hashable | None:
     """What identifies the memory ``t`` reads: ``(device, dtype, storage pointer, offset,
-    shape, stride)`` (a ``DTensor``: its local shard's, and its whole shape); None for an
-    empty tensor, or one whose storage cannot be read (it is then never shared)."""
-    whole = None
+    shape, stride)``; a ``DTensor``: the object itself (a rank's local shard may be empty,
+    and every rank must decide alike); None for an empty tensor, or one whose storage
+    cannot be read (it is then never shared)."""
     if isinstance(t, DTensor):
-        whole, t = tuple(t.shape), t.to_local()
+        return ("dtensor", id(t))
     if t.numel() == 0 or t.is_meta or t.layout != torch.strided:
         return None
     try:
         ptr = t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):
         return None
-    return (str(t.device), t.dtype, ptr, t.storage_offset(), tuple(t.shape), t.stride(), whole)
+    return (str(t.device), t.dtype, ptr, t.storage_offset(), tuple(t.shape), t.stride())
 
 
 class Clones:
