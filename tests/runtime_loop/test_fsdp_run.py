@@ -3,7 +3,8 @@
 within 1e-5 relative (float32) for plain steps and for every method whose registry caps
 say ``shards`` (a new such method is covered here automatically); checkpoints are whole
 tensors (a ddp run's, within 1e-5), so a run stopped and resumed under fsdp equals the
-uninterrupted one bitwise and a fsdp checkpoint resumes under ddp; ``config.json``'s ``param_bytes``
+uninterrupted one bitwise and a fsdp checkpoint resumes under ddp (each parameter gathered
+and stored once, for ``params`` and ``module`` both); ``config.json``'s ``param_bytes``
 (rank 0's) is about 1/N of one process's at N = 1, 2, 4.
 
 The data are read in order (``shuffle=false``): two ranks with batch B then see, at each
@@ -90,6 +91,15 @@ def test_fsdp_checkpoints_are_whole_and_resume_bitwise_and_into_ddp(tmp_path):
     _close(tmp_path / "ddp", tmp_path / "whole")
     _run(SMALL, tmp_path / "ddp5", "--steps", 5, "--nproc", 2, "--strategy", "ddp", *sama, *_data(8))
     _close(tmp_path / "again5", tmp_path / "ddp5")     # gathered: the tensors a ddp run writes
+    _each_parameter_once(tmp_path / "again5" / "checkpoint.pt")
+
+
+def _each_parameter_once(path) -> None:
+    """Every problem's ``params`` are its ``module`` entries' gathered copies (one storage each)."""
+    from mloc.runtime.program.checkpoint import load_checkpoint
+    for name, saved in load_checkpoint(path, None)["problems"].items():
+        module = {v.untyped_storage().data_ptr() for v in saved["module"].values()}
+        assert saved["params"] and all(p.untyped_storage().data_ptr() in module for p in saved["params"]), name
 
 
 @pytest.mark.slow

@@ -237,7 +237,13 @@ def gathered(problem: Sharded) -> dict[str, Any]:
     """``problem``'s parameters and optimizer state as whole tensors on every rank (for a
     checkpoint that any world size, sharded or not, can read): each shard all-gathered."""
     params = [p.full_tensor() if isinstance(p, DTensor) else p.detach().clone() for p in problem.params]
-    return {"params": params, "state": _map_state(problem, lambda p, t: _full(p, t))}
+    return {"params": params, "state": gathered_state(problem)}
+
+
+@torch.no_grad()
+def gathered_state(problem: Sharded) -> Any:
+    """:func:`gathered`'s optimizer state alone (the parameters are not gathered)."""
+    return _map_state(problem, lambda p, t: _full(p, t))
 
 
 @torch.no_grad()

@@ -39,6 +39,7 @@ from mloc.runtime.base.overlap import OverlappedSync
 from mloc.runtime.files.options import OptionError
 from mloc.runtime.grad.buffers import buffers_of, frozen
 from mloc.runtime.program.checkpoint import state_to_tree, tree_to_state
+from mloc.runtime.program.clones import Clones
 from mloc.shared.sharding import ProblemFacts, refusals
 
 _STEP_KINDS = ("accumulate", "apply", "meta_batch", "chain_step")
@@ -185,11 +186,13 @@ def _whole_view(lv: Any) -> Any:
 
 def gathered(lv: Any) -> dict:
     """Problem ``lv``'s checkpoint entries as whole tensors, as a ``ddp`` run writes them
-    (every rank calls: each shard is all-gathered)."""
-    whole = fsdp.gathered(_whole_view(lv))
-    module = {k: (v.full_tensor() if isinstance(v, fsdp.DTensor) else v.detach().clone())
-              for k, v in lv.module.state_dict().items()}
-    return {"params": whole["params"], "optimizer": state_to_tree(tree.clone(whole["state"])), "module": module}
+    (every rank calls: each shard is all-gathered, a parameter once for ``params`` and
+    ``module``: :mod:`mloc.runtime.program.clones`)."""
+    clones = Clones(lambda v: v.full_tensor() if isinstance(v, fsdp.DTensor) else v.detach().clone())
+    module = {k: clones(v) for k, v in lv.module.state_dict(keep_vars=True).items()}
+    params = [clones(p) for p in lv.shards]     # the module's own: gathered once, in `module` too
+    state = fsdp.gathered_state(_whole_view(lv))
+    return {"params": params, "optimizer": state_to_tree(tree.clone(state)), "module": module}
 
 
 def load(lv: Any, saved: dict) -> None:
@@ -199,7 +202,7 @@ def load(lv: Any, saved: dict) -> None:
         for k, v in lv.module.state_dict().items():
             fsdp.local(v).copy_(fsdp.part(v, saved["module"][k]) if isinstance(v, fsdp.DTensor) else saved["module"][k])
     view = _whole_view(lv)
-    whole = fsdp.gathered(view)["state"]        # the whole state's structure and shapes, to check against
+    whole = fsdp.gathered_state(view)           # the whole state's structure and shapes, to check against
     state = tree_to_state(saved["optimizer"], whole)
     fsdp.load_gathered(view, {"params": saved["params"], "state": state})
     lv.problem.state = tree.clone(view.state)

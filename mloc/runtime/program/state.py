@@ -6,6 +6,12 @@ uninterrupted one on CPU. Under `strategy = fsdp` (and `zero`) every tensor is w
 gathered from the ranks, so a checkpoint resumes into any strategy and world size. Optimizer states are pytrees: cloned (a commit overwrites the
 live tensors in place) and turned into checkpointable plain trees here, and nowhere else
 in the engine.
+
+A problem's parameters that are its module's are copied once: ``params`` and ``module``
+refer to the same copies (:mod:`mloc.runtime.program.clones`), so the file holds each
+parameter's bytes once (``torch.save`` writes a shared storage once). :func:`restore` only
+copies *from* them (``load_state_dict``, then ``params``: the same values into the same
+tensors), so checkpoints written before, with separate copies, restore the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import torch
 
 from mloc.runtime.base import tree
 from mloc.runtime.program import fsdp_run
+from mloc.runtime.program.clones import Clones
 from mloc.runtime.program.checkpoint import capture_rng, restore_rng, state_to_tree, tree_to_state
 from mloc.runtime.program.data import DataStream
 from mloc.runtime.optim.zero import Zero, ZeroState
@@ -32,11 +39,12 @@ def snapshot(name: str, step: int, live: Mapping[str, Any], streams: Mapping[str
         if lv.shards is not None:      # strategy fsdp: whole tensors, gathered (every rank calls)
             problems[n] = {**fsdp_run.gathered(lv), "steps": lv.steps}
             continue
-        problems[n] = {"params": [p.detach().clone() for p in lv.problem.params],
+        clones = Clones()               # a parameter of the module is in `module` and `params`: one copy
+        module = {k: clones(v) for k, v in lv.module.state_dict().items()}
+        problems[n] = {"params": [clones(p) for p in lv.problem.params],
                        "optimizer": _shard(lv.problem) if sharded and isinstance(lv.problem.optimizer, Zero)
                        else _whole(lv.problem),
-                       "module": {k: v.detach().clone() for k, v in lv.module.state_dict().items()},
-                       "steps": lv.steps}
+                       "module": module, "steps": lv.steps}
     return {"program": name, "step": step, "problems": problems,
             "data": {n: s.state() for n, s in streams.items()}, "rng": capture_rng()}
 
