@@ -6,8 +6,10 @@ intra-op thread), on gradients every rank draws identically (what the all-reduce
 and reports:
 
 - ``roots/rank``: the roots this rank computes per refresh (:meth:`.RootBatch.local`,
-  the chunks dealt round robin, :func:`~mloc.runtime.optim.rootbatch.owned_chunks`), of
-  ``roots`` in all;
+  the chunks :func:`~mloc.runtime.optim.rootbatch.owned_chunks` gives it), of ``roots`` in
+  all, and ``cost/rank``: their estimated cost in millions of ``chunk · size³``
+  (:func:`~mloc.runtime.optim.rootsplit.chunk_cost`, the padding included), with the
+  slowest rank's over the mean (``max/mean``, 1 when balanced) for both below the table;
 - ``local``: the median wall time of this rank's share (what its background worker runs
   with ``async_roots``), ``exchange``: of the one all-gather that hands every rank the
   others' shares (:meth:`.RootBatch.exchange`), and ``refresh``: of both, the synchronous
@@ -67,10 +69,10 @@ def _refresh(reps: int) -> dict:
             state = opt.commit(tuple(torch.randn(p.shape, generator=gen) for p in params), state, params)
     batch, ps = opt.work.batch, _orders(opt.layouts(params))
     total = sum(s.shape[0] for ss in state.stats for s in ss)
-    local, exchange, mine = [], [], 0
+    local, exchange, mine, cost = [], [], 0, 0
     for _ in range(reps):
         dist.barrier()
-        before, t0 = batch.computed, time.perf_counter()
+        before, spent, t0 = batch.computed, batch.cost, time.perf_counter()
         done = batch.local(state.stats, ps)
         t1 = time.perf_counter()
         if batch.shard is not None:
@@ -78,9 +80,9 @@ def _refresh(reps: int) -> dict:
         t2 = time.perf_counter()
         local.append(t1 - t0)
         exchange.append(t2 - t1)
-        mine = batch.computed - before
+        mine, cost = batch.computed - before, batch.cost - spent
     opt.close()
-    return {"roots": total, "roots/rank": mine, "local_ms": _ms(local), "exchange_ms": _ms(exchange),
+    return {"roots": total, "roots/rank": mine, "cost/rank": round(cost / 1e6, 3), "local_ms": _ms(local), "exchange_ms": _ms(exchange),
             "refresh_ms": _ms([a + b for a, b in zip(local, exchange)])}
 
 
@@ -138,12 +140,20 @@ def main() -> None:
     args = ap.parse_args()
     if args.rank_main:
         return rank_main(*args.rank_main)
-    keys = ("roots", "roots/rank", "local_ms", "exchange_ms", "refresh_ms",
+    keys = ("roots", "roots/rank", "cost/rank", "local_ms", "exchange_ms", "refresh_ms",
             "async_refresh_ms", "async_between_ms", "async_jobs_in_worker")
     print("N  rank  " + "  ".join(keys))
     for n in args.nproc:
-        for r in launch(n, args.reps, args.cycles):
+        ranks = launch(n, args.reps, args.cycles)
+        for r in ranks:
             print(f"{n}  {r['rank']}     " + "  ".join(str(r.get(k)) for k in keys), flush=True)
+        print(f"N = {n}: max/mean " + ", ".join(f"{k} {_imbalance([r[k] for r in ranks])}"
+                                                for k in ("roots/rank", "cost/rank")), flush=True)
+
+
+def _imbalance(values) -> float:
+    """The slowest rank's share over the mean share (1: balanced)."""
+    return round(max(values) / statistics.mean(values), 3)
 
 
 if __name__ == "__main__":

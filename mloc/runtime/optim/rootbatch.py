@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from mloc.runtime.optim.roots import Roots, inverse_root, resolve
+from mloc.runtime.optim.rootsplit import ROOT_CHUNK, chunk_cost, chunks as _chunks
 
-ROOT_CHUNK = 16
-"""Roots are computed in batches of at most this many matrices (``RootBatch._batched_root``)."""
+__all__ = ["ROOT_CHUNK", "RootBatch", "owned_chunks", "owned_rows"]
 
 
 class RootBatch:
@@ -31,6 +31,7 @@ class RootBatch:
         self.epsilon, self.method = epsilon, method
         self.shard = shard
         self.computed = 0               # matrices whose roots this process computed (benchmarks)
+        self.cost = 0                   # their estimated cost, padding included (rootsplit.chunk_cost)
 
     def compute(self, stats, ps) -> dict:
         """New roots and their status (1 accepted, 0 rejected, -1 an all-zero statistic:
@@ -81,11 +82,13 @@ class RootBatch:
         if count == 1 and world == 1:
             r = self._root(batch, p)
             self.computed += n
+            self.cost += chunk_cost(chunk, size)
             return r.root, r.ok, r.all_ok
         eye = torch.eye(size, dtype=batch.dtype, device=batch.device)
         padded = torch.cat([batch, eye.expand(count * chunk - n, -1, -1)]).view(count, chunk, size, size)
         mine = {c: self._root(padded[c], p) for c in owned_chunks(count, base, rank, world)}
         self.computed += sum(min(chunk, n - c * chunk) for c in mine)
+        self.cost += len(mine) * chunk_cost(chunk, size)
         if world == 1:
             return (torch.cat([r.root for r in mine.values()])[:n], torch.cat([r.ok for r in mine.values()])[:n],
                     all(r.all_ok for r in mine.values()))
@@ -155,13 +158,6 @@ def _groups(stats, ps) -> dict[tuple, list]:
         for j, s in enumerate(ss):
             groups.setdefault((s.shape[-1], ps[i]), []).append((i, j))
     return groups
-
-
-def _chunks(n: int) -> tuple[int, int]:
-    """``(chunk, count)``: a group of ``n`` matrices is computed in ``count`` chunks of
-    ``chunk`` matrices."""
-    chunk = min(ROOT_CHUNK, n)
-    return chunk, -(-n // chunk)
 
 
 def owned_chunks(count: int, base: int, rank: int, world: int) -> range:
