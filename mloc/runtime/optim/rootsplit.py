@@ -15,8 +15,10 @@ chunk's width counts, not its real rows. Left out, because they are unknown befo
 roots are computed or equal across chunks to within a small factor: the number of Newton
 iterations (data-dependent; a batch runs until its slowest matrix converges, ~10–20) and
 the order ``p`` (``⌊log₂ p⌋ + popcount(p) − 1`` products for ``tᵖ``: one more for ``p = 4``
-than for ``p = 2``). The model ranks a 128-chunk of 32×32 blocks (16·32³ ≈ 524k) against
-a one-matrix chunk of a 10×10 block (1000) by a factor of 500, which is what matters.
+than for ``p = 2``). Also left out: a fixed cost per chunk (Newton's ~20 iterations each read
+``active.any()`` on the host: ~1 ms for a chunk of one 10×10 matrix on one CPU thread,
+against ~8 ms for one 128×128, ``bench/root_chunk_time.py``), which only matters where
+the chunks are tiny and their cost is small anyway.
 """
 
 from __future__ import annotations
