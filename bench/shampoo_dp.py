@@ -1,13 +1,18 @@
 """Shampoo's root work under data parallelism (issue 26): how many roots each rank computes
 per refresh, and what a refresh costs, with N = 1, 2, … gloo processes on the CPU.
 
-Each rank trains the same weights, :data:`SHAPES` in blocks of :data:`BLOCK` (float32, one
+Each rank trains the same weights, one of :data:`MODELS` (``--model``: ``square``, its
+weights in blocks of 32, every statistic 32 × 32 but two; ``taper``, widths 128-96-80-64-10
+in blocks of 128, statistics of five sizes, where the split by cost differs from one by
+count) (float32, one
 intra-op thread), on gradients every rank draws identically (what the all-reduce gives),
 and reports:
 
 - ``roots/rank``: the roots this rank computes per refresh (:meth:`.RootBatch.local`,
-  the chunks dealt round robin, :func:`~mloc.runtime.optim.rootbatch.owned_chunks`), of
-  ``roots`` in all;
+  the chunks :func:`~mloc.runtime.optim.rootbatch.owned_chunks` gives it), of ``roots`` in
+  all, and ``cost/rank``: their estimated cost in millions of ``chunk · size³``
+  (:func:`~mloc.runtime.optim.rootsplit.chunk_cost`, the padding included), with the
+  slowest rank's over the mean (``max/mean``, 1 when balanced) for both below the table;
 - ``local``: the median wall time of this rank's share (what its background worker runs
   with ``async_roots``), ``exchange``: of the one all-gather that hands every rank the
   others' shares (:meth:`.RootBatch.exchange`), and ``refresh``: of both, the synchronous
@@ -20,7 +25,7 @@ and reports:
 CPU gloo on a shared machine shows the machinery, not a speed-up: with N ranks on fewer
 than N free cores, ``local`` shrinks with the share only where the cores are there.
 
-    python bench/shampoo_dp.py [--nproc 1 2] [--reps 10] [--cycles 4]
+    python bench/shampoo_dp.py [--nproc 1 2] [--reps 10] [--cycles 4] [--model square|taper]
 """
 
 from __future__ import annotations
@@ -36,8 +41,11 @@ import time
 import torch
 import torch.distributed as dist
 
-SHAPES = [(256, 128), (128, 128), (128, 64), (64, 10)]
-BLOCK, EVERY = 32, 10
+MODELS = {"square": ([(256, 128), (128, 128), (128, 64), (64, 10)], 32),
+          "taper": ([(128, 96), (96, 80), (80, 64), (64, 10)], 128)}
+"""``--model``: (weight shapes, block size)."""
+EVERY = 10
+SHAPES, BLOCK = MODELS["square"]
 
 
 def _optimizer(async_roots: bool):
@@ -67,10 +75,10 @@ def _refresh(reps: int) -> dict:
             state = opt.commit(tuple(torch.randn(p.shape, generator=gen) for p in params), state, params)
     batch, ps = opt.work.batch, _orders(opt.layouts(params))
     total = sum(s.shape[0] for ss in state.stats for s in ss)
-    local, exchange, mine = [], [], 0
+    local, exchange, mine, cost = [], [], 0, 0
     for _ in range(reps):
         dist.barrier()
-        before, t0 = batch.computed, time.perf_counter()
+        before, spent, t0 = batch.computed, batch.cost, time.perf_counter()
         done = batch.local(state.stats, ps)
         t1 = time.perf_counter()
         if batch.shard is not None:
@@ -78,9 +86,9 @@ def _refresh(reps: int) -> dict:
         t2 = time.perf_counter()
         local.append(t1 - t0)
         exchange.append(t2 - t1)
-        mine = batch.computed - before
+        mine, cost = batch.computed - before, batch.cost - spent
     opt.close()
-    return {"roots": total, "roots/rank": mine, "local_ms": _ms(local), "exchange_ms": _ms(exchange),
+    return {"roots": total, "roots/rank": mine, "cost/rank": round(cost / 1e6, 3), "local_ms": _ms(local), "exchange_ms": _ms(exchange),
             "refresh_ms": _ms([a + b for a, b in zip(local, exchange)])}
 
 
@@ -107,7 +115,9 @@ def _async(cycles: int) -> dict:
     return {f"async_{k}_ms": _ms(v) for k, v in kinds.items() if v} | {"async_jobs_in_worker": answered}
 
 
-def rank_main(reps: int, cycles: int) -> None:
+def rank_main(reps: int, cycles: int, model: str = "square") -> None:
+    global SHAPES, BLOCK
+    SHAPES, BLOCK = MODELS[model]
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     out = {"rank": dist.get_rank(), "world": dist.get_world_size(), **_refresh(reps), **_async(cycles)}
@@ -115,14 +125,14 @@ def rank_main(reps: int, cycles: int) -> None:
     print(json.dumps(out), flush=True)
 
 
-def launch(n: int, reps: int, cycles: int) -> list[dict]:
+def launch(n: int, reps: int, cycles: int, model: str = "square") -> list[dict]:
     from mloc.runtime.processes.workers import free_port
     port, procs = free_port(), []
     for rank in range(n):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                "CUDA_VISIBLE_DEVICES": ""}
-        procs.append(subprocess.Popen([sys.executable, __file__, "--rank-main", str(reps), str(cycles)],
+        procs.append(subprocess.Popen([sys.executable, __file__, "--rank-main", str(reps), str(cycles), model],
                                       env=env, stdout=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "a rank failed"
@@ -134,16 +144,26 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--cycles", type=int, default=4)
-    ap.add_argument("--rank-main", type=int, nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--model", choices=sorted(MODELS), default="square")
+    ap.add_argument("--rank-main", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_main:
-        return rank_main(*args.rank_main)
-    keys = ("roots", "roots/rank", "local_ms", "exchange_ms", "refresh_ms",
+        reps, cycles, model = args.rank_main
+        return rank_main(int(reps), int(cycles), model)
+    keys = ("roots", "roots/rank", "cost/rank", "local_ms", "exchange_ms", "refresh_ms",
             "async_refresh_ms", "async_between_ms", "async_jobs_in_worker")
     print("N  rank  " + "  ".join(keys))
     for n in args.nproc:
-        for r in launch(n, args.reps, args.cycles):
+        ranks = launch(n, args.reps, args.cycles, args.model)
+        for r in ranks:
             print(f"{n}  {r['rank']}     " + "  ".join(str(r.get(k)) for k in keys), flush=True)
+        print(f"N = {n}: max/mean " + ", ".join(f"{k} {_imbalance([r[k] for r in ranks])}"
+                                                for k in ("roots/rank", "cost/rank")), flush=True)
+
+
+def _imbalance(values) -> float:
+    """The slowest rank's share over the mean share (1: balanced)."""
+    return round(max(values) / statistics.mean(values), 3)
 
 
 if __name__ == "__main__":

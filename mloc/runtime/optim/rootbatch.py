@@ -5,10 +5,11 @@ where coupled Newton rejects a matrix (:meth:`RootBatch._root`). What
 (:mod:`.rootproc`) in the background, with the same numbers.
 
 Under data parallelism (``shard = (rank, W)``) the work is split in two halves:
-:meth:`RootBatch.local` computes this rank's chunks only (chunks ``rank, rank+W, …`` of
-every group; no collective, so a background worker can run it) and :meth:`RootBatch.exchange`
-hands every rank the others' roots and statuses, one ``all_gather`` of one byte buffer
-per refresh (:func:`owned_rows` says which rows each rank sends, from the shapes alone).
+:meth:`RootBatch.local` computes this rank's chunks only (the refresh's chunks assigned to
+ranks by estimated cost, :func:`.rootsplit.assign`, from the shapes alone; no collective, so
+a background worker can run it) and :meth:`RootBatch.exchange` hands every rank the others'
+roots and statuses, one ``all_gather`` of one byte buffer per refresh, padded to the
+longest rank's (:func:`owned_rows` says which rows each rank sends, from the same assignment).
 A status travels with its root, so a rejected root (status 0: the previous root kept) is
 decided once, by the rank that computed it, and every rank installs the same.
 """
@@ -19,9 +20,9 @@ import torch
 from torch import Tensor
 
 from mloc.runtime.optim.roots import Roots, inverse_root, resolve
+from mloc.runtime.optim.rootsplit import ROOT_CHUNK, assign, chunk_cost, chunks as _chunks
 
-ROOT_CHUNK = 16
-"""Roots are computed in batches of at most this many matrices (``RootBatch._batched_root``)."""
+__all__ = ["ROOT_CHUNK", "RootBatch", "owned_chunks", "owned_rows", "refresh_groups"]
 
 
 class RootBatch:
@@ -31,6 +32,7 @@ class RootBatch:
         self.epsilon, self.method = epsilon, method
         self.shard = shard
         self.computed = 0               # matrices whose roots this process computed (benchmarks)
+        self.cost = 0                   # their estimated cost, padding included (rootsplit.chunk_cost)
 
     def compute(self, stats, ps) -> dict:
         """New roots and their status (1 accepted, 0 rejected, -1 an all-zero statistic:
@@ -47,12 +49,12 @@ class RootBatch:
         groups = _groups(stats, ps)
         roots = [list(ss) for ss in stats]
         status = [list(ss) for ss in stats]
-        base = 0                        # chunks of the groups before: the split's round robin
-        for (_, p), items in groups.items():
+        world = self.shard[1] if self.shard is not None else 1
+        plan = assign(refresh_groups(stats, ps), world) if world > 1 else None
+        for g, ((_, p), items) in enumerate(groups.items()):
             parts = [stats[i][j].detach() for i, j in items]
             batch = parts[0] if len(parts) == 1 else torch.cat(parts)
-            root, ok, all_ok = self._batched_root(batch, p, base)
-            base += _chunks(batch.shape[0])[1]
+            root, ok, all_ok = self._batched_root(batch, p, plan[g] if plan else None)
             if all_ok:                  # an accepted root's statistic is not zero
                 code = torch.ones(batch.shape[0], dtype=torch.int8, device=batch.device)
             else:   # a PSD matrix is zero iff its trace is: no gradient has reached it yet
@@ -67,25 +69,30 @@ class RootBatch:
                 roots[i][j], status[i][j] = r, c
         return {"roots": tuple(map(tuple, roots)), "status": tuple(map(tuple, status))}
 
-    def _batched_root(self, batch: Tensor, p: int, base: int = 0) -> tuple[Tensor, Tensor, bool]:
+    def _batched_root(self, batch: Tensor, p: int, owners=None) -> tuple[Tensor, Tensor, bool]:
         """``(roots, ok, all_ok)`` of a batch of ``n`` matrices (``all_ok``: every root is
         known accepted without a host read, :attr:`.roots.Roots.all_ok`), computed in chunks of
         ``min(ROOT_CHUNK, n)`` (the last padded with identities): every root is computed in a
         batch of the same shape whatever the process layout (CPU batched matmuls round
         differently for different batch sizes). Under data parallelism rank ``r`` computes
-        the chunks :func:`owned_chunks` gives it (the others' rows zeros, not accepted) and
+        the chunks whose ``owners`` entry is ``r`` (:func:`owned_chunks`; the group's row of
+        :func:`.rootsplit.assign`; the others' rows zeros, not accepted) and
         :meth:`exchange` fills in the rest, so the roots equal one process's bit for bit."""
         n, size = batch.shape[0], batch.shape[-1]
         chunk, count = _chunks(n)
         rank, world = self.shard or (0, 1)
+        if world == 1 or owners is None:
+            rank, world, owners = 0, 1, (0,) * count
         if count == 1 and world == 1:
             r = self._root(batch, p)
             self.computed += n
+            self.cost += chunk_cost(chunk, size)
             return r.root, r.ok, r.all_ok
         eye = torch.eye(size, dtype=batch.dtype, device=batch.device)
         padded = torch.cat([batch, eye.expand(count * chunk - n, -1, -1)]).view(count, chunk, size, size)
-        mine = {c: self._root(padded[c], p) for c in owned_chunks(count, base, rank, world)}
+        mine = {c: self._root(padded[c], p) for c in owned_chunks(owners, rank)}
         self.computed += sum(min(chunk, n - c * chunk) for c in mine)
+        self.cost += len(mine) * chunk_cost(chunk, size)
         if world == 1:
             return (torch.cat([r.root for r in mine.values()])[:n], torch.cat([r.ok for r in mine.values()])[:n],
                     all(r.all_ok for r in mine.values()))
@@ -117,10 +124,8 @@ class RootBatch:
         groups = _groups(done["roots"], ps)
         cats = [(torch.cat([done["roots"][i][j] for i, j in items]),
                  torch.cat([done["status"][i][j] for i, j in items])) for items in groups.values()]
-        bases = [0]
-        for r, _ in cats:
-            bases.append(bases[-1] + _chunks(r.shape[0])[1])
-        rows = [[owned_rows(r.shape[0], b, k, world) for (r, _), b in zip(cats, bases)] for k in range(world)]
+        plan = assign(refresh_groups(done["roots"], ps), world)
+        rows = [[owned_rows(r.shape[0], own, k) for (r, _), own in zip(cats, plan)] for k in range(world)]
         lengths = [sum(len(ix) * (r[0].numel() * r.element_size() + 1) for ix, (r, _) in zip(rk, cats))
                    for rk in rows]
         device = cats[0][0].device if cats else torch.device("cpu")
@@ -157,24 +162,22 @@ def _groups(stats, ps) -> dict[tuple, list]:
     return groups
 
 
-def _chunks(n: int) -> tuple[int, int]:
-    """``(chunk, count)``: a group of ``n`` matrices is computed in ``count`` chunks of
-    ``chunk`` matrices."""
-    chunk = min(ROOT_CHUNK, n)
-    return chunk, -(-n // chunk)
+def refresh_groups(stats, ps) -> list[tuple[int, int]]:
+    """The refresh's (size, p) groups as ``(n, size)``, in :func:`_groups`' order: what
+    :func:`.rootsplit.assign` splits (the roots' shapes are the statistics')."""
+    return [(sum(stats[i][j].shape[0] for i, j in items), size) for (size, _), items in _groups(stats, ps).items()]
 
 
-def owned_chunks(count: int, base: int, rank: int, world: int) -> range:
-    """The chunks of a group of ``count`` whose roots ``rank`` of ``world`` computes: the
-    refresh's chunks dealt round robin across the groups (``base``: the chunks of the groups
-    before), so that a refresh of many one-chunk groups is split too."""
-    return range((rank - base) % world, count, world)
+def owned_chunks(owners, rank: int) -> list[int]:
+    """The chunks of a group whose roots ``rank`` computes, ``owners`` the group's row of
+    :func:`.rootsplit.assign` (the rank of each chunk)."""
+    return [c for c, owner in enumerate(owners) if owner == rank]
 
 
-def owned_rows(n: int, base: int, rank: int, world: int) -> torch.Tensor:
+def owned_rows(n: int, owners, rank: int) -> torch.Tensor:
     """The real (unpadded) rows of :func:`owned_chunks` in a group of ``n`` matrices."""
-    chunk, count = _chunks(n)
-    return torch.tensor([x for c in owned_chunks(count, base, rank, world)
+    chunk, _ = _chunks(n)
+    return torch.tensor([x for c in owned_chunks(owners, rank)
                          for x in range(c * chunk, min(n, (c + 1) * chunk))], dtype=torch.long)
 
 

@@ -12,7 +12,8 @@ counts a consecutive failure per rejected matrix.
 
 Under data parallelism (a process group of ``W > 1`` ranks, every rank holding the same
 statistics) the roots of a refresh are split across the ranks
-(:meth:`.RootBatch.local`, each rank computing every W-th chunk of matrices) and exchanged
+(:meth:`.RootBatch.local`, each rank computing the chunks of matrices that
+:func:`.rootsplit.assign` gives it by estimated cost) and exchanged
 (:meth:`.RootBatch.exchange`, one collective per refresh), synchronous or not: a background
 job computes its rank's share only, and the exchange happens in the training process when
 the slot is settled (:meth:`RootWork._settle`: at its install, or at :meth:`RootWork.drain`),
