@@ -11,7 +11,7 @@ matmul rounds its two inputs to 8 significant bits, and this program's hypergrad
 sum whose two terms are about twice its size, ``‖h − ∇_x F‖ = 1.3‖h‖``, so a term's
 rounding counts about twice). Measured: losses 3.2e-4, hypergradient norms 2.3e-3 at worst
 (with the perturbed passes under bf16 autocast, as before this test, the norms were off by
-up to 0.81)."""
+up to 0.81). ``python -m pytest -m slow -s tests/runtime_loop/test_fsdp_bf16.py`` prints them."""
 
 from __future__ import annotations
 
@@ -42,9 +42,11 @@ def test_bf16_under_fsdp_runs_close_to_fp32(tmp_path):
     fp32, bf16 = _run(tmp_path / "fp32", "fp32"), _run(tmp_path / "bf16", "bf16")
     assert fp32.keys() == bf16.keys() and {p for p, _ in fp32} == {"net", "weights"}
     assert {s for _, s in fp32} == set(range(1, 7))
-    for key, r in bf16.items():
-        assert math.isfinite(r["loss"]), (key, r)
-        assert abs(r["loss"] - fp32[key]["loss"]) <= 4 * U * abs(fp32[key]["loss"]), (key, r["loss"], fp32[key]["loss"])
-        if key[0] == "weights":
-            h, ref = r["hypergrad_norm"], fp32[key]["hypergrad_norm"]
-            assert abs(h - ref) <= 4 * U * ref, (key, h, ref)
+    losses = {k: abs(r["loss"] - fp32[k]["loss"]) / abs(fp32[k]["loss"]) for k, r in bf16.items()}
+    norms = {k: abs(r["hypergrad_norm"] - fp32[k]["hypergrad_norm"]) / fp32[k]["hypergrad_norm"]
+             for k, r in bf16.items() if k[0] == "weights"}
+    print(f"bf16 against fp32: losses {max(losses.values()):.1e}, hypergradient norms {max(norms.values()):.1e} "
+          "relative at worst")      # the numbers docs/runtime.md quotes (pytest -s)
+    assert all(math.isfinite(r["loss"]) for r in bf16.values()), bf16
+    assert max(losses.values()) <= 4 * U, losses
+    assert len(norms) == 6 and max(norms.values()) <= 4 * U, norms

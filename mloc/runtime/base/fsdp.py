@@ -37,7 +37,8 @@ Hence the rules here:
     \quad q = v \ (\texttt{finite\_diff}) \text{ or } s \odot v \ (\texttt{sama}),\quad
     v = \nabla_\theta F,\quad \epsilon = \epsilon_0 / \lVert q \rVert
 
-(``s`` the lower optimizer's ``diag``; ``first_order`` keeps ``∇_x F`` alone). ``‖q‖`` is the
+(``s`` the lower optimizer's ``diag``; ``first_order`` keeps ``∇_x F`` alone). The passes at
+``θ ± εq`` run in full precision (autocast off), as one process's do. ``‖q‖`` is the
 norm of the whole vector: the shards' squared sums, all-reduced. Liu et al., "DARTS", ICLR
 2019, eq. 8; Choe et al., "Making Scalable Meta Learning Practical" (SAMA), NeurIPS 2023;
 Zhao et al., "PyTorch FSDP", VLDB 2023.

@@ -18,7 +18,10 @@ differs is where the gradients come from (:class:`Steps`):
 - the other modules' buffers are kept as they were (the buffer rule of
   :mod:`mloc.runtime.grad.buffers`); an upper whose own module has buffers is refused.
 
-The gradients arrive averaged, so the pipeline is built without its all-reduce stage.
+The gradients arrive averaged, so the pipeline is built without its all-reduce stage. The
+run's precision is autocast around the sharded forwards (the finite-difference passes with
+it off), not FSDP2's ``MixedPrecisionPolicy`` (docs/runtime.md, "Precision under fsdp").
+``Program.hypergradients()`` is :meth:`Steps.hypergradient`: collective, whole tensors.
 Checkpoints hold whole tensors (:func:`gathered`, every rank calls it), the format a ``ddp``
 run writes: they resume into ``ddp``, ``zero`` or ``fsdp`` at any world size
 (:func:`load`). Evaluations run the sharded modules' forwards on every rank. What the run
