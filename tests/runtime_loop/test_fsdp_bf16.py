@@ -9,7 +9,7 @@ in fp32: every logged loss is finite and each logged loss and hypergradient norm
 ``4u`` relative of the fp32 run's, ``u = 2⁻⁸`` (bfloat16's unit roundoff: each autocast
 matmul rounds its two inputs to 8 significant bits, and this program's hypergradient is a
 sum whose two terms are about twice its size, ``‖h − ∇_x F‖ = 1.3‖h‖``, so a term's
-rounding counts about twice). Measured: losses 3.2e-4, hypergradient norms 2.3e-3 at worst
+rounding counts about twice). Measured: losses 1.2e-3, hypergradient norms 2.3e-3 at worst
 (with the perturbed passes under bf16 autocast, as before this test, the norms were off by
 up to 0.81). ``python -m pytest -m slow -s tests/runtime_loop/test_fsdp_bf16.py`` prints them."""
 
