@@ -37,7 +37,8 @@ Hence the rules here:
     \quad q = v \ (\texttt{finite\_diff}) \text{ or } s \odot v \ (\texttt{sama}),\quad
     v = \nabla_\theta F,\quad \epsilon = \epsilon_0 / \lVert q \rVert
 
-(``s`` the lower optimizer's ``diag``; ``first_order`` keeps ``∇_x F`` alone). ``‖q‖`` is the
+(``s`` the lower optimizer's ``diag``; ``first_order`` keeps ``∇_x F`` alone). The passes at
+``θ ± εq`` run in full precision (autocast off), as one process's do. ``‖q‖`` is the
 norm of the whole vector: the shards' squared sums, all-reduced. Liu et al., "DARTS", ICLR
 2019, eq. 8; Choe et al., "Making Scalable Meta Learning Practical" (SAMA), NeurIPS 2023;
 Zhao et al., "PyTorch FSDP", VLDB 2023.
@@ -201,7 +202,10 @@ def hypergradient(method: Any, caps: Any, upper: Sharded, lower: Sharded,
     method whose registry capabilities ``caps`` (``MethodCaps``) say it ``shards``:
     ``no_indirect`` keeps ``∇_x F``; a lower optimizer ``diag`` in ``caps.needs``
     (``sama_diag``) preconditions ``q``; ``finite_diff``'s ``xi`` scales it (``q = ξ v``);
-    ``method.eps`` is ``ε₀``."""
+    ``method.eps`` is ``ε₀``. The two passes at ``θ ± εq`` run in full precision, autocast
+    off (as :func:`mloc.runtime.methods.finite.central_difference`: their round-off is
+    divided by ``2ε``), on ``lower.exact_loss`` where the problem has one (its loss without
+    the autocast region its ``loss`` enters), else on ``lower.loss``."""
     if not caps.shards:
         raise ValueError(f"{type(method).__name__} cannot run on sharded modules: {caps.unsharded_reason}")
     if caps.no_indirect:
@@ -213,12 +217,19 @@ def hypergradient(method: Any, caps: Any, upper: Sharded, lower: Sharded,
         q = tuple(xi * t for t in q)
     norm = global_norm(q)
     e = method.eps / norm.clamp_min(torch.finfo(norm.dtype).tiny)
-    with perturbed(lower, q, e):
-        (plus,) = gradients(lower.loss, [upper], everyone)
-    with perturbed(lower, q, -e):
-        (minus,) = gradients(lower.loss, [upper], everyone)
+    exact = getattr(lower, "exact_loss", lower.loss)
+    with perturbed(lower, q, e), _autocast_off(q):
+        (plus,) = gradients(exact, [upper], everyone)
+    with perturbed(lower, q, -e), _autocast_off(q):
+        (minus,) = gradients(exact, [upper], everyone)
     two_e = 2 * e
     return tuple(d + (gp - gm) / -two_e for d, gp, gm in zip(direct, plus, minus))
+
+
+def _autocast_off(q: Sequence[Tensor]) -> contextlib.AbstractContextManager:
+    """Autocast switched off for ``q``'s device where a region has it on (else nothing)."""
+    device = q[0].device.type if q else "cpu"
+    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
 
 
 def _preconditioned(lower: Sharded, v: Sequence[Tensor], everyone: Sequence[Sharded]) -> tuple[Tensor, ...]:
@@ -243,7 +254,7 @@ def gathered(problem: Sharded) -> dict[str, Any]:
 @torch.no_grad()
 def gathered_state(problem: Sharded) -> Any:
     """:func:`gathered`'s optimizer state alone (the parameters are not gathered)."""
-    return _map_state(problem, lambda p, t: _full(p, t))
+    return _map_state(problem, whole)
 
 
 @torch.no_grad()
@@ -254,7 +265,9 @@ def load_gathered(problem: Sharded, saved: dict[str, Any]) -> None:
     problem.state = _map_state(problem, lambda p, t: part(p, t), saved["state"])
 
 
-def _full(p: Tensor, shard_: Tensor) -> Tensor:
+def whole(p: Tensor, shard_: Tensor) -> Tensor:
+    """The whole tensor whose local shard, laid out as the parameter ``p``, is ``shard_``
+    (every rank calls: an all-gather; a copy of ``shard_`` when ``p`` is not sharded)."""
     if not isinstance(p, DTensor):
         return shard_.clone()
     return DTensor.from_local(shard_, p.device_mesh, p.placements, shape=p.shape,

@@ -278,15 +278,17 @@ def _losses(live) -> dict[str, float]:
 def _hypergradient(program: Program, name: str) -> dict[str, torch.Tensor]:
     """Upper problem ``name``'s hypergradient by slot, at the program's current state (its
     batches and those of the problems below drawn where none is), the buffers frozen and
-    the parameters' ``.grad`` as they were before."""
-    if program.fsdp is not None:
-        raise NotImplementedError("hypergradients() of a sharded (strategy fsdp) run: use one process or ddp")
+    the parameters' ``.grad`` as they were before; in full precision (the problems'
+    autocast is not entered). Under `strategy = fsdp` every rank calls it and gets the
+    whole tensors (:meth:`mloc.runtime.program.fsdp_run.Steps.hypergradient`)."""
     lv = program.live[name]
     for below in program.hierarchy.lowers[name]:
         if program.live[below].batch is None:
             program.draw(below)
     if lv.batch is None:
         program.draw(name)
+    if program.fsdp is not None:
+        return program.fsdp.hypergradient(name)
     saved = [p.grad for p in lv.problem.params]
     for p in lv.problem.params:
         p.grad = None

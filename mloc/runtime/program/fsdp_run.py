@@ -18,7 +18,10 @@ differs is where the gradients come from (:class:`Steps`):
 - the other modules' buffers are kept as they were (the buffer rule of
   :mod:`mloc.runtime.grad.buffers`); an upper whose own module has buffers is refused.
 
-The gradients arrive averaged, so the pipeline is built without its all-reduce stage.
+The gradients arrive averaged, so the pipeline is built without its all-reduce stage. The
+run's precision is autocast around the sharded forwards (the finite-difference passes with
+it off), not FSDP2's ``MixedPrecisionPolicy`` (docs/runtime.md, "Precision under fsdp").
+``Program.hypergradients()`` is :meth:`Steps.hypergradient`: collective, whole tensors.
 Checkpoints hold whole tensors (:func:`gathered`, every rank calls it), the format a ``ddp``
 run writes: they resume into ``ddp``, ``zero`` or ``fsdp`` at any world size
 (:func:`load`). Evaluations run the sharded modules' forwards on every rank. What the run
@@ -28,6 +31,7 @@ path refuses under fsdp, and why, is :mod:`mloc.shared.sharding` (exit 2 here, E
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -108,12 +112,14 @@ def shard(live: Mapping[str, Any]) -> None:
 class _View:
     """One problem as :mod:`mloc.runtime.base.fsdp` reads it (a ``Sharded``'s attributes),
     over the run's :class:`~mloc.runtime.program.build.Live`: its loss is the spec's call on
-    the sharded modules it reads and the current batch, under the problem's precision; the
-    first value of each step is kept (``seen``)."""
+    the sharded modules it reads and the current batch, under the problem's precision
+    (autocast around the sharded forwards, as in one process; ``precise``: none); the first
+    value of each step is kept (``seen``)."""
 
-    def __init__(self, lv: Any, live: Mapping[str, Any]):
+    def __init__(self, lv: Any, live: Mapping[str, Any], precise: bool = False):
         self.lv, self.name, self.module, self.params = lv, lv.spec.name, lv.module, lv.shards
         self.reads = [live[r].module for r in lv.spec.reads]
+        self.autocast = contextlib.nullcontext if precise else lv.autocast
         self.seen: list = []
 
     optimizer = property(lambda self: self.lv.problem.optimizer)
@@ -121,10 +127,15 @@ class _View:
     local = property(lambda self: self.lv.problem.params)
 
     def loss(self) -> torch.Tensor:
-        with self.lv.autocast():
-            value = self.lv.spec.loss(*self.reads, self.lv.batch)
+        with self.autocast():
+            value = self.exact_loss()
         self.seen.append(value)
         return value
+
+    def exact_loss(self) -> torch.Tensor:
+        """The loss without the problem's autocast region (the finite-difference passes of
+        :func:`~mloc.runtime.base.fsdp.hypergradient` run it with autocast off)."""
+        return self.lv.spec.loss(*self.reads, self.lv.batch)
 
     def taken(self) -> torch.Tensor | None:
         """The step's first loss, detached; ``seen`` emptied."""
@@ -168,6 +179,25 @@ class Steps:
             lower.seen.clear()
             return grads, view.taken()
         return upper
+
+    def hypergradient(self, name: str) -> dict[str, torch.Tensor]:
+        """Upper ``name``'s hypergradient as whole tensors by slot, at the current parameters
+        and batches, as one process's ``Program.hypergradients()`` takes it: in full precision
+        (no autocast), every buffer frozen, every parameter's ``.grad`` put back as it was (the
+        sharded step clears the ``.grad`` of the two problems it differentiates), nothing
+        stepped. Every rank calls (the forwards and the result are gathered)."""
+        edge = self.lower_of[name]
+        views = {n: _View(self.live[n], self.live, precise=True) for n in (name, edge.lower)}
+        saved = [(p, p.grad) for v in self.everyone for p in v.params]
+        try:
+            with frozen(buffers_of(v.module for v in self.everyone)):
+                local = fsdp.hypergradient(edge.method, method_caps(edge), views[name], views[edge.lower],
+                                           self.everyone)
+        finally:
+            for p, g in saved:
+                p.grad = g
+        view = self.views[name]
+        return {s: fsdp.whole(p, g) for s, p, g in zip(view.lv.slots, view.params, local)}
 
     def losses(self) -> dict[str, float]:
         """Each problem's loss on its current batch (every rank calls: the forwards gather)."""
