@@ -61,6 +61,25 @@ def autocast_for(precision: str, device) -> contextlib.AbstractContextManager:
 
 NULL_CONTEXT = contextlib.nullcontext()    # reusable: entering it does nothing
 
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
+def backward_precision() -> contextlib.AbstractContextManager:
+    """A context with autocast off for every device type it is on: where a backward runs
+    inside an autocast region. Autocast is meant to wrap forwards only (its own rule; the
+    backward of each operation runs in the dtype its forward ran in), but on the CPU a
+    backward called inside an autocast region runs its matrix products in the low precision
+    even where the forward ran in float32: 0.28 % off for a 64×64 product in bfloat16. A
+    finite difference divides that error by ``2ε``: SAMA's hypergradient of a bf16 step was
+    31 % off at ``eps = 0.01`` (2.5 % at 0.1) before its backward ran outside autocast."""
+    if not _any_autocast():
+        return NULL_CONTEXT
+    stack = contextlib.ExitStack()
+    for device_type in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device_type):
+            stack.enter_context(torch.autocast(device_type, enabled=False))
+    return stack
+
 
 def autocast_factory(precision: str, device) -> Callable[[], contextlib.AbstractContextManager]:
     """A function returning :func:`autocast_for`'s context, with ``precision`` and ``device``

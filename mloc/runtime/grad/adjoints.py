@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from mloc.runtime.base import tree
+from mloc.runtime.base.precision import backward_precision
 from mloc.runtime.grad.problem import LowerOp
 
 
@@ -84,14 +85,15 @@ def backward(outs, cots, params, accumulate=True, sync=None):
             break
     if not outs:
         return None
-    if sync is not None:
+    if sync is not None and accumulate:
+        raise ValueError("an overlapped final backward returns its gradients (accumulate=False)")
+    with backward_precision():      # autocast wraps the forwards only
+        if sync is not None:
+            return sync.grad(outs, params, cots, final=True)
         if accumulate:
-            raise ValueError("an overlapped final backward returns its gradients (accumulate=False)")
-        return sync.grad(outs, params, cots, final=True)
-    if accumulate:
-        torch.autograd.backward(outs, cots, inputs=params)
-        return None
-    return torch.autograd.grad(outs, params, cots, allow_unused=True)
+            torch.autograd.backward(outs, cots, inputs=params)
+            return None
+        return torch.autograd.grad(outs, params, cots, allow_unused=True)
 
 
 def pull(specs, theta, create_graph):

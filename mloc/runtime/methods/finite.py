@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from mloc.runtime.base import tree
+from mloc.runtime.base.precision import backward_precision
 from mloc.runtime.base.overlap import averaged_grad
 
 
@@ -181,7 +182,8 @@ def two_level_step(lower, args, buffers, eps, direction, upper_loss, upper_args,
 
     def step(accumulate=True, seed=None):
         top = upper_loss(*upper_args)
-        q = grad(top if seed is None else seed(top), seeds, allow_unused=True)
+        with backward_precision():      # autocast wraps the forwards only
+            q = grad(top if seed is None else seed(top), seeds, allow_unused=True)
         for g in q:
             if g is None:  # rare: the upper's loss ignores part of θ
                 q = tree.fill_none(q, theta)
@@ -200,11 +202,10 @@ def two_level_step(lower, args, buffers, eps, direction, upper_loss, upper_args,
         spec = _spec(lp, lm)
         if spec is None:
             return None
-        # ∇L₊ − ∇L₋ in one backward (cotangents 1, −1), then the quotient: what the
-        # general path's _Quotient node computes, without an autograd node in Python
-        diff = grad(spec[0], params, spec[1], allow_unused=True)
-        with no_grad():
-            h = _quotients(diff, two_e)
+        # ∇L₊ − ∇L₋ in one backward (cotangents 1, −1), then the quotient (_Quotient's)
+        with backward_precision():      # bf16 products here would be divided by 2ε
+            diff = grad(spec[0], params, spec[1], allow_unused=True)
+        h = _quotients(diff, two_e)     # no graph: the gradients carry none
         if not accumulate:
             return tuple(h)
         _accumulate(params, h)
