@@ -1,10 +1,13 @@
 """mloc's own warnings: one category, and how they are said where mloc owns the terminal.
 
-Every warning mloc itself gives is an :class:`MlocWarning` issued by ``warnings.warn``, so
-Python's filters treat it as any other: ``python -W error::mloc.shared.warning.MlocWarning``
-(or ``PYTHONWARNINGS``) turns it into an error, ``-W ignore::...`` silences it,
-``pytest.warns(MlocWarning)`` and ``warnings.catch_warnings`` see it, and the default filter
-says each once per place in the code.
+Every warning mloc itself gives is an :class:`MlocWarning` (a ``UserWarning``) issued by
+``warnings.warn``, so Python's filters treat it as any other:
+``warnings.simplefilter("error", MlocWarning)`` turns it into an error, ``python -W
+"error:the data of"`` (or ``PYTHONWARNINGS``) does so by the message's start (a ``-W``
+category is resolved at start-up, before site-packages is on the path, so only built-in
+categories can be named there), ``pytest.warns(MlocWarning)`` and
+``warnings.catch_warnings`` see it, and the default filter says each once per place in the
+code.
 
 Where mloc owns the terminal (the ``mloc`` command, a run's training processes, a pipeline
 stage) :func:`shown` replaces ``warnings.showwarning`` for its duration: a warning that the
