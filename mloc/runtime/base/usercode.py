@@ -3,8 +3,9 @@
 them (exit 1). `mloc run`, `python train.py`, `--pipeline` workers, `mloc hypergrad` and
 the trace pass all report through here, so an error reads the same wherever it is met.
 So does one of mloc's own warnings that Python's warning filter made an error
-(``-W error::mloc.shared.warning.MlocWarning``, ``PYTHONWARNINGS``): the run stops there,
-exit 1, saying the warning as the error it was made."""
+(``warnings.simplefilter("error", MlocWarning)`` in code, or ``-W "error:the data of"`` /
+``PYTHONWARNINGS`` by the message's start): the run stops there, exit 1, saying the warning
+as the error it was made."""
 
 from __future__ import annotations
 
