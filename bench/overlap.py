@@ -118,7 +118,7 @@ def _mloc_case(args, method: str, kind: str, port: int) -> dict:
             mib = links["on"].sent / runs / 2**20
             out[d] = {k: v * 1000 for k, v in t.items()} | {"collectives": n, "mib": mib}
             if ddp is not None:
-                out[d]["ddp_collectives"] = ddp_link.calls / runs
+                out[d]["ddp_collectives"] = ddp_link.last_step
                 out[d]["ddp_mib"] = ddp_link.sent / runs / 2**20
     finally:
         program.close()
@@ -144,9 +144,13 @@ class _DDPStep:
         self.batches, self.link, self.world = iter(self.loader), None, int(os.environ["WORLD_SIZE"])
 
     def with_link(self, link):
+        """The step on ``link``; ``link.last_step`` is the number of collectives its latest
+        call made (DDP's first iteration buckets in its own order, then rebuilds the buckets
+        in the order gradients arrived: an average over every call would mix the two)."""
         def step():
-            self.link = link
+            self.link, before = link, link.calls
             self()
+            link.last_step = link.calls - before
         return step
 
     def __call__(self) -> None:
