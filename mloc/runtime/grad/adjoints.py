@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from mloc.runtime.base import tree
-from mloc.runtime.base.precision import backward_precision
+from mloc.runtime.base.precision import autocast_off
 from mloc.runtime.grad.problem import LowerOp
 
 
@@ -46,8 +46,9 @@ def grad_of(outs, cots, inputs, create_graph=False):
     outs, cots = reaching(outs, cots)
     if not outs:
         return (None,) * len(inputs)
-    return torch.autograd.grad(outs, inputs, cots, retain_graph=True, create_graph=create_graph,
-                               allow_unused=True)
+    with autocast_off():      # autocast wraps the forwards only
+        return torch.autograd.grad(outs, inputs, cots, retain_graph=True, create_graph=create_graph,
+                                   allow_unused=True)
 
 
 def propagate(steps, methods, ops, points, adj, create_graph):
@@ -87,7 +88,7 @@ def backward(outs, cots, params, accumulate=True, sync=None):
         return None
     if sync is not None and accumulate:
         raise ValueError("an overlapped final backward returns its gradients (accumulate=False)")
-    with backward_precision():      # autocast wraps the forwards only
+    with autocast_off():      # autocast wraps the forwards only
         if sync is not None:
             return sync.grad(outs, params, cots, final=True)
         if accumulate:
@@ -119,10 +120,11 @@ class ReducedOp(LowerOp):
     def grad(self):
         if self._grad is None:
             steps, below, methods, ops, points = self.ctx
-            loss = self.problem.loss(*self.args)
             n = len(self.theta)
-            grads = torch.autograd.grad(loss, self.theta + tuple(flat(points, below)),
-                                        create_graph=True, allow_unused=True)
+            with autocast_off():        # in full precision, as LowerOp.grad
+                loss = self.problem.loss(*self.args)
+                grads = torch.autograd.grad(loss, self.theta + tuple(flat(points, below)),
+                                            create_graph=True, allow_unused=True)
             adj = {}
             split(grads[n:], points, below, adj)
             specs = propagate(steps, methods, ops, points, adj, True)

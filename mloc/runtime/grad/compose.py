@@ -41,7 +41,7 @@ from torch import Tensor
 
 from mloc.shared.composition import SEMANTICS, Composition, topo
 from mloc.runtime.base import tree
-from mloc.runtime.base.precision import backward_precision
+from mloc.runtime.base.precision import autocast_off
 from mloc.runtime.base.overlap import averaged_grad
 from mloc.runtime.grad.adjoints import ReducedOp, backward, concat, flat, propagate, split
 from mloc.runtime.grad.problem import LowerOp, Problem
@@ -178,7 +178,7 @@ class Hierarchy:
         if seed is not None:
             loss = seed(loss)
         inputs = plan.seed_inputs or flat(points, plan.seeds)
-        with backward_precision():      # autocast wraps the forwards only
+        with autocast_off():      # autocast wraps the forwards only
             if self.reduce is not None:     # the upper's direct gradient, averaged as it is made
                 grads = averaged_grad(self.reduce, loss, inputs)
             else:
@@ -234,7 +234,7 @@ class Hierarchy:
         loss = top.loss(*self._args[plan.top])
         if seed is not None:
             loss = seed(loss)
-        with backward_precision():
+        with autocast_off():
             v = torch.autograd.grad(loss, plan.seed_inputs, allow_unused=True)
         v = tree.fill_none(v, op.theta)
         spec = method.vjp(op, v) if v is not None else None

@@ -25,6 +25,15 @@ numbers are the sequential path's up to the order of floating-point sums (the te
 1e-12 in float64). Afterwards ``L`` holds the last task's solution and optimizer state,
 as it does sequentially.
 
+Precision: the lower's training steps run their forwards in the lower's autocast context
+(``bf16``), their backwards outside it. The linearization ``f`` that ``cg`` and ``neumann``
+solve with runs in full precision, as it does sequentially
+(:meth:`~mloc.runtime.grad.problem.LowerOp.grad`). So does ``F``: under ``vmap`` a loss
+such as ``mse_loss`` is decomposed into elementwise ops before autocast sees it, so
+autocast's float32 list no longer covers it, and a bf16 ``F`` put iMAML's first_order
+meta-update 2.3 % off float32's, against 0.34 % for the same step solved task by task;
+with ``F`` in full precision, 0.085 %.
+
 What the checker (E219) requires: two levels, one lower that restarts each micro-step,
 a method whose descriptor declares ``task_vmap`` (``cg``, ``neumann``, ``first_order``),
 a functional lower optimizer with no schedule, clipping, projection or accumulation.
@@ -148,11 +157,15 @@ class MetaBatch:
         def args(reads, xx, d):
             return [d if r == lower_name else xx if r == upper_name else points[r] for r in reads]
 
-        def f(xx, d, batch):
+        def f(xx, d, batch):            # the linearization cg and neumann solve with: full precision
             L.batch = batch
             return lower_loss(*args(lower_reads, xx, d))
 
-        def F(xx, d, batch):
+        def f_step(xx, d, batch):       # a training step's forward, in the lower's precision
+            with L.autocast():
+                return f(xx, d, batch)
+
+        def F(xx, d, batch):            # full precision: see the module docstring
             U.batch = batch
             return upper_loss(*args(upper_reads, xx, d))
 
@@ -162,7 +175,7 @@ class MetaBatch:
             losses = []
             for j in range(steps):
                 batch = tree.replace_tensors(lb_template, [t[j] for t in lower_flat])
-                g, loss = grad(lambda dd: _with_aux(f(x, dd, batch)), has_aux=True)(d)
+                g, loss = grad(lambda dd: _with_aux(f_step(x, dd, batch)), has_aux=True)(d)
                 updates, state = optimizer.update(g, state, d)
                 d = apply_updates(d, updates)
                 losses.append(loss)

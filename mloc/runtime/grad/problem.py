@@ -23,6 +23,7 @@ from torch import Tensor
 from mloc.runtime import optim
 from mloc.runtime.base import tree
 from mloc.runtime.base.overlap import averaged_grad
+from mloc.runtime.base.precision import autocast_off
 from mloc.runtime.base.tree import Params
 
 
@@ -84,10 +85,13 @@ class LowerOp:
     def grad(self) -> Params:
         """``g = ∇_θ L`` at the current point, with its graph (computed once). A parameter
         the loss never reaches (a layer defined but not called) has ``g = 0``: its rows and
-        columns of ``H`` and ``J`` are zero, so every method gives it a zero hypergradient."""
+        columns of ``H`` and ``J`` are zero, so every method gives it a zero hypergradient.
+        Taken with autocast off (:func:`~mloc.runtime.base.precision.autocast_off`): the
+        solvers apply ``H`` many times and would amplify a bf16 linearization's round-off."""
         if self._grad is None:
-            loss = self.problem.loss(*self.args)
-            g = torch.autograd.grad(loss, self.theta, create_graph=True, allow_unused=True)
+            with autocast_off():        # in full precision: the methods amplify its round-off
+                loss = self.problem.loss(*self.args)
+                g = torch.autograd.grad(loss, self.theta, create_graph=True, allow_unused=True)
             self._grad = tree.dense(g, self.theta)
         return self._grad
 
@@ -107,10 +111,12 @@ class LowerOp:
         if not outs:
             hp = tree.zeros(self.theta)
         elif reduce is not None and not create_graph:   # averaged as the backward makes it
-            return averaged_grad(reduce, outs, self.theta, cots, retain_graph=True)
+            with autocast_off():
+                return averaged_grad(reduce, outs, self.theta, cots, retain_graph=True)
         else:
-            hp = tree.dense(torch.autograd.grad(outs, self.theta, cots, retain_graph=True,
-                                                create_graph=create_graph, allow_unused=True), self.theta)
+            with autocast_off():
+                hp = tree.dense(torch.autograd.grad(outs, self.theta, cots, retain_graph=True,
+                                                    create_graph=create_graph, allow_unused=True), self.theta)
         return hp if reduce is None or create_graph else reduce(hp)
 
     def mixed(self, q: Params, create_graph: bool = False):

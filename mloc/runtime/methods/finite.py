@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from mloc.runtime.base import tree
-from mloc.runtime.base.precision import backward_precision
+from mloc.runtime.base.precision import autocast_off
 from mloc.runtime.base.overlap import averaged_grad
 
 
@@ -182,7 +182,7 @@ def two_level_step(lower, args, buffers, eps, direction, upper_loss, upper_args,
 
     def step(accumulate=True, seed=None):
         top = upper_loss(*upper_args)
-        with backward_precision():      # autocast wraps the forwards only
+        with autocast_off():      # autocast wraps the forwards only
             q = grad(top if seed is None else seed(top), seeds, allow_unused=True)
         for g in q:
             if g is None:  # rare: the upper's loss ignores part of θ
@@ -203,7 +203,7 @@ def two_level_step(lower, args, buffers, eps, direction, upper_loss, upper_args,
         if spec is None:
             return None
         # ∇L₊ − ∇L₋ in one backward (cotangents 1, −1), then the quotient (_Quotient's)
-        with backward_precision():      # bf16 products here would be divided by 2ε
+        with autocast_off():      # bf16 products here would be divided by 2ε
             diff = grad(spec[0], params, spec[1], allow_unused=True)
         h = _quotients(diff, two_e)     # no graph: the gradients carry none
         if not accumulate:
@@ -322,10 +322,12 @@ def _preconditioned(problem, args, theta, v):
                          "(optim.Optimizer.diag); this optimizer has none")
     grads = None
     if opt.diag_uses_grad:
-        if problem.reduce is not None:   # the gradient of the whole data-parallel batch
-            grads = averaged_grad(problem.reduce, problem.loss(*args), theta)
-        else:
-            grads = torch.autograd.grad(problem.loss(*args), theta)
+        loss = problem.loss(*args)
+        with autocast_off():      # autocast wraps the forwards only
+            if problem.reduce is not None:   # the gradient of the whole data-parallel batch
+                grads = averaged_grad(problem.reduce, loss, theta)
+            else:
+                grads = torch.autograd.grad(loss, theta)
     return tree.mul(opt.diag(grads, problem.state, theta), v)
 
 

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 import torch
 
 from mloc.runtime.base import tree
+from mloc.runtime.base.precision import autocast_off
 from mloc.runtime.optim import apply_updates, keep_absent
 from mloc.shared.unroll import DIRECTIONS_PER_BATCH, segment_length
 from mloc.shared.warning import MlocWarning
@@ -71,8 +72,9 @@ _MODES = ("reverse", "forward", "recompute")
 def _step(op, theta, state, create_graph, others=None):
     """One unrolled step. A parameter the loss does not reach stays where it is, with its
     optimizer state, as in the committed step (``optim.commit_present``)."""
-    g = tree.dense(torch.autograd.grad(op.loss_at(theta, others), theta, create_graph=create_graph,
-                                       allow_unused=True), theta)
+    loss = op.loss_at(theta, others)
+    with autocast_off():      # autocast wraps the forwards only
+        g = tree.dense(torch.autograd.grad(loss, theta, create_graph=create_graph, allow_unused=True), theta)
     updates, new = op.problem.optimizer.update(g, state, theta)
     missing = tree.absent(g)
     if not missing:
@@ -203,7 +205,8 @@ class _Adjoint:
         new_theta, new_state = _step(op, theta, state, True)
         new_st = tree.tensors(new_state)
         outs, cots = new_theta + new_st, self.theta + (self.state or tree.zeros(new_st))
-        grads = torch.autograd.grad(outs, theta + st + flat, cots, allow_unused=True)
+        with autocast_off():
+            grads = torch.autograd.grad(outs, theta + st + flat, cots, allow_unused=True)
         n, m = len(theta), len(st)
         self.theta = tree.fill_none(grads[:n], theta)
         self.state = tree.fill_none(grads[n:n + m], st) or ()
@@ -288,7 +291,8 @@ class _BatchedJvp:
     def __call__(self, outs, ins, z):
         live = [o for o in outs if o.requires_grad]
         u = [torch.zeros_like(o, requires_grad=True) for o in live]
-        w = torch.autograd.grad(live, ins + self.xs, u, create_graph=True, allow_unused=True) if live else ()
+        with autocast_off():
+            w = torch.autograd.grad(live, ins + self.xs, u, create_graph=True, allow_unused=True) if live else ()
         keep = [i for i, wi in enumerate(w) if wi is not None and wi.requires_grad
                 and (i >= len(ins) or z[i] is not None)]
         if not keep:
@@ -305,6 +309,10 @@ class _BatchedJvp:
         return [t[i] for i in keep]
 
     def _batch(self, ws, u, ts):
+        with autocast_off():
+            return self._pushed(ws, u, ts)
+
+    def _pushed(self, ws, u, ts):
         if self.batched:
             try:
                 return torch.autograd.grad(ws, u, ts, retain_graph=True, allow_unused=True,
