@@ -10,6 +10,10 @@
     prog.hypergradients()                                   # {"decay": {"log_decay": tensor}}
     prog.save("hpo.pt"); prog.restore("hpo.pt")             # everything needed to resume
     print(prog.source)                                      # the generated train.py
+    prog.close()                                            # background work stopped
+
+or ``with mloc.load(...) as prog:``, which closes it at the end of the block. Under torchrun
+every program of a process uses the one process group the first joined.
 
 `load` raises `mloc.api.ProgramError` carrying the diagnostics when the program has errors;
 a problem name the program does not have raises `UnknownProblem` (a `KeyError`) saying
@@ -46,6 +50,17 @@ class Session:
 
     def __init__(self, compiled, program, declaration):
         self.compiled, self.program, self.declaration = compiled, program, declaration
+
+    def close(self) -> None:
+        """Stop the program's background work (Shampoo's root workers); idempotent. The
+        session's state stays readable; stepping it again is not supported."""
+        self.program.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def source(self) -> str:

@@ -56,8 +56,12 @@ def main():
         errors.append((w.grad - reference).abs().max().item())
     out["dp_error"] = max(errors)
     ctx.barrier()
-    ctx.close()
-    out["closed"] = not dist.is_initialized()
+    # a second context in the same process (a second program) uses the same group
+    group = dist.group.WORLD
+    again = DistContext.from_env(timeout_s=60)
+    c = torch.full((2,), float(again.rank + 5))
+    again.broadcast_params((c,))
+    out["again"] = [again.rank, again.world, dist.group.WORLD is group, c.tolist()]
     print(json.dumps(out))
 
 

@@ -28,10 +28,20 @@ there directly is one process, not rank 0 of a job waiting for the others.
 :func:`launched_rank` says whether this process is one of several (and which), before any
 process group exists; :func:`is_peer_failure` tells a collective that failed because another rank died from
 a failure of this rank's own.
+
+**One process group per process.** The first program a process builds under a launch
+joins the group; a later one (``mloc.load`` twice in one script under torchrun, a sweep of
+sessions) uses the same group, and so does a program built where the user's own code
+already called ``init_process_group`` with the same rank and world. The group is left when
+the process exits (if mloc joined it), not when a program closes: a second
+``init_process_group`` on the launch's ``MASTER_PORT`` races the first one's TCP store (a
+rank that gets there first connects to the store being torn down, and gloo's full mesh
+then fails with "Connection refused").
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -89,8 +99,12 @@ class DistContext:
         backend = backend_for(device)
         if backend == "nccl":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=timeout_s))
+        if dist.is_initialized():       # a program before this one, or the user's own code
+            _same_group(rank, world, backend)
+        else:
+            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=timeout_s))
+            atexit.register(_leave)
         return cls(rank, world, local_rank, device, backend)
 
     def allreduce_grads(self, params: Sequence[Tensor]) -> None:
@@ -155,10 +169,22 @@ class DistContext:
         if self.world > 1:
             dist.barrier()
 
-    def close(self) -> None:
-        """Leave the process group (idempotent)."""
-        if self.world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+
+
+def _same_group(rank: int, world: int, backend: str) -> None:
+    """The process group this process is already in is the one the launch describes."""
+    have = (dist.get_rank(), dist.get_world_size(), dist.get_backend())
+    if have != (rank, world, backend):
+        raise LaunchError(f"this process is already in a process group as rank {have[0]} of {have[1]} "
+                          f"({have[2]}), but its launch says rank {rank} of {world} ({backend})",
+                          "build every program of a process under the same launch, or call "
+                          "torch.distributed.destroy_process_group() before a different one")
+
+
+def _leave() -> None:
+    """At exit: leave the process group mloc joined (torch warns about one never left)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _by_dtype(tensors: list[Tensor]) -> list[list[Tensor]]:

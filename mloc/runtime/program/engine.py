@@ -240,13 +240,11 @@ class Program:
         self.step_count = _state.restore(state, self.live, self.streams)
 
     def close(self) -> None:
-        """End of the run, normally or not: optimizers stop their background work, the
-        process group (data parallelism) is left."""
-        try:
-            for lv in self.live.values():
-                lv.problem.optimizer.close()
-        finally:
-            self.dist.close()
+        """End of the run, normally or not: optimizers stop their background work. The
+        process group (data parallelism) stays for the process's next program and is left
+        at exit (:mod:`mloc.runtime.base.distributed`)."""
+        for lv in self.live.values():
+            lv.problem.optimizer.close()
 
 
 def drain(program: Program) -> None:
