@@ -85,3 +85,25 @@ def test_the_nan_report_agrees_with_the_summary(tmp_path, program, checkpoint):
     assert f"found by the check after step {done}" in proc.stderr, proc.stderr
     assert ("checkpoint.pt" in proc.stderr) == checkpoint == (tmp_path / "checkpoint.pt").is_file(), proc.stderr
     assert "(if one was written)" not in proc.stderr
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--precision", "bf16"], "--precision bf16 would do nothing in a --dtype float64 run"),
+    (["--set", "net.precision=bf16"], "`net`'s precision = bf16 would do nothing in a --dtype float64 run"),
+])
+def test_mixed_precision_in_a_float64_run_is_refused_before_the_folder_is_made(tmp_path, mloc_here, flags, said):
+    """Autocast lowers float32 operations only: bf16 in a float64 run used to train in float64,
+    bit for bit the fp32 run, under a banner saying "precision bf16"."""
+    out = tmp_path / "run"
+    proc = mloc_here("run", NOCKPT, "--dtype", "float64", *flags, "--out", out, "--steps", 2, "--quiet")
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert "autocast lowers float32 operations only" in proc.stderr and "help:" in proc.stderr
+    assert not out.exists()
+
+
+def test_mixed_precision_in_a_float64_session_is_refused():
+    import mloc
+    from mloc.runtime.base.precision import DeviceError
+    with pytest.raises(DeviceError, match="would do nothing in a --dtype float64 run"):
+        mloc.load(NOCKPT, dtype="float64", precision="bf16")
+    mloc.load(NOCKPT, dtype="float64", precision="fp32").close()

@@ -90,6 +90,28 @@ def autocast_off() -> contextlib.AbstractContextManager:
     return stack
 
 
+def check_with_dtype(precision: str, dtype: str | None, problems: Sequence = ()) -> None:
+    """A :class:`DeviceError` for mixed precision in a ``--dtype float64`` run, where it
+    would silently do nothing: autocast lowers float32 operations only. ``precision``: the
+    run's; ``problems``: specs (``name``, ``precision``) whose own field overrides it."""
+    if dtype != "float64":
+        return
+    asked = [(p.name, p.precision) for p in problems if p.precision]
+    if not problems or len(asked) < len(problems):      # some problem runs at the run's precision
+        asked.insert(0, (None, precision))
+    for problem, own in asked:
+        if own != "fp32":
+            _no_mixed_precision(own, problem)
+
+
+def _no_mixed_precision(precision: str, problem: str | None) -> None:
+    said = f"`{problem}`'s precision = {precision}" if problem else f"--precision {precision}"
+    raise DeviceError(f"{said} would do nothing in a --dtype float64 run: autocast lowers float32 "
+                      "operations only, so every operation would stay in float64",
+                      "drop --dtype float64 to train in mixed precision, or keep float64 with "
+                      + (f"--set {problem}.precision=fp32" if problem else "--precision fp32"))
+
+
 def autocast_factory(precision: str, device) -> Callable[[], contextlib.AbstractContextManager]:
     """A function returning :func:`autocast_for`'s context, with ``precision`` and ``device``
     checked once: a training loop builds it once per problem instead of once per step

@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import Mapping, Sequence
 
 from mloc.runtime.files import resumption
-from mloc.runtime.program.build import resolve_device
+from mloc.runtime.program.build import usable
 from mloc.runtime.program.checkpoint import CheckpointError, load_checkpoint
 from mloc.runtime.run.declaration import Declaration
 from mloc.runtime.base.distributed import LaunchError, is_peer_failure, launched_rank, local_processes
@@ -155,7 +155,7 @@ def start(declaration: Declaration, options: RunOptions, about: dict, record: di
     the program, :func:`program_record`), then train here, in `--nproc` workers or as a
     `--pipeline`. `shown`: how to name the program file in a note (default: its path)."""
     config, nproc = options.config(declaration.defaults), options.nproc or 1
-    resolve_device(config.device, 0, nproc)     # before the folder: a device that is not there leaves nothing
+    usable(config, nproc, declaration.problems)     # before the folder: a start that cannot run leaves nothing
     if options.multinode and options.node_rank:     # another machine than node 0: nothing in the run folder
         from mloc.runtime.processes.nodes import start_node
         resumed = options.resume

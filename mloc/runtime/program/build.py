@@ -37,7 +37,7 @@ from mloc.runtime.program import fsdp_run as sharded
 from mloc.runtime.program.strategy import apply_strategy
 from mloc.runtime.optim import Optimizer
 from mloc.runtime.files.options import RunConfig
-from mloc.runtime.base.precision import DeviceError, autocast_factory, grad_scaler_for
+from mloc.runtime.base.precision import DeviceError, autocast_factory, check_with_dtype, grad_scaler_for
 from mloc.runtime.grad.problem import Problem
 from mloc.runtime.program.schedules import bind
 from mloc.runtime.base.recompute import recompute_children
@@ -69,6 +69,14 @@ class ProblemSpec:
     schedule: Callable[[int], float] | None = None
     project: Callable[[nn.Module], Any] | None = None
     reinit: bool | Callable[[nn.Module], Any] = False
+
+
+def usable(config, nproc: int, problems: Sequence[ProblemSpec]) -> None:
+    """What a start checks before its run folder exists (a :class:`DeviceError`, exit 2):
+    the device is there for ``nproc`` processes, and each problem's precision does
+    something in the run's dtype (:func:`~mloc.runtime.base.precision.check_with_dtype`)."""
+    resolve_device(config.device, 0, nproc)
+    check_with_dtype(config.precision, config.dtype, problems)
 
 
 def resolve_device(name: str, local_rank: int = 0, world: int = 1) -> torch.device:
@@ -198,6 +206,7 @@ def _live(spec: ProblemSpec, module: nn.Module, precision: str, device: torch.de
         params = tuple(torch.zeros_like(named[s]).requires_grad_() for s in slots)
     for n, t in named.items():
         t.requires_grad_(n in slots and spec.init is None)
+    check_with_dtype(precision, "float64" if cast is torch.float64 else None, [spec])
     precision = spec.precision or precision
     autocast = autocast_factory(precision, device)
     scaler = grad_scaler_for(precision, device)
