@@ -8,6 +8,7 @@ the same task's query set.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -68,6 +69,34 @@ def zero_shot_error(model: nn.Module, tasks: SineTasks, n_tasks: int = 20) -> fl
     """Query MSE of the meta-initialisation before adaptation, averaged over held-out tasks."""
     it = iter(tasks)
     return sum(mse(model, next(it)).item() for _ in range(n_tasks)) / n_tasks
+
+
+def adapted_error(model: nn.Module, support: SineTasks, query: SineTasks, steps: int = 5, lr: float = 0.01,
+                  lam: float = 0.0, n_tasks: int = 20) -> float:
+    """Query MSE after adaptation, averaged over held-out tasks: what MAML and iMAML optimise
+    and how their papers evaluate (Finn et al., 2017, Fig. 2; Rajeswaran et al., 2019).
+    For each task t, a copy of ``model`` takes ``steps`` SGD steps at ``lr`` on t's support
+    set, on ``mse`` plus ``(lam/2)·‖θ − φ‖²`` toward the evaluated weights φ (iMAML's inner
+    objective when ``lam > 0``), then its MSE on t's query set is read. ``support`` and
+    ``query`` must be built alike (same seed, repeat=1), so that their t-th batches are the
+    same task's. ``model`` itself is left as it was."""
+    total, supports, queries = 0.0, iter(support), iter(query)
+    for _ in range(n_tasks):
+        theta = copy.deepcopy(model)
+        phi = [p.detach() for p in model.parameters()]
+        batch = next(supports)
+        with torch.enable_grad():
+            for _ in range(steps):
+                loss = mse(theta, batch)
+                if lam:
+                    loss = loss + 0.5 * lam * sum((p - q).pow(2).sum() for p, q in zip(theta.parameters(), phi))
+                grads = torch.autograd.grad(loss, list(theta.parameters()))
+                with torch.no_grad():
+                    for p, g in zip(theta.parameters(), grads):
+                        p.sub_(lr * g)
+        with torch.no_grad():
+            total += mse(theta, next(queries)).item()
+    return total / n_tasks
 
 
 def proximal_mse(model: nn.Module, meta: nn.Module, batch, lam: float = 2.0) -> torch.Tensor:

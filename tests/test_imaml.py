@@ -22,7 +22,7 @@ from tests.conftest import PROGRAMS
 
 SETS = ["meta.module=tasks.SineNet(hidden=8)", "adapt.module=tasks.SineNet(hidden=8)",
         "meta.optimizer=sgd(lr=1.0)", "meta->adapt.hypergrad=cg(iters=300, tol=1e-14)"]
-LAM, LR, STEPS, TASKS = 2.0, 0.01, 5, 4
+LAM, LR, STEPS, TASKS = 10.0, 0.01, 5, 4      # programs/imaml.mlo's
 
 
 def _tasks():

@@ -34,7 +34,7 @@ from tests.conftest import PROGRAMS
 from tests.test_run import params
 
 F64 = torch.float64
-LAM, LR, STEPS, TASKS, K = 2.0, 0.01, 5, 4, 3
+LAM, LR, STEPS, TASKS, K = 10.0, 0.01, 5, 4, 3      # programs/imaml.mlo's
 SETS = ["meta.module=tasks.SineNet(hidden=8)", "adapt.module=tasks.SineNet(hidden=8)",
         "meta.optimizer=sgd(lr=1.0)"]
 

@@ -45,7 +45,7 @@ def build(modules, *, dtype=torch.float32, agree=False, lower=None, steps=SEED_S
             for p, q in zip(adapt.parameters(), meta.parameters()):
                 p.copy_(q)
 
-    low = problem("adapt", lambda b: tasks.proximal_mse(adapt, meta, b, lam=2.0), adapt,
+    low = problem("adapt", lambda b: tasks.proximal_mse(adapt, meta, b, lam=10.0), adapt,
                   torch.optim.SGD(adapt.parameters(), lr=0.01),
                   Cast(tasks.sine_tasks(split="support", shots=10, repeat=5), dtype),
                   {**(lower or AS_WRITTEN), "unroll_steps": UNROLL}, hooks={"on_inner_loop_start": start_from_meta})

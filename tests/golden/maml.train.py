@@ -44,7 +44,14 @@ def outer_step(p):
 # iterable's batch by batch)
 def eval_0(p):
     meta = p.module('meta')
-    return tasks.zero_shot_error(  # maml.mlo:28
+    return tasks.adapted_error(  # maml.mlo:28
+        meta, p.data(tasks.sine_tasks(split='support', seed=99)),
+        p.data(tasks.sine_tasks(split='query', seed=99)), steps=5, lr=0.01)
+
+
+def eval_1(p):
+    meta = p.module('meta')
+    return tasks.zero_shot_error(  # maml.mlo:30
         meta, p.data(tasks.sine_tasks(split='query', seed=99)))
 
 
@@ -84,7 +91,8 @@ PROGRAM = Declaration(
     },
     schedule=outer_step,
     evaluations=(  # named: a dict's keys become NAME.KEY
-        Evaluation(200, 'zero_shot_error', eval_0),  # maml.mlo:28
+        Evaluation(200, 'adapted_error', eval_0, named=True),  # maml.mlo:28
+        Evaluation(200, 'zero_shot_error', eval_1, named=True),  # maml.mlo:30
     ),
     defaults=RunConfig(steps=2000, seed=0, device='auto', precision='fp32'),
     intervals=Intervals(log_every=20, checkpoint_every=None),
