@@ -4,7 +4,7 @@ under SIGKILL its runs die with it; rerunning the same command (or `--resume`) s
 finished points and continues the others. No process the sweep started outlives it.
 
 The sweep has two points of tests/run/faulty.mlo, one at a time: point 0 (6 steps) runs
-through; once point 1 (5000 steps) holds its run folder, the test creates the file its loss
+through; once point 1 (1000 steps) holds its run folder, the test creates the file its loss
 waits on while it exists (`lib.ce_stall`), so the test knows, from marker files and the
 sweep's own lines, not from a clock, that point 0 finished and point 1 is mid-step.
 
@@ -31,7 +31,7 @@ DEADLINE = 240          # seconds; only to stop a hang, never a measurement
 def _argv(tmp_path):
     flag = tmp_path / "stall" / "flag"
     flag.parent.mkdir()
-    return ["sweep", FAULTY, "--set", "train.steps=6,5000", "--set", f"weights.loss=lib.ce_stall(net, batch, flag='{flag}')",
+    return ["sweep", FAULTY, "--set", "train.steps=6,1000", "--set", f"weights.loss=lib.ce_stall(net, batch, flag='{flag}')",
             "--jobs", 1, "--out", tmp_path / "sweep"], flag
 
 
@@ -59,7 +59,7 @@ def _stalled_run(tmp_path, flag, q, seen):
     while (owner := _read_lock(next((tmp_path / "sweep").glob("01-*"), tmp_path))) is None:
         assert time.monotonic() < end, "".join(seen)         # point 1 compiled, its run folder locked
         time.sleep(0.05)
-    flag.touch()                                             # its next step waits (5000 steps: far from done)
+    flag.touch()                                             # its next step waits (the flag is there before its first)
     while not (flag.parent / "stalled").exists():
         assert time.monotonic() < end, "".join(seen)
         time.sleep(0.05)
