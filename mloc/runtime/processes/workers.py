@@ -122,13 +122,17 @@ NPROC_STOP = "stopping at the next log step to write a checkpoint; Ctrl-C again 
 
 
 def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
-              timeout: float | None = None, stopping: str = NPROC_STOP) -> Outcome:
+              timeout: float | None = None, stopping: str = NPROC_STOP, tick=None) -> Outcome:
     """Start one worker per command (``commands[r]`` with ``envs[r]``; ``names[r]`` says
     which worker in a report: ``rank 1 of 2``) as the module docstring says, watch them
     and return the run's outcome when all have exited: the ``--nproc`` launcher's, and
     ``mloc run --pipeline``'s (:mod:`mloc.runtime.processes.pipeline`). ``timeout`` (seconds, None:
     none) stops every worker and fails the run: a guard for tests, not a run option.
-    ``stopping``: what the first Ctrl-C says (where the workers will stop)."""
+    ``stopping``: what the first Ctrl-C says (where the workers will stop). ``tick()``,
+    if given, is called at every poll while they run (what a machine of a multi-node run
+    says while its workers wait to join: :mod:`mloc.runtime.processes.joining`); when it
+    returns an exit code instead of None, the workers are stopped and the run ends with
+    that code and no report (the caller's to give)."""
     nproc = len(commands)
     with scratch.folder(LOG_PREFIX) as logs, sigterm_as_interrupt():
         paths = [Path(logs) / f"rank{r}.err" for r in range(nproc)]
@@ -142,7 +146,7 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
                 if rank == 0:
                     shown = threading.Thread(target=_tee, args=(procs[0].stderr, paths[0]), daemon=True)
                     shown.start()
-            code, rank = _watch(procs, timeout)
+            code, rank = _watch(procs, timeout, tick)
         except KeyboardInterrupt:
             code, rank = interrupt(procs, stopping)
         finally:
@@ -157,6 +161,8 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
             return Outcome(130, "" if told else "interrupted")
         if rank == -2:
             return Outcome(1, f"error: the workers did not finish within {timeout:g} s; they were stopped")
+        if rank == -3:          # tick() ended the run: its caller says why
+            return Outcome(code, "")
         own = procs[0].returncode
         if code > 0 and code != 130 and own not in (None, 0, EXIT_PEER) and own > 0:
             code, rank = own, 0     # rank 0 failed first-hand too: its diagnostic, shown already, is the one
@@ -227,9 +233,9 @@ def _tee(pipe, path: Path) -> None:
             sys.stderr.flush()
 
 
-def _watch(procs: list[subprocess.Popen], timeout: float | None = None) -> tuple[int, int]:
+def _watch(procs: list[subprocess.Popen], timeout: float | None = None, tick=None) -> tuple[int, int]:
     """Wait until all exit 0, or one fails; then (its code, its rank), the others stopped;
-    (1, -2) after ``timeout`` seconds.
+    (1, -2) after ``timeout`` seconds; (code, -3) when ``tick()`` returned a code.
     A rank that failed first-hand wins over one whose collective broke (EXIT_PEER). A
     failure of another rank than 0 also waits up to ``GRACE_S`` for rank 0: a failure every
     rank sees at once (a NaN in all-reduced gradients) makes rank 0 print its own diagnostic,
@@ -248,6 +254,9 @@ def _watch(procs: list[subprocess.Popen], timeout: float | None = None) -> tuple
             return 0, 0
         if first is not None and (time.monotonic() >= deadline or all(c is not None for c in codes)):
             return first
+        ended = tick() if tick is not None and first is None else None
+        if ended is not None:
+            return ended, -3
         time.sleep(POLL_S)
 
 
