@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -226,15 +228,19 @@ class Join:
 
     @contextmanager
     def _quiet(self):
-        """Under a launcher that watches (``file`` set), this process's stderr (fd 2) goes
-        to ``FILE.log`` while it joins: torch's c10d logs every failed try to reach the
-        endpoint with a C++ stack, which would reach the terminal through the launcher's
-        live copy of the first worker's stderr, before the launcher's own report."""
+        """Under a launcher that watches (``file`` set), while this process joins: its
+        stderr (fd 2) goes to ``FILE.log`` (torch's c10d logs every failed try to reach
+        the endpoint with a C++ stack, which would reach the terminal through the
+        launcher's live copy of the first worker's stderr, before the launcher's own
+        report), and SIGINT, the launcher's Ctrl-C, has its default action: torch waits in
+        C++, where no Python handler runs, and there is nothing to save yet."""
         if not self.file:
             yield
             return
         sys.stderr.flush()
         saved, log = os.dup(2), os.open(f"{self.file}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        main = threading.current_thread() is threading.main_thread()
+        handler = signal.signal(signal.SIGINT, signal.SIG_DFL) if main else None
         os.dup2(log, 2)
         try:
             yield
@@ -243,6 +249,8 @@ class Join:
             os.dup2(saved, 2)
             os.close(saved)
             os.close(log)
+            if handler is not None:
+                signal.signal(signal.SIGINT, handler)
 
     def _say(self, text: str) -> None:
         if self.file:

@@ -49,6 +49,7 @@ class Joining:
         self.clock, self.out = clock, out
         self.since: float | None = None     # when the first worker began to join
         self.joined, self.said, self.read_at = False, 0, -READ_S
+        self.interrupted = False            # by Ctrl-C while its workers waited
 
     def env(self, local_rank: int) -> dict[str, str]:
         """What worker ``local_rank`` gets beside its rank: the timeout and its file."""
@@ -91,6 +92,17 @@ class Joining:
         out.write(text + "\n")
         out.flush()
         return None
+
+    def stopping(self) -> str:
+        """What the launcher says at the first Ctrl-C: the workers stop at the next log
+        step once joined (:data:`~mloc.runtime.processes.workers.NPROC_STOP`); while they
+        wait, they end at once (SIGINT's default action while joining), with nothing to save."""
+        from mloc.runtime.processes.workers import NPROC_STOP
+        if self.joined or any(s.startswith("joined") for s in self.states()):
+            return NPROC_STOP
+        self.interrupted = True
+        return (f"interrupted while waiting for the other machines to join the run at {self.nodes.endpoint}: "
+                "stopping this machine's workers; nothing was trained")
 
     def overdue(self, now: float | None = None) -> bool:
         """Whether the workers have waited well past the timeout (:data:`LATE`) without

@@ -111,10 +111,13 @@ def launch(train_py: Path, nodes: Nodes, argv: list[str], out: Path | None = Non
         envs = [{**os.environ, **nodes.env(r), **joining.env(r)} for r in range(nodes.nproc)]
         for env in envs:
             env.setdefault("OMP_NUM_THREADS", "1")
-        outcome = supervise([command] * nodes.nproc, envs, nodes.names(), tick=joining.tick)
+        outcome = supervise([command] * nodes.nproc, envs, nodes.names(), tick=joining.tick,
+                            stopping=joining.stopping)
         failed = joining.failure() if outcome.code == EXIT_PEER else None
     if failed is not None:
         return Outcome(2, failed)
+    if outcome.code == 130 and joining.interrupted:     # said when it was: nothing was trained
+        return Outcome(130, "")
     if outcome.code == EXIT_PEER:
         return Outcome(EXIT_PEER, lost_peers(nodes, out))
     if outcome.code == 130 and nodes.node_rank > 0 and outcome.report == "interrupted":

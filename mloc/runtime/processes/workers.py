@@ -122,13 +122,14 @@ NPROC_STOP = "stopping at the next log step to write a checkpoint; Ctrl-C again 
 
 
 def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
-              timeout: float | None = None, stopping: str = NPROC_STOP, tick=None) -> Outcome:
+              timeout: float | None = None, stopping=NPROC_STOP, tick=None) -> Outcome:
     """Start one worker per command (``commands[r]`` with ``envs[r]``; ``names[r]`` says
     which worker in a report: ``rank 1 of 2``) as the module docstring says, watch them
     and return the run's outcome when all have exited: the ``--nproc`` launcher's, and
     ``mloc run --pipeline``'s (:mod:`mloc.runtime.processes.pipeline`). ``timeout`` (seconds, None:
     none) stops every worker and fails the run: a guard for tests, not a run option.
-    ``stopping``: what the first Ctrl-C says (where the workers will stop). ``tick()``,
+    ``stopping``: what the first Ctrl-C says (where the workers will stop), or a function
+    that says it then. ``tick()``,
     if given, is called at every poll while they run (what a machine of a multi-node run
     says while its workers wait to join: :mod:`mloc.runtime.processes.joining`); when it
     returns an exit code instead of None, the workers are stopped and the run ends with
@@ -200,11 +201,12 @@ def _poll(p: subprocess.Popen) -> int | None:
     return p.returncode
 
 
-def interrupt(procs: list[subprocess.Popen], stopping: str = NPROC_STOP) -> tuple[int, int]:
+def interrupt(procs: list[subprocess.Popen], stopping=NPROC_STOP) -> tuple[int, int]:
     """The first Ctrl-C: one SIGINT to each worker (they stop at the next log step with a
-    checkpoint), then wait for all; a second Ctrl-C kills them. Returns (code, rank) as
-    :func:`_watch` does: 130, or the first other failure while stopping; (130, -1) when aborted."""
-    sys.stderr.write(f"\n{stopping}\n")
+    checkpoint; one still joining its group ends at once, by SIGINT's default action), then
+    wait for all; a second Ctrl-C kills them. Returns (code, rank) as :func:`_watch` does:
+    130, or the first other failure while stopping; (130, -1) when aborted."""
+    sys.stderr.write(f"\n{stopping() if callable(stopping) else stopping}\n")
     sys.stderr.flush()
     for p in procs:
         if p.poll() is None:
@@ -218,7 +220,7 @@ def interrupt(procs: list[subprocess.Popen], stopping: str = NPROC_STOP) -> tupl
         while any(_poll(p) is None for p in procs):     # not p.wait(): its lock may be lost
             time.sleep(POLL_S)
         return 130, -1
-    codes = [p.returncode for p in procs]
+    codes = [130 if p.returncode == -signal.SIGINT else p.returncode for p in procs]
     failed = [(c, r) for r, c in enumerate(codes) if c not in (0, 130, EXIT_PEER)]
     return failed[0] if failed else ((130, 0) if 130 in codes else (0, 0))
 
