@@ -114,7 +114,7 @@ class Joining:
     def failure(self) -> str | None:
         """The machine's one report when none of its workers joined and one failed to; else None."""
         states = self.states()
-        if any(s.startswith("joined") for s in states):
+        if self.joined or any(s.startswith("joined") for s in states):
             return None
         failed = [s.partition("\n")[2].strip() for s in states if s.startswith("failed")]
         if not failed and not self.overdue():
@@ -189,7 +189,7 @@ def report(nodes: Nodes, said: str, commands: list[str]) -> str:
         first = (f"error: the other machines did not join the run at {nodes.endpoint} {within}: {joined[1]} of "
                  f"{joined[2]} processes joined; {here}")
     elif "connect" in said or said.startswith("no answer"):
-        first = f"error: {machine} could not join the run at {nodes.endpoint} {within}; it stopped its workers"
+        first = f"error: {machine} could not join the run at {nodes.endpoint} {within}; it stopped its workers; nothing was trained"
     else:
         line = said.splitlines()[0] if said else "no reason given"
         first = (f"error: the run's processes did not all join at {nodes.endpoint}: the rendezvous failed "
