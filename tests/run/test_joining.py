@@ -216,3 +216,37 @@ def test_a_machine_alone_gives_up_after_rdzv_timeout_with_one_report(tmp_path):
     assert not _ours(str(tmp_path)), "a worker outlived its launcher"
     assert not (out / "checkpoint.pt").exists() and not (out / ".lock").exists()
     assert not [p for d in ("tmp0", "tmp1") for p in (tmp_path / d).iterdir() if p.name.startswith("mloc-")]
+
+
+@pytest.mark.slow
+def test_a_waiting_machine_says_so_and_ctrl_c_ends_the_wait_at_once(tmp_path):
+    """Node 0 alone with the default timeout: the note after 15 s, live; then Ctrl-C."""
+    out, port = tmp_path / "run", free_port()
+    p = subprocess.Popen([sys.executable, "-m", "mloc", "run", str(SMALL), "--nnodes", "2", "--node-rank", "0",
+                          "--rdzv-endpoint", f"127.0.0.1:{port}", "--out", str(out), "--threads", "1", "--compile",
+                          "off", "--quiet"], cwd=ROOT, env={**ENV, "TMPDIR": str(tmp_path)}, text=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        said = [p.stderr.readline()]            # blocks until the launcher says something
+        while not said[-1].startswith("  = help:"):
+            said.append(p.stderr.readline())
+        first = said[0]
+        assert first.startswith(f"waiting for the other machines to join the run at 127.0.0.1:{port}: 15 s so far, "
+                                "of the --rdzv-timeout 600 s (this is node 0; the run has 2 machines of 1 process "
+                                "each, 2 in all)"), first
+        os.killpg(p.pid, signal.SIGINT)         # what the terminal's Ctrl-C does
+        stopped = time.monotonic()
+        rest = p.communicate(timeout=60)[1]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130 and time.monotonic() - stopped < 20, rest
+    assert any(x.strip().startswith("node 1: mloc run") and "--node-rank 1" in x for x in said), said
+    assert rest.strip().splitlines()[-1] == (f"interrupted while waiting for the other machines to join the run at "
+                                             f"127.0.0.1:{port}: stopping this machine's workers; nothing was trained")
+    assert "Traceback" not in rest and "stopping at the next log step" not in rest
+    deadline = time.monotonic() + 30
+    while _ours(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _ours(str(tmp_path)) and not (out / ".lock").exists()
