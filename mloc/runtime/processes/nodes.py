@@ -23,6 +23,12 @@ checkpoint, and mloc's resume is the way back), reports a failure as a ``ChildFa
 with every rank's traceback, and does not tie its workers' lives to its own; a static
 rendezvous needs nothing the elastic one adds for a job whose size is fixed.
 
+**Joining.** The workers join within ``--rdzv-timeout`` (default 600 s; joining only, the
+collectives keep their own timeout: :class:`mloc.runtime.base.distributed.Join`). A
+machine whose workers wait says so after 15 s, with each machine's command
+(:func:`mloc_commands`), and one whose workers could not join reports once, exit 2
+(:mod:`mloc.runtime.processes.joining`).
+
 **What each machine writes.** Node 0 owns the run: its launcher opens the run folder
 (``--out``, or a fresh ``runs/PROGRAM/N``) and holds its lock, rank 0 (on node 0) logs and
 writes the checkpoints there. The other machines write nothing in it: each compiles its
