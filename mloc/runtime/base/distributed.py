@@ -218,8 +218,9 @@ class Join:
             self._say(f"failed\n{err}")
             if self.file:
                 raise
-            raise JoinError(f"rank {rank} of {world} could not join the others at {addr}:{port} within "
-                            f"{self.timeout_s:g} s: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+            said = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise JoinError(f"rank {rank} of {world} could not join the others at {addr}:{port} (given "
+                            f"{self.timeout_s:g} s to): {said}",
                             "start every process of the job with the same MASTER_ADDR and MASTER_PORT (an address "
                             "of rank 0's machine that every machine reaches, a port free there)") from err
         self._say("joined")

@@ -17,7 +17,11 @@ reads those files while it supervises the workers (:meth:`Joining.tick`), and
   listen), turns their silent exits into one report (:meth:`Joining.failure`), exit 2:
   an environment problem (a machine not started, an address or port that does not work),
   not a program error. It names the endpoint, how many processes joined when torch says
-  (rank 0's store: "1/2 clients joined"), and what to check.
+  (rank 0's store: "1/2 clients joined"), and what to check. Workers that have not given
+  up by :func:`late` are stopped and reported alike (torch's client tries once more past
+  its deadline, for up to the timeout again);
+- at Ctrl-C while they wait, says that nothing was trained (:meth:`Joining.stopping`):
+  the workers end at once, as SIGINT's default action while they join.
 
 Nothing in the run folder is touched by joining: no step is trained before it, and a
 resume's checkpoint is read, not written.
