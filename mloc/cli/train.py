@@ -106,6 +106,8 @@ def cmd_run(args, out: Output) -> int:
         raise _no_checkpoint(options.resume, runfolder.holds_run(options.resume))
     options, record, set_changes = _resumed(args, options) if options.resume else (options, None, [])
     options = replace(options, nproc=options.nproc or 1)
+    if options.multinode:               # what a machine that waits for the others shows each one to run
+        options = replace(options, rerun=("mloc", "run", args.file, *_sets(args), *options.argv()))
     if options.print_torchrun:
         return _print_torchrun(args, options, out)
     if options.device is not None:      # a device that is not there: refused before the slow trace
@@ -158,13 +160,17 @@ def _print_torchrun(args, options, out: Output) -> int:
     torchrun instead (compiled by `mloc compile` into `build/`, the ranks numbered as
     `mloc run --nnodes` numbers them); nothing is compiled or trained."""
     from mloc.runtime.processes.nodes import of_options, torchrun_commands
-    sets = [x for s in args.set or () for x in ("--set", s)]
     lines = torchrun_commands(of_options(options), "build/train.py", options.argv())
     out.out("# on every machine (or once, on a shared file system):\n"
-            + shlex.join(["mloc", "compile", args.file, "-o", "build", *sets]))
+            + shlex.join(["mloc", "compile", args.file, "-o", "build", *_sets(args)]))
     for rank, line in enumerate(lines):
         out.out(f"# node {rank}{' (rank 0: logs and writes the checkpoints in --out)' if rank == 0 else ''}:\n{line}")
     return EXIT_OK
+
+
+def _sets(args) -> list[str]:
+    """The command's `--set`s, as words."""
+    return [x for s in args.set or () for x in ("--set", s)]
 
 
 def _resumed(args, options):

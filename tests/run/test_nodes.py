@@ -86,6 +86,7 @@ def test_two_machines_of_one_process_equal_nproc_2_bitwise(tmp_path, reference):
     procs = machines(SMALL, 1, "--out", out, *QUIET, tmp=tmp_path)
     errs = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], errs
+    assert not any("waiting" in err for err in errs), errs     # said even under --quiet, when it is said
     assert same_state(out, reference)
     assert [r["step"] for r in records(out)] == [r["step"] for r in records(reference)]
     # node 1 wrote nothing in the run folder, and its scratch folder is gone

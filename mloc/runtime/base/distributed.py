@@ -43,6 +43,10 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Mapping, Sequence
@@ -72,7 +76,9 @@ class DistContext:
     def from_env(cls, timeout_s: float = 600.0, device: torch.device | None = None) -> DistContext:
         """The context torchrun describes in ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
         ``MASTER_ADDR`` and ``MASTER_PORT``; a single-process context when ``WORLD_SIZE``
-        is unset or 1. ``device``: where this process trains (:meth:`connect`). This
+        is unset or 1. ``device``: where this process trains (:meth:`connect`). Under
+        ``mloc run --nnodes``, its launcher also says how long joining may take
+        (:data:`JOIN_TIMEOUT_VAR`) and where to say how it went (:data:`JOIN_FILE_VAR`). This
         module is the runtime's only reader of ``os.environ``."""
         env = launch_env(os.environ)
         world = int(env.get("WORLD_SIZE", "1") or 1)
@@ -84,16 +90,19 @@ class DistContext:
         if missing:
             raise LaunchError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set: this process cannot find "
                               "the others", _LAUNCH_HELP)
+        join = Join(float(os.environ.get(JOIN_TIMEOUT_VAR) or timeout_s), os.environ.get(JOIN_FILE_VAR))
         return cls.connect(int(env["RANK"]), world, env["MASTER_ADDR"], int(env["MASTER_PORT"]),
                            local_rank=int(env.get("LOCAL_RANK", env["RANK"])), timeout_s=timeout_s,
-                           device=device)
+                           device=device, join=join)
 
     @classmethod
     def connect(cls, rank: int, world: int, addr: str, port: int, *, local_rank: int = 0,
-                timeout_s: float = 600.0, device: torch.device | None = None) -> DistContext:
+                timeout_s: float = 600.0, device: torch.device | None = None,
+                join: Join | None = None) -> DistContext:
         """Join the process group at ``tcp://addr:port`` with :func:`backend_for` this
         process's ``device`` (default: ``cuda:local_rank`` when CUDA is available, else the
-        CPU): nccl on a CUDA device, gloo otherwise."""
+        CPU): nccl on a CUDA device, gloo otherwise. ``timeout_s`` bounds each collective,
+        ``join`` (default: ``timeout_s`` and no file) the joining: see :class:`Join`."""
         if device is None:
             device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
         backend = backend_for(device)
@@ -102,8 +111,7 @@ class DistContext:
         if dist.is_initialized():       # a program before this one, or the user's own code
             _same_group(rank, world, backend)
         else:
-            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
-                                    world_size=world, timeout=timedelta(seconds=timeout_s))
+            (join or Join(timeout_s)).init(backend, addr, port, rank, world, timeout_s)
             atexit.register(_leave)
         return cls(rank, world, local_rank, device, backend)
 
@@ -170,6 +178,89 @@ class DistContext:
             dist.barrier()
 
 
+JOIN_TIMEOUT_VAR = "MLOC_RDZV_TIMEOUT"   # set by `mloc run --nnodes`: the seconds its workers may take to join
+JOIN_FILE_VAR = "MLOC_JOIN_FILE"        # set by `mloc run --nnodes`: where a worker says how its joining went
+
+
+@dataclass(frozen=True)
+class Join:
+    """How a process joins its group: within ``timeout_s`` seconds, saying how it went in
+    ``file`` (None: nowhere) for the launcher that watches it
+    (:mod:`mloc.runtime.processes.joining`): ``joining``, then ``joined``, or ``failed``
+    and torch's message.
+
+    **What the timeout governs.** torch has one timeout per process group
+    (``init_process_group(timeout=)``): the rendezvous waits that long for every rank
+    (rank 0's store for the others to connect: "Timed out after 5 seconds waiting for
+    clients. 1/2 clients joined."; the others to reach rank 0), and so does every
+    collective afterwards. mloc wants joining and collectives bounded apart (a machine
+    started late is not a collective that hangs), so it meets the others itself, as torch's
+    ``tcp://`` rendezvous does: a ``TCPStore`` at the endpoint (rank 0's listens and waits
+    for every rank; the others connect), made with ``timeout_s``, then given the
+    collectives' timeout, and the group built on it with the collectives' timeout:
+    ``timeout_s`` governs joining only, and torch's own messages are unchanged."""
+
+    timeout_s: float
+    file: str | None = None
+
+    def init(self, backend: str, addr: str, port: int, rank: int, world: int, collectives_s: float) -> None:
+        """``init_process_group`` at ``tcp://addr:port`` within this join's timeout. A failure
+        to join is a :class:`JoinError` (exit 2); under a launcher that watches (``file``
+        set), torch's own error, the launcher reporting it once for the machine."""
+        self._say("joining")
+        try:
+            with self._quiet():
+                store = dist.TCPStore(addr, port, world, rank == 0, timedelta(seconds=self.timeout_s),
+                                      wait_for_workers=True)
+                store.set_timeout(timedelta(seconds=collectives_s))
+                dist.init_process_group(backend, store=store, rank=rank, world_size=world,
+                                        timeout=timedelta(seconds=collectives_s))
+        except Exception as err:
+            if not is_peer_failure(err):
+                raise
+            self._say(f"failed\n{err}")
+            if self.file:
+                raise
+            said = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise JoinError(f"rank {rank} of {world} could not join the others at {addr}:{port} (given "
+                            f"{self.timeout_s:g} s to): {said}",
+                            "start every process of the job with the same MASTER_ADDR and MASTER_PORT (an address "
+                            "of rank 0's machine that every machine reaches, a port free there)") from err
+        self._say("joined")
+
+    @contextmanager
+    def _quiet(self):
+        """Under a launcher that watches (``file`` set), while this process joins: its
+        stderr (fd 2) goes to ``FILE.log`` (torch's c10d logs every failed try to reach
+        the endpoint with a C++ stack, which would reach the terminal through the
+        launcher's live copy of the first worker's stderr, before the launcher's own
+        report), and SIGINT, the launcher's Ctrl-C, has its default action: torch waits in
+        C++, where no Python handler runs, and there is nothing to save yet."""
+        if not self.file:
+            yield
+            return
+        sys.stderr.flush()
+        saved, log = os.dup(2), os.open(f"{self.file}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        main = threading.current_thread() is threading.main_thread()
+        handler = signal.signal(signal.SIGINT, signal.SIG_DFL) if main else None
+        os.dup2(log, 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(log)
+            if handler is not None:
+                signal.signal(signal.SIGINT, handler)
+
+    def _say(self, text: str) -> None:
+        if self.file:
+            part = f"{self.file}.part"
+            with open(part, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+            os.replace(part, self.file)
+
 
 def _same_group(rank: int, world: int, backend: str) -> None:
     """The process group this process is already in is the one the launch describes."""
@@ -220,6 +311,10 @@ class LaunchError(RuntimeError):
     def __init__(self, message: str, help: str | None = None):
         super().__init__(message)
         self.help = help
+
+
+class JoinError(LaunchError):
+    """The processes of a job did not all join its group in time (exit 2)."""
 
 
 _LAUNCH_HELP = ("launch with torchrun (it sets them), `mloc run --nproc N [--nnodes M ...]`, or under SLURM srun "

@@ -76,7 +76,9 @@ class RunOptions:
     nnodes: int | None = None           # mloc run --nnodes: machines, each with its own launcher
     node_rank: int | None = None        # mloc run --node-rank: this machine's place, 0 .. nnodes - 1
     rdzv_endpoint: str | None = None    # mloc run --rdzv-endpoint HOST:PORT: where rank 0 (node 0) listens
+    rdzv_timeout: float | None = None   # mloc run --rdzv-timeout SECONDS: how long joining may take (RDZV_TIMEOUT_S)
     print_torchrun: bool = False        # mloc run --print-torchrun: print each node's torchrun command, run nothing
+    rerun: tuple[str, ...] = ()         # mloc run: its command but the node flags, shown to a machine that waits
 
     @classmethod
     def parsed(cls, args: argparse.Namespace) -> RunOptions:
@@ -123,6 +125,9 @@ class RunOptions:
         return out + (["--overwrite"] if self.overwrite else []) + (["--quiet"] if self.quiet else [])
 
 
+RDZV_TIMEOUT_S = 600.0      # --rdzv-timeout's default: a machine that is late by minutes is still in time
+
+
 def check_nodes(options: RunOptions) -> None:
     """An :class:`OptionError` for node flags that cannot start a multi-node run: each
     says what to pass instead (:mod:`mloc.runtime.processes.nodes` says how nodes meet).
@@ -130,7 +135,8 @@ def check_nodes(options: RunOptions) -> None:
     M machines runs on one), and trains on this machine alone."""
     nnodes, rank, endpoint = options.nnodes, options.node_rank, options.rdzv_endpoint
     if nnodes is None:
-        given = [f for f, v in (("--node-rank", rank), ("--rdzv-endpoint", endpoint)) if v is not None]
+        given = [f for f, v in (("--node-rank", rank), ("--rdzv-endpoint", endpoint),
+                                ("--rdzv-timeout", options.rdzv_timeout)) if v is not None]
         if given or options.print_torchrun:
             raise OptionError(f"{' and '.join(given) or '--print-torchrun'} only applies to a run on several "
                               "machines", "add --nnodes M, the number of machines (the same on each), or drop it")
@@ -152,6 +158,10 @@ def check_nodes(options: RunOptions) -> None:
                           "that the others can reach, and a free port there (e.g. --rdzv-endpoint node0:29500)")
     if endpoint is not None:
         endpoint_of(endpoint)
+    if options.rdzv_timeout is not None and not 0 < options.rdzv_timeout < 1e9:
+        raise OptionError(f"--rdzv-timeout must be a number of seconds above 0, got {options.rdzv_timeout:g}",
+                          f"e.g. --rdzv-timeout 1800 to give the machines half an hour to join (default "
+                          f"{RDZV_TIMEOUT_S:g})")
 
 
 def endpoint_of(text: str) -> tuple[str, int]:
@@ -237,6 +247,11 @@ def add_launch_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
                    help="with --nnodes: where the machines meet, the same on each: an address of node 0 the "
                         "others can reach and a free port there (rank 0 listens on it)")
+    p.add_argument("--rdzv-timeout", type=float, metavar="SECONDS",
+                   help=f"with --nnodes: how long the machines' processes wait for each other to join (default "
+                        f"{RDZV_TIMEOUT_S:g}); a machine still waiting after 15 s says so, with each machine's "
+                        "command, and one that gives up stops with exit 2 saying what to check. It bounds joining "
+                        "only: the collectives keep their own timeout")
     p.add_argument("--print-torchrun", action="store_true",
                    help="with --nnodes: print the commands that run this program under torchrun instead of mloc "
                         "(mloc compile, then one torchrun per machine, the ranks numbered alike); compiles and "

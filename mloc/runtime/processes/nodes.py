@@ -23,6 +23,12 @@ checkpoint, and mloc's resume is the way back), reports a failure as a ``ChildFa
 with every rank's traceback, and does not tie its workers' lives to its own; a static
 rendezvous needs nothing the elastic one adds for a job whose size is fixed.
 
+**Joining.** The workers join within ``--rdzv-timeout`` (default 600 s; joining only, the
+collectives keep their own timeout: :class:`mloc.runtime.base.distributed.Join`). A
+machine whose workers wait says so after 15 s, with each machine's command
+(:func:`mloc_commands`), and one whose workers could not join reports once, exit 2
+(:mod:`mloc.runtime.processes.joining`).
+
 **What each machine writes.** Node 0 owns the run: its launcher opens the run folder
 (``--out``, or a fresh ``runs/PROGRAM/N``) and holds its lock, rank 0 (on node 0) logs and
 writes the checkpoints there. The other machines write nothing in it: each compiles its
@@ -48,20 +54,25 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from mloc.runtime.files.options import endpoint_of
+from mloc.runtime.files.options import RDZV_TIMEOUT_S, endpoint_of
 from mloc.runtime.processes.workers import EXIT_PEER, Outcome, supervise
 
 NODE_PREFIX = "mloc-node"   # a node's scratch folder: TMPDIR/mloc-node-PID-START-RANDOM (mloc.runtime.files.scratch)
+JOIN_PREFIX = "mloc-join"   # its workers' join files: TMPDIR/mloc-join-PID-START-RANDOM (mloc.runtime.processes.joining)
 
 
 @dataclass(frozen=True)
 class Nodes:
-    """This machine's place in a run of ``nnodes`` machines of ``nproc`` processes each."""
+    """This machine's place in a run of ``nnodes`` machines of ``nproc`` processes each,
+    meeting at ``endpoint`` within ``join_s`` seconds; ``rerun``: the words of its `mloc
+    run` command but the node flags (none: not started by `mloc run`)."""
 
     nnodes: int
     node_rank: int
     nproc: int
     endpoint: str
+    join_s: float = RDZV_TIMEOUT_S
+    rerun: tuple[str, ...] = ()
 
     @property
     def world(self) -> int:
@@ -89,18 +100,30 @@ class Nodes:
 
 def of_options(options) -> Nodes:
     """The :class:`Nodes` a checked :class:`~mloc.runtime.files.options.RunOptions` describes."""
-    return Nodes(options.nnodes, options.node_rank or 0, options.nproc or 1, options.rdzv_endpoint)
+    return Nodes(options.nnodes, options.node_rank or 0, options.nproc or 1, options.rdzv_endpoint,
+                 options.rdzv_timeout or RDZV_TIMEOUT_S, options.rerun)
 
 
 def launch(train_py: Path, nodes: Nodes, argv: list[str], out: Path | None = None) -> Outcome:
     """Run this machine's workers of ``train_py`` (``argv`` and ``--launched-by PID``) under
     :func:`~mloc.runtime.processes.workers.supervise`; the outcome, its report saying so
-    when the failure was on another machine. ``out``: node 0's run folder."""
+    when the failure was on another machine, or the one report of workers that could not
+    join (:mod:`mloc.runtime.processes.joining`, exit 2). ``out``: node 0's run folder."""
+    from mloc.runtime.files import scratch
+    from mloc.runtime.processes.joining import Joining
     command = [sys.executable, str(train_py), *argv, "--launched-by", str(os.getpid())]
-    envs = [{**os.environ, **nodes.env(r)} for r in range(nodes.nproc)]
-    for env in envs:
-        env.setdefault("OMP_NUM_THREADS", "1")
-    outcome = supervise([command] * nodes.nproc, envs, nodes.names())
+    with scratch.folder(JOIN_PREFIX) as folder:
+        joining = Joining(nodes, folder, mloc_commands(nodes))
+        envs = [{**os.environ, **nodes.env(r), **joining.env(r)} for r in range(nodes.nproc)]
+        for env in envs:
+            env.setdefault("OMP_NUM_THREADS", "1")
+        outcome = supervise([command] * nodes.nproc, envs, nodes.names(), tick=joining.tick,
+                            stopping=joining.stopping)
+        failed = joining.failure() if outcome.code == EXIT_PEER else None
+    if failed is not None:
+        return Outcome(2, failed)
+    if outcome.code == 130 and joining.interrupted:     # said when it was: nothing was trained
+        return Outcome(130, "")
     if outcome.code == EXIT_PEER:
         return Outcome(EXIT_PEER, lost_peers(nodes, out))
     if outcome.code == 130 and nodes.node_rank > 0 and outcome.report == "interrupted":
@@ -154,6 +177,16 @@ def scratch_choice():
     from mloc.runtime.files import scratch
     from mloc.runtime.files.runfolder import Choice
     return Choice(dir=scratch.make(NODE_PREFIX))
+
+
+def mloc_commands(nodes: Nodes) -> list[str]:
+    """Each machine's ``mloc run`` command: ``nodes.rerun`` and its node flags (none
+    without ``rerun``)."""
+    if not nodes.rerun:
+        return []
+    timeout = ["--rdzv-timeout", f"{nodes.join_s:g}"] if nodes.join_s != RDZV_TIMEOUT_S else []
+    return [shlex.join([*nodes.rerun, "--nnodes", str(nodes.nnodes), "--node-rank", str(r), "--nproc",
+                        str(nodes.nproc), "--rdzv-endpoint", nodes.endpoint, *timeout]) for r in range(nodes.nnodes)]
 
 
 def torchrun_commands(nodes: Nodes, train_py: str, argv: list[str]) -> list[str]:

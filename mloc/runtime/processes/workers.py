@@ -122,13 +122,18 @@ NPROC_STOP = "stopping at the next log step to write a checkpoint; Ctrl-C again 
 
 
 def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
-              timeout: float | None = None, stopping: str = NPROC_STOP) -> Outcome:
+              timeout: float | None = None, stopping=NPROC_STOP, tick=None) -> Outcome:
     """Start one worker per command (``commands[r]`` with ``envs[r]``; ``names[r]`` says
     which worker in a report: ``rank 1 of 2``) as the module docstring says, watch them
     and return the run's outcome when all have exited: the ``--nproc`` launcher's, and
     ``mloc run --pipeline``'s (:mod:`mloc.runtime.processes.pipeline`). ``timeout`` (seconds, None:
     none) stops every worker and fails the run: a guard for tests, not a run option.
-    ``stopping``: what the first Ctrl-C says (where the workers will stop)."""
+    ``stopping``: what the first Ctrl-C says (where the workers will stop), or a function
+    that says it then. ``tick()``,
+    if given, is called at every poll while they run (what a machine of a multi-node run
+    says while its workers wait to join: :mod:`mloc.runtime.processes.joining`); when it
+    returns an exit code instead of None, the workers are stopped and the run ends with
+    that code and no report (the caller's to give)."""
     nproc = len(commands)
     with scratch.folder(LOG_PREFIX) as logs, sigterm_as_interrupt():
         paths = [Path(logs) / f"rank{r}.err" for r in range(nproc)]
@@ -142,7 +147,7 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
                 if rank == 0:
                     shown = threading.Thread(target=_tee, args=(procs[0].stderr, paths[0]), daemon=True)
                     shown.start()
-            code, rank = _watch(procs, timeout)
+            code, rank = _watch(procs, timeout, tick)
         except KeyboardInterrupt:
             code, rank = interrupt(procs, stopping)
         finally:
@@ -157,6 +162,8 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
             return Outcome(130, "" if told else "interrupted")
         if rank == -2:
             return Outcome(1, f"error: the workers did not finish within {timeout:g} s; they were stopped")
+        if rank == -3:          # tick() ended the run: its caller says why
+            return Outcome(code, "")
         own = procs[0].returncode
         if code > 0 and code != 130 and own not in (None, 0, EXIT_PEER) and own > 0:
             code, rank = own, 0     # rank 0 failed first-hand too: its diagnostic, shown already, is the one
@@ -194,11 +201,12 @@ def _poll(p: subprocess.Popen) -> int | None:
     return p.returncode
 
 
-def interrupt(procs: list[subprocess.Popen], stopping: str = NPROC_STOP) -> tuple[int, int]:
+def interrupt(procs: list[subprocess.Popen], stopping=NPROC_STOP) -> tuple[int, int]:
     """The first Ctrl-C: one SIGINT to each worker (they stop at the next log step with a
-    checkpoint), then wait for all; a second Ctrl-C kills them. Returns (code, rank) as
-    :func:`_watch` does: 130, or the first other failure while stopping; (130, -1) when aborted."""
-    sys.stderr.write(f"\n{stopping}\n")
+    checkpoint; one still joining its group ends at once, by SIGINT's default action), then
+    wait for all; a second Ctrl-C kills them. Returns (code, rank) as :func:`_watch` does:
+    130, or the first other failure while stopping; (130, -1) when aborted."""
+    sys.stderr.write(f"\n{stopping() if callable(stopping) else stopping}\n")
     sys.stderr.flush()
     for p in procs:
         if p.poll() is None:
@@ -212,7 +220,7 @@ def interrupt(procs: list[subprocess.Popen], stopping: str = NPROC_STOP) -> tupl
         while any(_poll(p) is None for p in procs):     # not p.wait(): its lock may be lost
             time.sleep(POLL_S)
         return 130, -1
-    codes = [p.returncode for p in procs]
+    codes = [130 if p.returncode == -signal.SIGINT else p.returncode for p in procs]
     failed = [(c, r) for r, c in enumerate(codes) if c not in (0, 130, EXIT_PEER)]
     return failed[0] if failed else ((130, 0) if 130 in codes else (0, 0))
 
@@ -227,9 +235,9 @@ def _tee(pipe, path: Path) -> None:
             sys.stderr.flush()
 
 
-def _watch(procs: list[subprocess.Popen], timeout: float | None = None) -> tuple[int, int]:
+def _watch(procs: list[subprocess.Popen], timeout: float | None = None, tick=None) -> tuple[int, int]:
     """Wait until all exit 0, or one fails; then (its code, its rank), the others stopped;
-    (1, -2) after ``timeout`` seconds.
+    (1, -2) after ``timeout`` seconds; (code, -3) when ``tick()`` returned a code.
     A rank that failed first-hand wins over one whose collective broke (EXIT_PEER). A
     failure of another rank than 0 also waits up to ``GRACE_S`` for rank 0: a failure every
     rank sees at once (a NaN in all-reduced gradients) makes rank 0 print its own diagnostic,
@@ -248,6 +256,9 @@ def _watch(procs: list[subprocess.Popen], timeout: float | None = None) -> tuple
             return 0, 0
         if first is not None and (time.monotonic() >= deadline or all(c is not None for c in codes)):
             return first
+        ended = tick() if tick is not None and first is None else None
+        if ended is not None:
+            return ended, -3
         time.sleep(POLL_S)
 
 
