@@ -8,7 +8,6 @@ preconditioner (``sama``).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -24,28 +23,20 @@ def _not_differentiable(name):
         "level with feedback needs cg, neumann or first_order")
 
 
-# Cheap on the hot path: torch.finfo(dtype) and tensor.device build new objects through
-# code that little else runs; out of cache they cost ~15 µs per step on the benchmark
-# (0.2 µs each when warm), so the dtype's tiny is a dict lookup and the device is read
-# only when some autocast region is active.
+# Cheap on the hot path: torch.finfo(dtype) builds new objects through code that little
+# else runs; out of cache it costs ~15 µs per step on the benchmark (0.2 µs when warm), so
+# the dtype's tiny is a dict lookup.
 _TINY = {t: torch.finfo(t).tiny for t in (torch.float16, torch.bfloat16, torch.float32,
                                           torch.float64)}  # smallest normals: ‖q‖ = 0 guard
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
 
 
-def _autocast_device(q0):
-    """``q0``'s device type if autocast is on for it, else ``None`` (one cheap call when off)."""
-    if not _any_autocast():
-        return None
-    device_type = q0.device.type
-    return device_type if torch.is_autocast_enabled(device_type) else None
-
-
-def _guarded_losses(loss_at, plus, minus, buffers, autocast):
-    """Both losses in fp32 with ``autocast`` (a device type or ``None``) off; module buffers
-    (BatchNorm statistics) restored."""
-    saved = [b.clone() for b in buffers]
-    with torch.autocast(autocast, enabled=False) if autocast else contextlib.nullcontext():
+def _perturbed_losses(loss_at, plus, minus, buffers):
+    """Both losses in full precision (:func:`autocast_off`: their round-off is divided by
+    ``2ε``), module buffers (BatchNorm statistics) restored when there are any."""
+    with autocast_off():
+        if not buffers:             # the common case: nothing to guard
+            return loss_at(plus), loss_at(minus)
+        saved = [b.clone() for b in buffers]
         losses = loss_at(plus), loss_at(minus)
     with torch.no_grad():
         for b, s in zip(buffers, saved):
@@ -144,12 +135,7 @@ def central_difference(op, q, eps):
 
     def loss_at(point):
         return op.loss_at(point, views)
-    autocast = _autocast_device(q[0])
-    if op.buffers or autocast:
-        lp, lm = _guarded_losses(loss_at, plus, minus, op.buffers, autocast)
-    else:
-        lp, lm = loss_at(plus), loss_at(minus)  # the common case: nothing to guard
-    return _spec(lp, lm)
+    return _spec(*_perturbed_losses(loss_at, plus, minus, op.buffers))
 
 
 def two_level_step(lower, args, buffers, eps, direction, upper_loss, upper_args, seeds, params):
@@ -177,7 +163,7 @@ def two_level_step(lower, args, buffers, eps, direction, upper_loss, upper_args,
     grad = torch.autograd.grad
     no_grad = torch.no_grad
 
-    def loss_at(point):  # only for the guarded path
+    def loss_at(point):
         return loss(*before, point, *after)
 
     def step(accumulate=True, seed=None):
@@ -194,12 +180,7 @@ def two_level_step(lower, args, buffers, eps, direction, upper_loss, upper_args,
             q = direction(lower, args, theta, q)
         with no_grad():
             plus, minus, two_e = _perturbed(q, theta, eps)
-        autocast = _autocast_device(q[0])
-        if buffers or autocast:
-            lp, lm = _guarded_losses(loss_at, plus, minus, buffers, autocast)
-        else:
-            lp, lm = loss(*before, plus, *after), loss(*before, minus, *after)
-        spec = _spec(lp, lm)
+        spec = _spec(*_perturbed_losses(loss_at, plus, minus, buffers))
         if spec is None:
             return None
         # ∇L₊ − ∇L₋ in one backward (cotangents 1, −1), then the quotient (_Quotient's)
