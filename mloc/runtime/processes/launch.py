@@ -52,7 +52,7 @@ from mloc.runtime.run.selection import Selection, failed_summary
 from mloc.runtime.processes.threads import Threads, decide as decide_threads
 from mloc.runtime.base.user_modules import put_first
 from mloc.runtime.base.usercode import user_error
-from mloc.runtime.processes.workers import EXIT_PEER, die_with_parent
+from mloc.runtime.processes.workers import EXIT_PEER, become_worker
 
 _FOLDER_ERRORS = (CheckpointError, RunFolderError, RunIOError, DeviceError, LoggerError, OptionError)
 
@@ -132,7 +132,7 @@ def _main(declaration: Declaration, options: RunOptions, record: dict | None, fi
     """A worker's start (its launcher opened the folder), or :func:`start`."""
     rank = launched_rank()
     if rank is not None:
-        die_with_parent()               # a worker never outlives its launcher
+        become_worker()                 # it never outlives its launcher; a fatal signal shows its stack
     config = options.config(declaration.defaults)
     if options.launched_by is not None:
         if os.getppid() != options.launched_by:

@@ -29,7 +29,7 @@ from mloc.runtime.grad.interlock import (ChainContractError, add_into, forward_s
 from mloc.runtime.run.loop import CHECKPOINT, Stop, Where, resume
 from mloc.runtime.processes.pipeline import PipelineError, chain_of, worker_name
 from mloc.runtime.files.runfolder import check_owner
-from mloc.runtime.processes.workers import EXIT_PEER, die_with_parent
+from mloc.runtime.processes.workers import EXIT_PEER, become_worker
 from mloc.runtime.base.usercode import user_error
 from mloc.shared.warning import MlocWarning, shown
 
@@ -280,7 +280,7 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--locked", action="store_true", help="the launcher holds the lock of --out (mloc run)")
     a = p.parse_args(argv)
     if a.launched_by is not None:
-        die_with_parent()               # a worker never outlives its launcher
+        become_worker()                 # it never outlives its launcher; a fatal signal shows its stack
         if os.getppid() != a.launched_by:
             return EXIT_PEER            # the launcher is gone already: write nothing
     from mloc.runtime.processes.launch import _FOLDER_ERRORS, _say

@@ -21,7 +21,9 @@ environment torchrun would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
   state (:mod:`mloc.shared.warning`) when the run ends. When one fails the launcher stops the others and
   shows the diagnostic of the rank that failed first, which names its rank, and nothing
   else: no launcher traceback, no second report from the ranks whose collectives broke
-  because of it (they exit with :data:`EXIT_PEER`), and rank 0's own diagnostic once.
+  because of it (they exit with :data:`EXIT_PEER`), and rank 0's own diagnostic once. A
+  rank killed by a signal is reported with the last lines it wrote (for SIGABRT or
+  SIGSEGV, its threads' Python stacks: :func:`become_worker`).
 
 The workers run in a session of their own, so a terminal's Ctrl-C reaches the launcher
 alone. Ctrl-C (or SIGTERM) to the launcher sends each worker one SIGINT: the ranks agree
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import faulthandler
 import os
 import signal
 import socket
@@ -91,6 +94,15 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     exec: the C library was opened before the fork."""
     if _LIBC is not None and hasattr(_LIBC, "prctl"):
         _LIBC.prctl(1, int(sig), 0, 0, 0)        # PR_SET_PDEATHSIG = 1
+
+
+def become_worker() -> None:
+    """What a rank does first: it dies with its launcher (:func:`die_with_parent`), and a
+    fatal signal in it (a C++ abort in a collective library, a segfault) writes every
+    thread's Python stack to its stderr (:mod:`faulthandler`), which the launcher's report
+    of its death quotes."""
+    die_with_parent()
+    faulthandler.enable(all_threads=True)
 
 
 def _preexec() -> None:
@@ -276,6 +288,23 @@ def _stop(procs: list[subprocess.Popen], sig: int, timeout: float) -> None:
             p.wait()
 
 
+_FATAL = {int(getattr(signal, n)) for n in ("SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL") if hasattr(signal, n)}
+_SAID = 20  # how many of a rank's stderr lines (or of its stack) a report of its death by a signal quotes
+
+
+def _last_words(text: str) -> list[str]:
+    """What to quote of a rank killed by a signal: its last lines; after a fatal signal
+    that faulthandler caught (:func:`become_worker`), the lines just before Python's
+    ``Fatal Python error`` (a C++ library's ``terminate called ...`` and ``what(): ...``)
+    and the innermost frames of the thread that died."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("Extension modules:")]
+    fatal = next((i for i, ln in enumerate(lines) if ln.startswith("Fatal Python error")), None)
+    if fatal is None:
+        return lines[-_SAID:]
+    current = next((i for i, ln in enumerate(lines) if ln.startswith("Current thread")), len(lines))
+    return lines[max(fatal - 3, 0):fatal + 1] + lines[current:current + _SAID]
+
+
 def _report(code: int, rank: int, names: list[str], paths: list[Path]) -> str:
     """What the launcher adds after the run: nothing on success (rank 0's output was shown
     live), else the failing rank's diagnostic (rank 0's was shown already)."""
@@ -286,7 +315,8 @@ def _report(code: int, rank: int, names: list[str], paths: list[Path]) -> str:
         return "interrupted"
     if code < 0:
         name = next((s.name for s in signal.Signals if s == -code), str(-code))
-        return (f"error: {names[rank]} was killed by {name}"
+        said = "".join(f"\n  | {line}" for line in _last_words(text)) if rank and -code in _FATAL else ""
+        return (f"error: {names[rank]} was killed by {name}" + (f"; the last it said:{said}" if said else "")
                 + ("\n  = help: the system may have run out of memory" if -code == signal.SIGKILL else ""))
     if rank == 0 and text:
         return ""
