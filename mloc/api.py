@@ -45,16 +45,28 @@ class UnknownProblem(KeyError):
         return str(self.args[0])
 
 
+class SessionClosed(RuntimeError):
+    """A closed :class:`Session` was asked to train or compute (its state stays readable)."""
+
+
 class Session:
     """A compiled, instantiated program (see the module docstring)."""
 
     def __init__(self, compiled, program, declaration):
         self.compiled, self.program, self.declaration = compiled, program, declaration
+        self.closed = False
 
     def close(self) -> None:
         """Stop the program's background work (Shampoo's root workers); idempotent. The
-        session's state stays readable; stepping it again is not supported."""
+        session's state stays readable (``losses``, ``module``, ``evaluate``, ``save``); stepping it
+        and its hypergradients raise :class:`SessionClosed`."""
+        self.closed = True
         self.program.close()
+
+    def _open(self, doing: str) -> None:
+        if self.closed:
+            raise SessionClosed(f"program `{self.program.name}`'s session was closed, so it cannot {doing}: "
+                                "mloc.load it again (and restore a save of this one) to go on")
 
     def __enter__(self) -> Session:
         return self
@@ -75,9 +87,11 @@ class Session:
         return self.program.step_count
 
     def step(self) -> None:
+        self._open("step")
         self.program.outer_step()
 
     def run(self, steps: int) -> dict[str, float]:
+        self._open("run")
         for _ in range(steps):
             self.program.outer_step()
         self.program.guard.check()
@@ -100,6 +114,7 @@ class Session:
                              + f" (its problems: {', '.join(f'`{n}`' for n in names)})")
 
     def hypergradients(self):
+        self._open("compute hypergradients")
         return self.program.hypergradients()
 
     def evaluate(self) -> dict[str, float]:

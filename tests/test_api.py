@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mloc
-from mloc.api import ProgramError
+from mloc.api import ProgramError, SessionClosed
 from tests.conftest import PROGRAMS
 from tests.test_run import SMALL
 
@@ -29,6 +29,21 @@ def test_load_step_inspect_save_restore(tmp_path):
     prog.run(3)
     assert all(torch.equal(trained[k], v) for k, v in prog.module("net").state_dict().items())
     assert "def outer_step(p):" in prog.source and prog.plan.edges[0].method == "neumann"
+
+
+def test_a_closed_session_stays_readable_and_refuses_to_train(tmp_path):
+    with mloc.load(SMALL) as prog:
+        prog.run(2)
+    losses = prog.losses()
+    prog.save(tmp_path / "s.pt")
+    for refused in (prog.step, lambda: prog.run(1), prog.hypergradients):
+        with pytest.raises(SessionClosed, match="session was closed, so it cannot .*mloc.load it again"):
+            refused()
+    assert prog.steps_done == 2 and prog.losses() == losses and prog.module("net") is not None
+    again = mloc.load(SMALL)
+    again.restore(tmp_path / "s.pt")
+    assert again.steps_done == 2
+    again.run(1)
 
 
 def test_load_reports_program_errors(tmp_path):
