@@ -136,3 +136,21 @@ def test_a_srun_step_without_master_address_says_what_to_export(monkeypatch):
         DistContext.from_env()
     assert "MASTER_ADDR, MASTER_PORT is not set" in str(err.value)
     assert "scontrol show hostnames $SLURM_JOB_NODELIST" in err.value.help
+
+
+@pytest.mark.parametrize("key, value, says, fix", [
+    ("RANK", "zero", "RANK='zero' is not an integer", "launch with torchrun"),
+    ("MASTER_PORT", "29500x", "MASTER_PORT='29500x' is not an integer", "launch with torchrun"),
+    ("WORLD_SIZE", "two", "WORLD_SIZE='two' is not an integer", "launch with torchrun"),
+    ("MLOC_RDZV_TIMEOUT", "abc", "MLOC_RDZV_TIMEOUT='abc' is not a number", "MLOC_RDZV_TIMEOUT to the seconds"),
+    ("MLOC_RDZV_TIMEOUT", "0", "MLOC_RDZV_TIMEOUT='0' is not a number of seconds above 0", "or unset it"),
+])
+def test_a_malformed_launch_variable_is_a_launch_error_naming_it(monkeypatch, key, value, says, fix):
+    """Was a ValueError, reported as a bug in mloc (exit 101); a LaunchError is exit 2."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv(key, value)
+    with pytest.raises(LaunchError) as err:
+        DistContext.from_env()
+    assert says in str(err.value) and fix in err.value.help

@@ -81,7 +81,7 @@ class DistContext:
         (:data:`JOIN_TIMEOUT_VAR`) and where to say how it went (:data:`JOIN_FILE_VAR`). This
         module is the runtime's only reader of ``os.environ``."""
         env = launch_env(os.environ)
-        world = int(env.get("WORLD_SIZE", "1") or 1)
+        world = _number(env, "WORLD_SIZE", "1")
         if world <= 1:
             if device is None:
                 device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -90,9 +90,11 @@ class DistContext:
         if missing:
             raise LaunchError(f"WORLD_SIZE={world} but {', '.join(missing)} is not set: this process cannot find "
                               "the others", _LAUNCH_HELP)
-        join = Join(float(os.environ.get(JOIN_TIMEOUT_VAR) or timeout_s), os.environ.get(JOIN_FILE_VAR))
-        return cls.connect(int(env["RANK"]), world, env["MASTER_ADDR"], int(env["MASTER_PORT"]),
-                           local_rank=int(env.get("LOCAL_RANK", env["RANK"])), timeout_s=timeout_s,
+        join = Join(_number(os.environ, JOIN_TIMEOUT_VAR, str(timeout_s), float, _JOIN_TIMEOUT_HELP),
+                    os.environ.get(JOIN_FILE_VAR))
+        rank = _number(env, "RANK")
+        return cls.connect(rank, world, env["MASTER_ADDR"], _number(env, "MASTER_PORT"),
+                           local_rank=_number(env, "LOCAL_RANK", str(rank)), timeout_s=timeout_s,
                            device=device, join=join)
 
     @classmethod
@@ -321,7 +323,23 @@ _LAUNCH_HELP = ("launch with torchrun (it sets them), `mloc run --nproc N [--nno
                 "with MASTER_ADDR (e.g. the first host of `scontrol show hostnames $SLURM_JOB_NODELIST`) and "
                 "MASTER_PORT exported in the job script")
 
+_JOIN_TIMEOUT_HELP = f"set {JOIN_TIMEOUT_VAR} to the seconds joining may take (e.g. 600), or unset it"
+
 _TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _number(env: Mapping[str, str], name: str, default: str | None = None, kind=int, fix: str = _LAUNCH_HELP):
+    """The launch variable ``name`` of ``env`` as a number (``default`` when unset or
+    empty); a value that is not one is the launch's mistake (:class:`LaunchError`, exit 2)."""
+    text = env.get(name) or default
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise LaunchError(f"the environment variable {name}={text!r} is not a{'n integer' if kind is int else ' number'}",
+                          fix) from None
+    if kind is float and not value > 0:
+        raise LaunchError(f"the environment variable {name}={text!r} is not a number of seconds above 0", fix)
+    return value
 
 
 def launch_env(env: Mapping[str, str]) -> dict[str, str]:
