@@ -55,3 +55,40 @@ def test_a_rank_killed_from_outside_is_reported_without_its_last_words():
                      "if sys.argv[1] == '1': os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(60)")
     assert out.report == ("error: rank 1 of 2 was killed by SIGKILL\n"
                           "  = help: the system may have run out of memory"), out.report
+
+
+# both ranks finish their run; rank 1 then crashes in its teardown (as a library's
+# destructor can, at interpreter exit)
+CRASHING_AT_EXIT = """
+import os, sys
+from mloc.runtime.processes.workers import become_worker, finished
+become_worker()
+code = finished(0)
+if sys.argv[1] == "1":
+    sys.stderr.write("terminate called without an active exception\\n"); sys.stderr.flush()
+    os.abort()
+sys.exit(code)
+"""
+
+
+def test_a_crash_after_the_run_finished_is_a_warning_and_the_run_succeeds():
+    out = _supervise(CRASHING_AT_EXIT)
+    assert out.code == 0, out
+    lines = out.report.splitlines()
+    assert lines[0] == ("warning: rank 1 of 2 crashed while exiting (killed by SIGABRT) after its run had "
+                        "finished: the run is complete and its files are written; the last it said:"), out.report
+    assert "  | terminate called without an active exception" in lines, out.report
+
+
+def test_a_worker_that_did_not_finish_is_a_failure_even_if_another_did():
+    code = CRASHING_AT_EXIT.replace("code = finished(0)", "code = finished(0) if sys.argv[1] == '0' else 0")
+    out = _supervise(code)
+    assert out.code == -6 and out.report.startswith("error: rank 1 of 2 was killed by SIGABRT; the last it said:"), out
+
+
+def test_a_failed_run_is_not_said_to_have_finished(tmp_path, monkeypatch):
+    """``finished`` marks a run that ended 0 only."""
+    from mloc.runtime.processes.workers import FINISHED_VAR, finished
+    monkeypatch.setenv(FINISHED_VAR, str(tmp_path / "r.finished"))
+    assert finished(1) == 1 and not (tmp_path / "r.finished").exists()
+    assert finished(0) == 0 and (tmp_path / "r.finished").exists()

@@ -52,7 +52,7 @@ from mloc.runtime.run.selection import Selection, failed_summary
 from mloc.runtime.processes.threads import Threads, decide as decide_threads
 from mloc.runtime.base.user_modules import put_first
 from mloc.runtime.base.usercode import user_error
-from mloc.runtime.processes.workers import EXIT_PEER, become_worker
+from mloc.runtime.processes.workers import EXIT_PEER, become_worker, finished
 
 _FOLDER_ERRORS = (CheckpointError, RunFolderError, RunIOError, DeviceError, LoggerError, OptionError)
 
@@ -138,8 +138,8 @@ def _main(declaration: Declaration, options: RunOptions, record: dict | None, fi
         if os.getppid() != options.launched_by:
             return EXIT_PEER            # the launcher is gone already: write nothing
         check_owner(options.out, options.launched_by)
-        return run(declaration, config, options.out, options.resume, quiet=options.quiet, owner=options.launched_by,
-                   threads=options.threads, loggers=options.logger or ())   # rank 0 alone shows progress
+        return finished(run(declaration, config, options.out, options.resume, quiet=options.quiet,     # rank 0 alone
+                            owner=options.launched_by, threads=options.threads, loggers=options.logger or ()))  # shows progress
     if rank not in (None, 0):           # a plain torchrun: rank 0 opens the folder, the others write nothing
         return run(declaration, config, options.out or Path("."), options.resume, quiet=True, threads=options.threads)
     return start(declaration, options, program_record(declaration, file=file), record)

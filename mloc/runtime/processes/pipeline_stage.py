@@ -29,7 +29,7 @@ from mloc.runtime.grad.interlock import (ChainContractError, add_into, forward_s
 from mloc.runtime.run.loop import CHECKPOINT, Stop, Where, resume
 from mloc.runtime.processes.pipeline import PipelineError, chain_of, worker_name
 from mloc.runtime.files.runfolder import check_owner
-from mloc.runtime.processes.workers import EXIT_PEER, become_worker
+from mloc.runtime.processes.workers import EXIT_PEER, become_worker, finished
 from mloc.runtime.base.usercode import user_error
 from mloc.shared.warning import MlocWarning, shown
 
@@ -287,8 +287,8 @@ def _main(argv: list[str] | None = None) -> int:
     stop = Stop(note=False)             # the launcher says that the run is stopping
     try:
         with stop.handling((signal.SIGINT,)), shown(a.rank, a.world, alike=False):     # the stages differ
-            return worker(a.train_py, a.rank, a.world, a.port, a.steps, a.seed, a.dtype, a.delay or 0.0, a.out,
-                          resume_dir=a.resume, owner=a.launched_by if a.locked else None, stop=stop)
+            return finished(worker(a.train_py, a.rank, a.world, a.port, a.steps, a.seed, a.dtype, a.delay or 0.0,
+                                   a.out, resume_dir=a.resume, owner=a.launched_by if a.locked else None, stop=stop))
     except KeyboardInterrupt:           # a second SIGINT: the launcher kills us and says so
         return 130
     except (PipelineError, ChainContractError) as e:

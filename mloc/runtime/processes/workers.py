@@ -23,7 +23,10 @@ environment torchrun would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
   else: no launcher traceback, no second report from the ranks whose collectives broke
   because of it (they exit with :data:`EXIT_PEER`), and rank 0's own diagnostic once. A
   rank killed by a signal is reported with the last lines it wrote (for SIGABRT or
-  SIGSEGV, its threads' Python stacks: :func:`become_worker`).
+  SIGSEGV, its threads' Python stacks: :func:`become_worker`). A worker says when its run
+  has finished (:func:`finished`); a crash after that, in the teardown of the interpreter
+  and of the libraries (a collective library's destructor), is reported as a warning with
+  the same quote, and the run, complete, succeeds.
 
 The workers run in a session of their own, so a terminal's Ctrl-C reaches the launcher
 alone. Ctrl-C (or SIGTERM) to the launcher sends each worker one SIGINT: the ranks agree
@@ -38,6 +41,7 @@ The exit code is the failing rank's (1 the run failed, 2 a usage, I/O or checkpo
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -94,6 +98,21 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     exec: the C library was opened before the fork."""
     if _LIBC is not None and hasattr(_LIBC, "prctl"):
         _LIBC.prctl(1, int(sig), 0, 0, 0)        # PR_SET_PDEATHSIG = 1
+
+
+FINISHED_VAR = "MLOC_WORKER_FINISHED"     # set by the launcher: the file a worker creates once its run has finished
+
+
+def finished(code: int) -> int:
+    """``code``, after saying so to the launcher when it is 0: this worker's run is done and
+    everything it writes is written (:data:`FINISHED_VAR`). A crash after this point, in the
+    interpreter's and the libraries' teardown, cannot change the run's results, and the
+    launcher reports it as a warning (:func:`supervise`)."""
+    path = os.environ.get(FINISHED_VAR)
+    if code == 0 and path:
+        with contextlib.suppress(OSError):
+            Path(path).touch()
+    return code
 
 
 def become_worker() -> None:
@@ -154,12 +173,13 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
             for rank in range(nproc):
                 with open(paths[rank], "wb") as err:
                     procs.append(subprocess.Popen(
-                        commands[rank], env=envs[rank], stderr=subprocess.PIPE if rank == 0 else err,
+                        commands[rank], env={**envs[rank], FINISHED_VAR: str(_finished(paths[rank]))},
+                        stderr=subprocess.PIPE if rank == 0 else err,
                         preexec_fn=_preexec, start_new_session=True))
                 if rank == 0:
                     shown = threading.Thread(target=_tee, args=(procs[0].stderr, paths[0]), daemon=True)
                     shown.start()
-            code, rank = _watch(procs, timeout, tick)
+            code, rank = _watch(procs, timeout, tick, [_finished(p) for p in paths])
         except KeyboardInterrupt:
             code, rank = interrupt(procs, stopping)
         finally:
@@ -180,7 +200,8 @@ def supervise(commands: list[list[str]], envs: list[dict], names: list[str],
         if code > 0 and code != 130 and own not in (None, 0, EXIT_PEER) and own > 0:
             code, rank = own, 0     # rank 0 failed first-hand too: its diagnostic, shown already, is the one
         report = _report(code, rank, names, paths)
-        return Outcome(code, "\n".join(s for s in (_ranks_warnings(paths, rank if code else 0), report) if s))
+        crashes = _crashed_after_finishing(procs, names, paths)
+        return Outcome(code, "\n".join(s for s in (_ranks_warnings(paths, rank if code else 0), crashes, report) if s))
 
 
 @contextmanager
@@ -247,9 +268,34 @@ def _tee(pipe, path: Path) -> None:
             sys.stderr.flush()
 
 
-def _watch(procs: list[subprocess.Popen], timeout: float | None = None, tick=None) -> tuple[int, int]:
+def _finished(path: Path) -> Path:
+    """The file a worker whose stderr is ``path`` creates when its run has finished (:func:`finished`)."""
+    return path.with_suffix(".finished")
+
+
+def _settled(code: int | None, marker: Path) -> int | None:
+    """A worker's exit code as the run counts it: 0 for a crash by a fatal signal after
+    it said it had finished (``marker``), else ``code``."""
+    return 0 if code is not None and -code in _FATAL and marker.exists() else code
+
+
+def _crashed_after_finishing(procs: list[subprocess.Popen], names: list[str], paths: list[Path]) -> str:
+    """A warning for each worker that crashed in its teardown, after its run had finished."""
+    said = []
+    for p, name, path in zip(procs, names, paths):
+        if p.returncode is not None and p.returncode < 0 and _settled(p.returncode, _finished(path)) == 0:
+            signame = signal.Signals(-p.returncode).name
+            words = "".join(f"\n  | {line}" for line in _last_words(path.read_text(encoding="utf-8", errors="replace")))
+            said.append(f"warning: {name} crashed while exiting (killed by {signame}) after its run had finished: "
+                        f"the run is complete and its files are written" + (f"; the last it said:{words}" if words else ""))
+    return "\n".join(said)
+
+
+def _watch(procs: list[subprocess.Popen], timeout: float | None = None, tick=None,
+           markers: list[Path] | None = None) -> tuple[int, int]:
     """Wait until all exit 0, or one fails; then (its code, its rank), the others stopped;
-    (1, -2) after ``timeout`` seconds; (code, -3) when ``tick()`` returned a code.
+    (1, -2) after ``timeout`` seconds; (code, -3) when ``tick()`` returned a code;
+    ``markers``: the workers' files that say they finished (a crash after: :func:`_settled`).
     A rank that failed first-hand wins over one whose collective broke (EXIT_PEER). A
     failure of another rank than 0 also waits up to ``GRACE_S`` for rank 0: a failure every
     rank sees at once (a NaN in all-reduced gradients) makes rank 0 print its own diagnostic,
@@ -260,6 +306,8 @@ def _watch(procs: list[subprocess.Popen], timeout: float | None = None, tick=Non
         if late is not None and time.monotonic() > late and first is None:
             return 1, -2
         codes = [p.poll() for p in procs]
+        if markers is not None:
+            codes = [_settled(c, m) for c, m in zip(codes, markers)]
         for rank, code in enumerate(codes):
             if code not in (None, 0) and (first is None or (first[0] == EXIT_PEER and code != EXIT_PEER)):
                 first = (code, rank)
