@@ -34,6 +34,9 @@ ALLOWED = {
     "namedtuple._replace, ._fields": re.compile(r"_replace|_fields"),
     # the standard library's exit without cleanup, for a forked child before exec
     "os._exit": re.compile(r"_exit"),
+    # the standard library's one way to run the exit handlers before such an exit (a rank
+    # that ends without finalization: mloc/runtime/processes/ending.py)
+    "atexit._run_exitfuncs": re.compile(r"_run_exitfuncs"),
     # an aten operator's schema (which outputs alias an input, which inputs it writes): what
     # torch's own dispatch modes read to tell a new storage from a view; and forward-mode
     # AD's zero tangents, whose storage has a nominal size and no memory

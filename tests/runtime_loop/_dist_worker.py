@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from mloc.runtime.program.data import DataStream, distributed_loader
 from mloc.runtime.base.distributed import DistContext
+from mloc.runtime.processes.ending import end_rank
 
 
 def loader(batch_size):
@@ -66,4 +67,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    end_rank(main() or 0)               # as a rank of mloc run does (mloc.runtime.processes.ending)

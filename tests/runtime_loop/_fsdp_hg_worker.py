@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 import mloc
+from mloc.runtime.processes.ending import end_rank
 
 PROGRAM = Path(__file__).resolve().parent / "fsdp_hg.mlo"
 STEPS = 2
@@ -68,4 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    end_rank(main() or 0)               # as a rank of mloc run does (mloc.runtime.processes.ending)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 
 import torch
 import torch.distributed as dist
@@ -32,6 +31,7 @@ from mloc.runtime.base import fsdp
 from mloc.runtime.base.recompute import recompute_children
 from mloc.runtime.grad.problem import Problem
 from mloc.runtime.methods.finite import finite_diff, sama
+from mloc.runtime.processes.ending import end_rank
 
 B, STEPS, DECAY = 8, 4, 1e-3
 
@@ -196,4 +196,4 @@ def _refused():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_rank(main() or 0)               # as a rank of mloc run does (mloc.runtime.processes.ending)

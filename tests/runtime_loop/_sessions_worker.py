@@ -9,6 +9,7 @@ import json
 import torch
 
 import mloc
+from mloc.runtime.processes.ending import end_rank
 from tests.conftest import ROOT
 
 PROGRAM = ROOT / "tests" / "runtime_loop" / "fsdp_hg.mlo"
@@ -29,4 +30,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    end_rank(main() or 0)               # as a rank of mloc run does (mloc.runtime.processes.ending)

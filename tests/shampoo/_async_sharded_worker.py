@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -17,6 +16,7 @@ import torch.distributed as dist
 from mloc.runtime.optim import shampoo
 from mloc.runtime.optim.rootjobs import RootJobs
 from mloc.runtime.optim.zero import Zero
+from mloc.runtime.processes.ending import end_rank
 
 SHAPES = [(13, 7), (9, 9, 2), (5,), (30, 4), (40, 8)]
 KW = dict(lr=0.05, block_size=4, update_every=2, staleness=3, start_preconditioning_step=1,
@@ -82,4 +82,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_rank(main() or 0)               # as a rank of mloc run does (mloc.runtime.processes.ending)

@@ -16,6 +16,7 @@ import torch
 
 import mloc
 from mloc.runtime.program import checkpoint
+from mloc.runtime.processes.ending import end_rank
 from tests.shampoo.test_nproc_run import PROGRAM
 
 SETS = ["net.optimizer.staleness=1", 'net.optimizer.root_method="newton"', "net.optimizer.async_roots=true",
@@ -58,4 +59,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    end_rank(main() or 0)               # as a rank of mloc run does (mloc.runtime.processes.ending)

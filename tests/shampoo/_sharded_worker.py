@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from mloc.runtime.optim import shampoo
+from mloc.runtime.processes.ending import end_rank
 
 SHAPES = [(13, 7), (9, 9, 2), (5,), (30, 4)]
 KW = dict(lr=0.05, block_size=4, update_every=2, start_preconditioning_step=1, graft="adagrad")
@@ -44,3 +45,4 @@ if __name__ == "__main__":
     if rank == 0:
         torch.save({"params": params, "roots": state.roots}, out)
     dist.destroy_process_group()
+    end_rank(0)                         # as a rank of mloc run does (mloc.runtime.processes.ending)

@@ -6,17 +6,15 @@
                     [--logger csv,tensorboard,wandb]
 
 `python train.py` calls :func:`main` with the program its file declares
-(:class:`~mloc.runtime.run.declaration.Declaration`); `mloc run` compiles, then calls
-:func:`start` with the same options (and its `--nproc` or `--pipeline`). :func:`start`
-resolves the device (for every process), checks a resume (the checkpoint, what changed
-since the run's last start), opens the run folder by :mod:`mloc.runtime.files.runfolder`'s rule
-(a new run never writes into a folder holding another one unless `--overwrite` is given;
-without `--out`, a fresh `runs/NAME/N`), writes `config.json`, and trains: here, in
-`--nproc` workers, or as a `--pipeline`. Under `mloc run --nproc N` every worker runs
-train.py with `--launched-by PID` (:mod:`mloc.runtime.processes.workers`): the launcher has opened
-the folder, and the worker only checks that it still owns it. Under a plain `torchrun`,
-rank 0 opens it. Exit codes: 0 done, 1 the run failed (NaN/Inf, an error in the program's
-code), 2 a bad option, folder, checkpoint or an I/O error, 3 (a worker only) another rank
+(:class:`~mloc.runtime.run.declaration.Declaration`); `mloc run` compiles, then calls :func:`start` with the same options (and its `--nproc` or
+`--pipeline`). :func:`start` resolves the device (for every process), checks a resume,
+opens the run folder by :mod:`mloc.runtime.files.runfolder`'s rule (never into a folder
+holding another run unless `--overwrite`; without `--out`, a fresh `runs/NAME/N`), writes
+`config.json`, and trains: here, in `--nproc` workers, or as a `--pipeline`. A `--nproc`
+worker runs train.py with `--launched-by PID` (:mod:`mloc.runtime.processes.workers`): the
+launcher has opened the folder, the worker checks that it still owns it; under a plain
+`torchrun`, rank 0 opens it. Exit codes: 0 done, 1 the run failed (NaN/Inf, an error in the
+program's code), 2 a bad option, folder, checkpoint or I/O error, 3 (a worker) another rank
 failed first, 101 a bug in mloc, 130 interrupted.
 """
 
@@ -38,6 +36,7 @@ from mloc.runtime.program.build import usable
 from mloc.runtime.program.checkpoint import CheckpointError, load_checkpoint
 from mloc.runtime.run.declaration import Declaration
 from mloc.runtime.base.distributed import LaunchError, is_peer_failure, launched_rank, local_processes
+from mloc.runtime.processes.ending import end_rank
 from mloc.runtime.program.engine import Program, RunConfig, param_bytes
 from mloc.runtime.grad.finite import NonFiniteError
 from mloc.runtime.files.loggers import LoggerError
@@ -79,7 +78,13 @@ def _say(err: Exception, code: str | None = None, where: str = "") -> None:
 
 
 def main(declaration: Declaration, file: str | None = None, argv: list[str] | None = None) -> int:
-    """`python train.py [options]`: the program `file` declares, trained as the options say."""
+    """`python train.py [options]`: the program `file` declares, trained as the options say. A
+    rank of a job (``--nproc``, torchrun) ends here, without finalization (:mod:`.ending`)."""
+    code = _entry(declaration, file, argv)
+    return end_rank(code) if launched_rank() is not None else code
+
+
+def _entry(declaration: Declaration, file: str | None, argv: list[str] | None) -> int:
     p = argparse.ArgumentParser(description="Train this compiled mloc program.")
     add_flags(p, declaration.defaults)
     p.add_argument("--launched-by", type=int, help=argparse.SUPPRESS)
@@ -158,9 +163,8 @@ def start(declaration: Declaration, options: RunOptions, about: dict, record: di
     usable(config, nproc, declaration.problems)     # before the folder: a start that cannot run leaves nothing
     if options.multinode and options.node_rank:     # another machine than node 0: nothing in the run folder
         from mloc.runtime.processes.nodes import start_node
-        resumed = options.resume
-        return start_node(options, choice, files, lambda: resumed and check_resume(resumed, declaration.name,
-                                                                                    config.steps))
+        return start_node(options, choice, files,
+                          lambda: options.resume and check_resume(options.resume, declaration.name, config.steps))
     changed = None
     if options.resume is not None:
         check_resume(options.resume, declaration.name, config.steps)
@@ -185,8 +189,7 @@ def start(declaration: Declaration, options: RunOptions, about: dict, record: di
 
 
 def _launch(declaration: Declaration, options: RunOptions, config: RunConfig, owner: int) -> int:
-    """Train in the open run folder `options.out`: here, in `--nproc` workers (each runs
-    its train.py) or as a `--pipeline`."""
+    """Train in the open run folder `options.out`: here, in `--nproc` workers or as a `--pipeline`."""
     if options.pipeline:
         from mloc.runtime.processes import pipeline
         return pipeline.run(options.out / "train.py", declaration, config, options.out, options.pipeline_delay,
@@ -206,10 +209,8 @@ def _workers(options: RunOptions) -> int:
         said = (f"on {place.nnodes} machines: node 0 here ({place.held()}), meeting at {place.endpoint}"
                 if place else f"with {options.nproc} processes")
         print(f"training {options.out} {said}", file=sys.stderr)
-    if place is not None:
-        outcome = nodes.launch(options.out / "train.py", place, options.argv(), out=options.out)
-    else:
-        outcome = workers.launch(options.out / "train.py", options.nproc, options.argv())
+    outcome = (nodes.launch(options.out / "train.py", place, options.argv(), out=options.out) if place is not None
+               else workers.launch(options.out / "train.py", options.nproc, options.argv()))
     if outcome.report:              # rank 0's banner, progress and summary were shown live
         print(outcome.report, file=sys.stderr)
     return workers.exit_code(outcome.code)
@@ -217,9 +218,8 @@ def _workers(options: RunOptions) -> int:
 
 def check_resume(directory: Path, name: str, steps: int) -> int:
     """The step of `directory`'s checkpoint, read and verified before anything is written;
-    a :class:`RunFolderError` when `steps` leaves nothing to train. Made before the folder
-    is opened, to refuse early, and again holding its lock (a run that went on there while
-    this start waited): that one counts, as the folder rule is applied again there."""
+    a :class:`RunFolderError` when `steps` leaves nothing to train. Made before the folder is
+    opened, to refuse early, and again holding its lock (a run may have gone on there): that one counts."""
     step = int(load_checkpoint(Path(directory) / CHECKPOINT, name)["step"])
     if steps <= step:
         raise RunFolderError(f"the checkpoint in {directory} is at step {step}, and the run is {steps} steps "

@@ -28,6 +28,7 @@ from mloc.runtime.grad.interlock import (ChainContractError, add_into, forward_s
                                     param_backward, stages_of)
 from mloc.runtime.run.loop import CHECKPOINT, Stop, Where, resume
 from mloc.runtime.processes.pipeline import PipelineError, chain_of, worker_name
+from mloc.runtime.processes.ending import end_rank
 from mloc.runtime.files.runfolder import check_owner
 from mloc.runtime.processes.workers import EXIT_PEER, become_worker, finished
 from mloc.runtime.base.usercode import user_error
@@ -310,4 +311,4 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_main())
+    end_rank(_main())                   # a rank ends without finalization (mloc.runtime.processes.ending)

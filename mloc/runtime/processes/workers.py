@@ -26,7 +26,8 @@ environment torchrun would give it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
   SIGSEGV, its threads' Python stacks: :func:`become_worker`). A worker says when its run
   has finished (:func:`finished`); a crash after that, in the teardown of the interpreter
   and of the libraries (a collective library's destructor), is reported as a warning with
-  the same quote, and the run, complete, succeeds.
+  the same quote, and the run, complete, succeeds (a second line: ranks end without the
+  interpreter's finalization, where such crashes come from, :mod:`mloc.runtime.processes.ending`).
 
 The workers run in a session of their own, so a terminal's Ctrl-C reaches the launcher
 alone. Ctrl-C (or SIGTERM) to the launcher sends each worker one SIGINT: the ranks agree
