@@ -18,7 +18,7 @@ from mloc.builtins import METHODS, OPTIMIZERS, SCHEDULES, Descriptor
 from mloc.codegen import evaluations, layout
 from mloc.codegen.values import render_value
 from mloc.ir.graph import ProgramGraph
-from mloc.ir.payloads import ProblemNode, PyCall
+from mloc.ir.payloads import ProblemNode
 from mloc.passes.plan import Action, Loop, Plan
 
 

@@ -127,8 +127,8 @@ def launch(train_py: Path, nodes: Nodes, argv: list[str], out: Path | None = Non
     if outcome.code == EXIT_PEER:
         return Outcome(EXIT_PEER, lost_peers(nodes, out))
     if outcome.code == 130 and nodes.node_rank > 0 and outcome.report == "interrupted":
-        return Outcome(130, f"stopped: the run was interrupted (here or on another machine); rank 0 on node 0 "
-                            f"wrote the checkpoint and says how to continue")
+        return Outcome(130, "stopped: the run was interrupted (here or on another machine); rank 0 on node 0 "
+                            "wrote the checkpoint and says how to continue")
     return outcome
 
 

@@ -40,9 +40,8 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-import torch
 from torch import Tensor
 
 
