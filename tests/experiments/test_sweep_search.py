@@ -21,7 +21,7 @@ from mloc.cli.search import axes, random_points
 from mloc.cli.search_objective import Objective, objective_of
 from mloc.cli.sweep_folder import admit
 from tests.conftest import ROOT
-from tests.run.helpers import SMALL, mloc
+from tests.run.helpers import SMALL, default_signals, mloc
 
 HPO, GRID = ROOT / "programs" / "hpo.mlo", ROOT / "programs" / "hpo_grid.mlo"
 LR = "net.optimizer.lr"
@@ -179,7 +179,7 @@ def test_the_median_pruner_stops_a_worse_trial_with_one_sigint_and_records_it(tm
         source.ended(job)
     job = source.next()
     assert not source.pending() and source.next() is None
-    job.proc = subprocess.Popen(["sleep", "60"])
+    job.proc = subprocess.Popen(["sleep", "60"], preexec_fn=default_signals)
     source.watch([job])                                      # no metrics yet: nothing to report
     assert job.pruned is None and job.proc.poll() is None
     _trial_run(tmp_path, job.name, [3.0])

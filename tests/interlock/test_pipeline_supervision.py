@@ -27,7 +27,7 @@ import torch
 
 from tests.conftest import ROOT
 from tests.interlock.programs import HERE
-from tests.run.helpers import ENV, _default_sigint, alive, descendants, step_of
+from tests.run.helpers import ENV, alive, default_signals, descendants, step_of
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ def start(tmp: Path, *argv) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "mloc", "run", *map(str, argv), "--pipeline", "--quiet",
                              "--dtype", "float64"], cwd=ROOT, env=env(tmp), text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=default_signals)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> str:

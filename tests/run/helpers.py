@@ -19,8 +19,12 @@ SMALL, FAULTY = HERE / "small.mlo", HERE / "faulty.mlo"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _default_sigint() -> None:
+def default_signals() -> None:
+    """A child's ``preexec_fn``: SIGINT and SIGHUP take their default action, even when the
+    test run inherited them ignored (a background job of a script, ``nohup``), since the
+    tests send them and check what they do."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def mloc(*argv, timeout=300, cwd=ROOT, **kw) -> subprocess.CompletedProcess:
@@ -30,10 +34,10 @@ def mloc(*argv, timeout=300, cwd=ROOT, **kw) -> subprocess.CompletedProcess:
 
 def popen(*argv, cwd=ROOT, **kw) -> subprocess.Popen:
     """`mloc ARGV` in the background, in a session of its own (so that a test can signal
-    the launcher and its workers as a terminal would), with Ctrl-C's default action."""
+    the launcher and its workers as a terminal would), with SIGINT's and SIGHUP's default actions."""
     return subprocess.Popen([sys.executable, "-m", "mloc", *map(str, argv)], cwd=cwd, env=ENV, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=_default_sigint, **kw)
+                            preexec_fn=default_signals, **kw)
 
 
 def step_of(run_dir: Path) -> int:

@@ -23,7 +23,7 @@ from mloc.runtime.processes.joining import Joining, late, report, waiting
 from mloc.runtime.processes.nodes import Nodes, mloc_commands
 from mloc.runtime.processes.workers import EXIT_PEER, free_port
 from tests.conftest import ROOT
-from tests.run.helpers import ENV, SMALL
+from tests.run.helpers import ENV, SMALL, default_signals
 
 RERUN = ("mloc", "run", "prog.mlo", "--out", "runs/a")
 NODE0 = Nodes(2, 0, 2, "node0:29500", 600.0, RERUN)
@@ -224,7 +224,7 @@ def test_a_waiting_machine_says_so_and_ctrl_c_ends_the_wait_at_once(tmp_path):
                           "--rdzv-endpoint", f"127.0.0.1:{port}", "--out", str(out), "--threads", "1", "--compile",
                           "off", "--quiet"], cwd=ROOT, env={**ENV, "TMPDIR": str(tmp_path)}, text=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=default_signals)
     try:
         said = [p.stderr.readline()]            # blocks until the launcher says something
         while not said[-1].startswith("  = help:"):

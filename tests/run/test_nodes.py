@@ -28,14 +28,11 @@ import pytest
 
 from mloc.runtime.processes.workers import free_port
 from tests.conftest import ROOT
-from tests.run.helpers import ENV, FAULTY, SMALL, alive, descendants, mloc, records, same_state, step_of
+from tests.run.helpers import (ENV, FAULTY, SMALL, alive, default_signals, descendants, mloc, records, same_state,
+                               step_of)
 
 QUIET = ("--threads", 1, "--compile", "off", "--quiet")
 SLOW_LOSS = ("--set", "weights.loss=lib.ce_slow(net, batch, seconds=0.02)")
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def start(argv, tmp: Path) -> subprocess.Popen:
@@ -44,7 +41,7 @@ def start(argv, tmp: Path) -> subprocess.Popen:
     tmp.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen([str(a) for a in argv], cwd=ROOT, env={**ENV, "TMPDIR": str(tmp)}, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            preexec_fn=_default_sigint)
+                            preexec_fn=default_signals)
 
 
 def machines(program, nproc: int, *argv, tmp: Path) -> list[subprocess.Popen]:
