@@ -20,13 +20,15 @@ import pytest
 from tests.conftest import ROOT
 
 BUSY = """
-import sys, threading, time, torch
+import sys, threading, torch
+inside = threading.Event()
 def busy():
     a = torch.randn(1_000_000)
     while True:
         a + a                   # torch lets go of the GIL here and takes it back after
+        inside.set()
 threading.Thread(target=busy, daemon=True).start()
-time.sleep(0.2)
+inside.wait()                   # the thread is in its loop, however loaded the machine
 if sys.argv[1] == "end_rank":
     from mloc.runtime.processes.ending import end_rank
     end_rank(0)
